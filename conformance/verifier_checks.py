@@ -1,0 +1,486 @@
+"""Conformance checks of the block verifier (``backend.verify``).
+
+Statistical checks share one large sample per scenario (memoised per process;
+pytest-xdist's ``loadgroup`` keeps a scenario's checks on one worker). Sample
+sizes are computed, not chosen: the smallest N that gives every check on the
+scenario :data:`properties.stats.TARGET_POWER` against TV
+:data:`properties.stats.TV` at :data:`properties.stats.ALPHA`.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+
+import numpy as np
+import torch
+from hypothesis import Phase, given, note, settings
+from hypothesis import strategies as st
+
+from properties import exact
+from properties.sampling import BlockCounts, check_block_output, count_blocks, draw_drafts
+from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario
+from properties.stats import ALPHA, assert_fits, samples_for_power
+from properties.strategies import (
+    DRAFT_RELATIONS,
+    Block,
+    distribution_pairs,
+    draft_rows_for,
+    greedy_blocks,
+    greedy_maximisers,
+    probability_rows,
+    sampling_blocks,
+    seeds,
+)
+
+from .registry import CheckContext, check
+
+#: Events rarer than this do not drive the sample size; their checks still run and state their power.
+MIN_EVENT_PROB = 0.1
+#: Headroom over the computed N, so random fluctuation of a conditional count keeps the power.
+SAMPLE_MARGIN = 1.1
+
+BATCH_FILLER = balanced_scenario(seed=7)
+
+
+@functools.lru_cache(maxsize=None)
+def _samples_for_df(df: int) -> int:
+    return samples_for_power(df)
+
+
+def _needed(law: np.ndarray, event_prob: float) -> float:
+    if event_prob < MIN_EVENT_PROB:
+        return 0.0
+    return _samples_for_df(max(int(np.count_nonzero(law)) - 1, 0)) / event_prob
+
+
+def required_blocks(scenario: Scenario) -> int:
+    """Smallest block count giving every statistical check on ``scenario`` the target power."""
+    p, q, k = scenario.target, scenario.draft, scenario.k
+    reach, law = exact.reach_probs(p, q), exact.length_law(p, q)
+    needs = [_needed(law, 1.0)]
+    needs += [_needed(exact.emitted_law(p, j), reach[j]) for j in range(k + 1)]
+    needs += [_needed(exact.step_law(p, q, j), reach[j]) for j in range(k)]
+    needs += [_needed(exact.residual_law(p, q, j), law[j]) for j in range(k) if law[j] > 0]
+    return math.ceil(max(needs) * SAMPLE_MARGIN)
+
+
+_SAMPLES: dict[tuple, tuple[object, BlockCounts]] = {}
+
+
+def scenario_counts(
+    backend, ctx: CheckContext, name: str, *, batch_filler: bool = False, blocks: int | None = None
+) -> BlockCounts:
+    """The shared sample of scenario ``name`` for this backend (computed once per process)."""
+    scenario = STAT_SCENARIOS[name]
+    n = math.ceil((blocks or required_blocks(scenario)) * ctx.sample_scale)
+    seed = ctx.seed_for("scenario", name, batch_filler)
+    key = (id(backend), name, n, seed, batch_filler)
+    if key not in _SAMPLES:
+        counts = count_blocks(backend, scenario, n, seed, filler=BATCH_FILLER if batch_filler else None)
+        _SAMPLES[key] = (backend, counts)  # keep the backend alive so its id is not reused
+    return _SAMPLES[key][1]
+
+
+def _fit(ctx: CheckContext, counts: BlockCounts, observed, expected, what: str, labels=None, **kw):
+    __tracebackhide__ = True
+    result = assert_fits(
+        observed,
+        expected,
+        what=f"{what} [scenario {STAT_SCENARIOS[counts.scenario].describe()}]",
+        labels=labels,
+        seed=counts.seed,
+        replay=ctx.replay,
+        **kw,
+    )
+    ctx.record(result)
+    return result
+
+
+def _group(params: dict) -> str:
+    return f"verifier-sample-{params['scenario']}"
+
+
+def _position_cases(include_bonus: bool, only_reachable_stop: bool = False):
+    for name, sc in STAT_SCENARIOS.items():
+        law = exact.length_law(sc.target, sc.draft)
+        reach = exact.reach_probs(sc.target, sc.draft)
+        for j in range(sc.k + 1 if include_bonus else sc.k):
+            if reach[j] == 0 or (only_reachable_stop and law[j] == 0):
+                continue
+            yield f"{name}-j{j}", {"scenario": name, "j": j}
+
+
+def _token_labels(vocab: int) -> list[str]:
+    return [f"token {x}" for x in range(vocab)]
+
+
+# ----------------------------------------------------------------------------- statistical
+
+
+@check(
+    guards="replacement drawn from p instead of the residual, residual [q-p]_+, inverted ratio: any bias in the first emitted token",
+    requires=("verifier", "sampling", "batched"),
+    cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
+    group=_group,
+    statistical=True,
+)
+def check_sampling_first_token_follows_row0(backend, ctx: CheckContext, scenario: str):
+    """The first emitted token (accepted d_1 or its replacement) is distributed as target row 0."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    _fit(ctx, counts, counts.emitted(0), exact.emitted_law(sc.target, 0), "first emitted token vs row 0", _token_labels(sc.vocab))
+
+
+@check(
+    guards="logits off by one (d_i judged with the next row), rows mixed up between positions",
+    requires=("verifier", "sampling", "batched"),
+    cases=list(_position_cases(include_bonus=True)),
+    group=_group,
+    statistical=True,
+)
+def check_sampling_token_at_j_follows_row_j(backend, ctx: CheckContext, scenario: str, j: int):
+    """Given d_1..d_j accepted, the token emitted at position j follows target row j."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    _fit(
+        ctx,
+        counts,
+        counts.emitted(j),
+        exact.emitted_law(sc.target, j),
+        f"token emitted at position {j} given the first {j} drafts accepted vs row {j}",
+        _token_labels(sc.vocab),
+    )
+
+
+@check(
+    guards="resampling from p after a rejection, residual [q-p]_+, residual not clamped or not renormalised",
+    requires=("verifier", "sampling", "batched"),
+    cases=list(_position_cases(include_bonus=False, only_reachable_stop=True)),
+    group=_group,
+    statistical=True,
+)
+def check_sampling_residual_at_j(backend, ctx: CheckContext, scenario: str, j: int):
+    """Given the block stopped at j (d_{j+1} rejected), the replacement follows normalised [p_j - q_j]_+."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    _fit(
+        ctx,
+        counts,
+        counts.residual(j),
+        exact.residual_law(sc.target, sc.draft, j),
+        f"replacement after a rejection at position {j} vs normalised [p_{j} - q_{j}]_+",
+        _token_labels(sc.vocab),
+    )
+
+
+@check(
+    guards="inverted acceptance ratio, q not the distribution the draft sampled from, deterministic acceptance",
+    requires=("verifier", "sampling", "batched"),
+    cases=list(_position_cases(include_bonus=False)),
+    group=_group,
+    statistical=True,
+)
+def check_sampling_accept_and_token_at_j(backend, ctx: CheckContext, scenario: str, j: int):
+    """At a reached position j, (accepted?, token) has law min(p_j, q_j) if accepted, [p_j - q_j]_+ if not."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    labels = [f"reject->{x}" for x in range(sc.vocab)] + [f"accept {x}" for x in range(sc.vocab)]
+    _fit(
+        ctx,
+        counts,
+        counts.steps[j],
+        exact.step_law(sc.target, sc.draft, j),
+        f"(accepted?, token) at position {j} vs [min(p,q), [p-q]_+]",
+        labels,
+    )
+
+
+@check(
+    guards="bonus token missing, drawn from the wrong row (row k-1) or from the residual",
+    requires=("verifier", "sampling", "batched"),
+    cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
+    group=_group,
+    statistical=True,
+)
+def check_sampling_bonus_follows_row_k(backend, ctx: CheckContext, scenario: str):
+    """Given all k drafts accepted, the bonus token follows target row k."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    _fit(ctx, counts, counts.bonus, exact.emitted_law(sc.target, sc.k), f"bonus token vs row {sc.k}", _token_labels(sc.vocab))
+
+
+@check(
+    guards="accepting later drafts after a rejection, inverted or deterministic acceptance, wrong joint acceptance",
+    requires=("verifier", "sampling", "batched"),
+    cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
+    group=_group,
+    statistical=True,
+)
+def check_sampling_accepted_length_law(backend, ctx: CheckContext, scenario: str):
+    """The accepted length m has law P(m=j) = prod_{i<j} a_i (1 - a_j), a_i = sum min(p_i, q_i)."""
+    counts = scenario_counts(backend, ctx, scenario)
+    sc = STAT_SCENARIOS[scenario]
+    _fit(
+        ctx,
+        counts,
+        counts.length,
+        exact.length_law(sc.target, sc.draft),
+        "accepted length m vs its exact law",
+        [f"m={j}" for j in range(sc.k + 1)],
+    )
+
+
+@check(
+    guards="a row's result depending on other rows of the batch (broadcasting row 0, batch-wide normalisation)",
+    requires=("verifier", "sampling", "batched"),
+    cases=[("balanced", {"scenario": "balanced"})],
+    statistical=True,
+)
+def check_sampling_batch_invariance(backend, ctx: CheckContext, scenario: str):
+    """Rows of the scenario interleaved with other rows in one batch keep the scenario's exact laws."""
+    sc = STAT_SCENARIOS[scenario]
+    needed = max(_needed(exact.length_law(sc.target, sc.draft), 1.0), _needed(exact.emitted_law(sc.target, 0), 1.0))
+    counts = scenario_counts(backend, ctx, scenario, batch_filler=True, blocks=math.ceil(needed * SAMPLE_MARGIN))
+    what = "in a batch interleaved with other rows: "
+    _fit(ctx, counts, counts.length, exact.length_law(sc.target, sc.draft), what + "accepted length m", [f"m={j}" for j in range(sc.k + 1)])
+    _fit(ctx, counts, counts.emitted(0), exact.emitted_law(sc.target, 0), what + "first emitted token", _token_labels(sc.vocab))
+
+
+#: Per-example sample size and alternative of the Hypothesis-driven statistical check.
+GENERATED_BLOCKS = 60_000
+GENERATED_TV = 0.03
+
+
+@check(
+    guards="numerical guards: zeros in p or q, tiny masses, p == q rows, one-hot and tied rows",
+    requires=("verifier", "sampling", "batched"),
+    statistical=True,
+)
+def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
+    """For Hypothesis-generated p/q of every shape, the length law and position-0 laws are exact.
+
+    Each example verifies GENERATED_BLOCKS blocks and runs three tests at
+    alpha = ALPHA / (3 * max_examples), stated with their power against TV 0.03.
+    """
+    examples = settings().max_examples
+    alpha = ALPHA / (3 * examples)
+
+    @settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    @given(pair=distribution_pairs())
+    def generated(pair):
+        target, draft, relation = pair
+        sc = Scenario(name="generated", target=target, draft=draft, purpose=relation)
+        seed = ctx.seed_for("generated", zlib.crc32(target.tobytes() + draft.tobytes()))
+        note(f"scenario: {sc.describe()}, draft relation {relation}, seed {seed}")
+        note(f"target rows: {target.tolist()}")
+        note(f"draft rows: {draft.tolist()}")
+        counts = count_blocks(backend, sc, math.ceil(GENERATED_BLOCKS * ctx.sample_scale), seed)
+        kw = dict(alpha=alpha, tv=GENERATED_TV, seed=seed, replay=ctx.replay)
+        labels = [f"m={j}" for j in range(sc.k + 1)]
+        ctx.record(assert_fits(counts.length, exact.length_law(target, draft), what="accepted length m", labels=labels, **kw))
+        ctx.record(assert_fits(counts.emitted(0), exact.emitted_law(target, 0), what="first emitted token", **kw))
+        step = exact.step_law(target, draft, 0)
+        ctx.record(assert_fits(counts.steps[0], step, what="(accepted?, token) at position 0", **kw))
+
+    generated()
+
+
+# ----------------------------------------------------------------------------- deterministic
+
+
+def _call(backend, block: Block, generator=None, where: str = ""):
+    __tracebackhide__ = True
+    out = backend.verify(block.draft_tokens, block.draft_probs, block.target_probs, generator=generator)
+    return check_block_output(block.draft_tokens, out, vocab=block.vocab, where=where or block.describe())
+
+
+@check(
+    guards="non-contiguous acceptance, missing bonus/replacement, wrong padding, ids out of range, wrong shapes or dtypes",
+    requires=("verifier", "sampling"),
+)
+def check_structure_sampling(backend, ctx: CheckContext):
+    """Sampling output: 0 <= m <= k, tokens[:m] are the drafts, tokens[m] in [0, V), -1 after."""
+
+    @given(block=sampling_blocks(), seed=seeds)
+    def structure(block, seed):
+        note(block.describe())
+        _call(backend, block, torch.Generator().manual_seed(seed))
+
+    structure()
+
+
+@check(
+    guards="non-contiguous acceptance, missing bonus/replacement, wrong padding, ids out of range, wrong shapes or dtypes",
+    requires=("verifier", "greedy"),
+)
+def check_structure_greedy(backend, ctx: CheckContext):
+    """Greedy output: 0 <= m <= k, tokens[:m] are the drafts, tokens[m] in [0, V), -1 after."""
+
+    @given(block=greedy_blocks())
+    def structure(block):
+        note(block.describe())
+        _call(backend, block)
+
+    structure()
+
+
+@check(
+    guards="greedy compared against the wrong row, acceptance past a mismatch, wrong replacement or bonus",
+    requires=("verifier", "greedy"),
+)
+def check_greedy_valid_path(backend, ctx: CheckContext):
+    """Greedy output is a valid greedy path for Hypothesis blocks with forced stops and exact ties.
+
+    Every accepted draft and the emitted token are maximisers of their rows, and
+    a stop before k emits a token different from the rejected draft. With no
+    ties this is exactly ``argmax`` decoding.
+    """
+
+    @given(block=greedy_blocks())
+    def valid_path(block):
+        note(block.describe())
+        m, tokens = _call(backend, block)
+        rows = block.target_probs.numpy()
+        drafts = block.draft_tokens.numpy()
+        for b in range(drafts.shape[0]):
+            mb = int(m[b])
+            for i in range(mb):
+                best = greedy_maximisers(rows[b, i])
+                assert drafts[b, i] in best, (
+                    f"row {b}: draft d_{i + 1} = {drafts[b, i]} was accepted but the maximisers of target row {i} "
+                    f"are {best.tolist()} (p[d] = {rows[b, i, drafts[b, i]]:.6g}, max = {rows[b, i].max():.6g})"
+                )
+            best = greedy_maximisers(rows[b, mb])
+            emitted = int(tokens[b, mb])
+            what = "bonus" if mb == block.k else "replacement"
+            assert emitted in best, (
+                f"row {b}: the {what} at position {mb} is {emitted} but the maximisers of target row {mb} are "
+                f"{best.tolist()}; pattern {block.pattern}"
+            )
+            if mb < block.k:
+                assert emitted != drafts[b, mb], (
+                    f"row {b}: stopped at m={mb} although draft d_{mb + 1} = {drafts[b, mb]} is the emitted greedy "
+                    f"choice of row {mb}: a matching draft must be accepted"
+                )
+
+    valid_path()
+
+
+@check(guards="rejections when p == q (acceptance must be 1), e.g. u <= p/q with u in (0, 1] or a ratio computed in low precision", requires=("verifier", "sampling"))
+def check_sampling_p_equals_q_accepts_all(backend, ctx: CheckContext):
+    """With draft rows equal to the target rows every drafted token is accepted and the bonus comes from row k."""
+
+    @given(vocab=st.integers(2, 48), k=st.integers(1, 8), data=st.data(), seed=seeds)
+    def accepts_all(vocab, k, data, seed):
+        target = data.draw(probability_rows(vocab, k + 1), label="target rows")
+        batch = 256
+        gen = torch.Generator().manual_seed(seed)
+        q = torch.tensor(target[:k], dtype=torch.float32)
+        block = Block(
+            draft_tokens=draw_drafts(q, batch, gen),
+            draft_probs=q.expand(batch, -1, -1),
+            target_probs=torch.tensor(target, dtype=torch.float32).expand(batch, -1, -1),
+            pattern="p == q",
+        )
+        m, tokens = _call(backend, block, gen)
+        rejected = (m < k).nonzero()
+        assert len(rejected) == 0, (
+            f"p == q but row {int(rejected[0])} stopped at m={int(m[rejected[0]])} < k={k} "
+            f"(drafts {block.draft_tokens[rejected[0]].tolist()})"
+        )
+        bonus = tokens[:, k]
+        assert (torch.tensor(target[k])[bonus] > 0).all(), "a bonus token has zero probability under row k"
+
+    accepts_all()
+
+
+@check(guards="acceptance or replacement ignoring the target (e.g. replacement from q, argmax of the wrong row)", requires=("verifier", "sampling"))
+def check_sampling_one_hot_target_is_deterministic(backend, ctx: CheckContext):
+    """With one-hot target rows the output is fully determined: accept d_i iff it is the hot token, then emit the hot token."""
+
+    @given(block=sampling_blocks(), seed=seeds)
+    def deterministic(block, seed):
+        hot = block.target_probs.argmax(-1)
+        one_hot = torch.nn.functional.one_hot(hot, block.vocab).float()
+        block = Block(block.draft_tokens, block.draft_probs, one_hot, block.pattern + " (one-hot target)")
+        note(block.describe())
+        m, tokens = _call(backend, block, torch.Generator().manual_seed(seed))
+        expected_m = (block.draft_tokens == hot[:, : block.k]).long().cumprod(1).sum(1)
+        for b in range(len(m)):
+            assert int(m[b]) == int(expected_m[b]), (
+                f"row {b}: one-hot target {hot[b].tolist()}, drafts {block.draft_tokens[b].tolist()}: "
+                f"expected m={int(expected_m[b])}, got m={int(m[b])}"
+            )
+            assert int(tokens[b, m[b]]) == int(hot[b, m[b]]), (
+                f"row {b}: after m={int(m[b])} the emitted token must be the hot token {int(hot[b, m[b]])}, got {int(tokens[b, m[b]])}"
+            )
+
+    deterministic()
+
+
+@check(guards="accepting a drafted token the target gives probability 0 (division guards, p/q with q=0)", requires=("verifier", "sampling"))
+def check_sampling_zero_target_prob_rejected(backend, ctx: CheckContext):
+    """A drafted token with p = 0 at its row is always rejected, so m never passes it."""
+
+    @given(data=st.data(), vocab=st.integers(2, 48), k=st.integers(1, 8), seed=seeds)
+    def rejected(data, vocab, k, seed):
+        target = data.draw(probability_rows(vocab, k + 1, kinds=("sparse", "one_hot", "tiny_masses")), label="target rows")
+        rng = np.random.default_rng(seed)
+        q = draft_rows_for("disjoint_zeros", target[:k], rng)
+        batch = 64
+        gen = torch.Generator().manual_seed(seed)
+        qt = torch.tensor(q, dtype=torch.float32)
+        block = Block(draw_drafts(qt, batch, gen), qt.expand(batch, -1, -1), torch.tensor(target, dtype=torch.float32).expand(batch, -1, -1), "p=0 drafts")
+        m, _ = _call(backend, block, gen)
+        p_d = block.target_probs.gather(2, block.draft_tokens[..., None].long())[..., 0][:, :k]
+        zero = (p_d == 0).long()
+        first_zero = torch.cat([zero, torch.ones(batch, 1, dtype=torch.long)], 1).argmax(1)
+        over = (m > first_zero).nonzero()
+        assert len(over) == 0, (
+            f"row {int(over[0])}: draft d_{int(first_zero[over[0]]) + 1} = {int(block.draft_tokens[over[0], first_zero[over[0]]])} "
+            f"has target probability 0 at row {int(first_zero[over[0]])} but was accepted (m={int(m[over[0]])})"
+        )
+
+    rejected()
+
+
+def _seeded_run(backend, seed: int, batch: int = 4096):
+    sc = STAT_SCENARIOS["balanced"]
+    draft = torch.tensor(sc.draft, dtype=torch.float32)
+    drafts = draw_drafts(draft, batch, torch.Generator().manual_seed(12345))
+    block = Block(drafts, draft.expand(batch, -1, -1), torch.tensor(sc.target, dtype=torch.float32).expand(batch, -1, -1), "seeded")
+    return _call(backend, block, torch.Generator().manual_seed(seed), where=f"balanced scenario, generator seed {seed}")
+
+
+@check(guards="seeds ignored: results that differ for the same generator seed, or do not change with it", requires=("verifier", "sampling", "batched"))
+def check_sampling_seeded_reproducible(backend, ctx: CheckContext):
+    """The same generator seed gives bit-identical results; another seed gives different ones."""
+    seed = ctx.seed_for("seeded")
+    m1, t1 = _seeded_run(backend, seed)
+    m2, t2 = _seeded_run(backend, seed)
+    diff = (t1 != t2).any(1).nonzero()
+    assert len(diff) == 0, (
+        f"generator seed {seed} gave different results in row {int(diff[0])}: {t1[diff[0]].tolist()} vs {t2[diff[0]].tolist()}"
+    )
+    m3, t3 = _seeded_run(backend, seed + 1)
+    assert not torch.equal(t1, t3), f"generator seeds {seed} and {seed + 1} gave identical results on 4096 blocks: is the generator used?"
+
+
+@check(guards="randomness drawn from the global RNG instead of the given generator", requires=("verifier", "sampling", "batched"))
+def check_sampling_ignores_global_rng(backend, ctx: CheckContext):
+    """With a generator given, the global torch RNG state does not change the result."""
+    seed = ctx.seed_for("global")
+    state = torch.random.get_rng_state()
+    try:
+        torch.manual_seed(1)
+        _, t1 = _seeded_run(backend, seed)
+        torch.manual_seed(2)
+        _, t2 = _seeded_run(backend, seed)
+    finally:
+        torch.random.set_rng_state(state)
+    diff = (t1 != t2).any(1).nonzero()
+    assert len(diff) == 0, (
+        f"same generator seed {seed}, different global seeds (1 vs 2): row {int(diff[0])} gave "
+        f"{t1[diff[0]].tolist()} vs {t2[diff[0]].tolist()}"
+    )

@@ -1,0 +1,172 @@
+"""Drive a backend's verifier over many blocks of one scenario and count what it emits.
+
+Draft tokens are drawn ``d_{i+1} ~ q_i`` with a seeded generator; the backend
+gets its own seeded generator. Every chunk of output is checked for structure
+(shape, dtype, range, contiguous prefix, padding) before it is counted, so a
+misbehaving backend fails with a named :class:`BackendOutputError` instead of
+corrupting the statistics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specdec_ref.contract import PAD_TOKEN
+
+from .scenarios import Scenario
+
+CHUNK = 1 << 16
+
+
+class BackendOutputError(AssertionError):
+    """The backend returned something that breaks the verifier contract's structure."""
+
+
+@dataclass
+class BlockCounts:
+    """Counts over ``n`` verified blocks of one scenario.
+
+    ``length[j]``: blocks with m = j. ``steps[j]``: at blocks that reached j < k,
+    cells ``[rejected & token x (V), accepted & token x (V)]``. ``bonus``: token
+    emitted at position k when all k drafts were accepted.
+    """
+
+    scenario: str
+    n: int
+    seed: int
+    length: np.ndarray
+    steps: np.ndarray
+    bonus: np.ndarray
+
+    def emitted(self, j: int) -> np.ndarray:
+        """Token emitted at position j among blocks that reached j."""
+        if j == self.steps.shape[0]:
+            return self.bonus
+        vocab = self.bonus.shape[0]
+        return self.steps[j, :vocab] + self.steps[j, vocab:]
+
+    def residual(self, j: int) -> np.ndarray:
+        return self.steps[j, : self.bonus.shape[0]]
+
+
+def check_block_output(
+    draft_tokens: torch.Tensor,
+    result,
+    *,
+    vocab: int,
+    where: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Structural contract of one verify() output; raises BackendOutputError naming the row."""
+    __tracebackhide__ = True
+    batch, k = draft_tokens.shape
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise BackendOutputError(f"{where}: verify() must return (num_accepted, tokens), got {type(result).__name__}")
+    m, tokens = result
+    for name, t, shape in (("num_accepted", m, (batch,)), ("tokens", tokens, (batch, k + 1))):
+        if not isinstance(t, torch.Tensor):
+            raise BackendOutputError(f"{where}: {name} must be a tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.int64, torch.int32):
+            raise BackendOutputError(f"{where}: {name} must be int64 (or int32), got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise BackendOutputError(f"{where}: {name} must have shape {shape}, got {tuple(t.shape)}")
+    m = m.long().cpu()
+    tokens = tokens.long().cpu()
+    drafts = draft_tokens.cpu()
+    bad = (m < 0) | (m > k)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise BackendOutputError(f"{where}: num_accepted[{row}] = {int(m[row])} is outside [0, {k}]")
+    positions = torch.arange(k + 1)
+    before = positions[None, :] < m[:, None]
+    after = positions[None, :] > m[:, None]
+    padded = torch.cat([drafts, torch.zeros(batch, 1, dtype=drafts.dtype)], 1)
+    wrong_prefix = before & (tokens != padded)
+    if wrong_prefix.any():
+        row, pos = (int(x) for x in wrong_prefix.nonzero()[0])
+        raise BackendOutputError(
+            f"{where}: row {row} accepted m={int(m[row])} drafts but tokens[{row}, {pos}] = {int(tokens[row, pos])} "
+            f"is not the draft token {int(drafts[row, pos])}: accepted tokens must be the drafts' contiguous prefix"
+        )
+    wrong_pad = after & (tokens != PAD_TOKEN)
+    if wrong_pad.any():
+        row, pos = (int(x) for x in wrong_pad.nonzero()[0])
+        raise BackendOutputError(
+            f"{where}: row {row} with m={int(m[row])} has tokens[{row}, {pos}] = {int(tokens[row, pos])}; "
+            f"positions after m must be {PAD_TOKEN}"
+        )
+    final = tokens.gather(1, m[:, None]).squeeze(1)
+    bad = (final < 0) | (final >= vocab)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise BackendOutputError(
+            f"{where}: row {row}: the emitted token tokens[{row}, m={int(m[row])}] = {int(final[row])} is not in [0, {vocab})"
+        )
+    return m, tokens
+
+
+def draw_drafts(draft: torch.Tensor, batch: int, generator: torch.Generator) -> torch.Tensor:
+    """``d_{i+1} ~ q_i`` independently for each row i of ``draft[k, V]``: Long[batch, k]."""
+    return torch.multinomial(draft, batch, replacement=True, generator=generator).T.contiguous()
+
+
+def count_blocks(
+    backend,
+    scenario: Scenario,
+    n: int,
+    seed: int,
+    *,
+    filler: Scenario | None = None,
+    chunk: int = CHUNK,
+) -> BlockCounts:
+    """Verify ``n`` blocks of ``scenario`` and count the outcomes.
+
+    With ``filler``, each call's batch interleaves filler rows (even) with
+    scenario rows (odd) and only scenario rows are counted: a verifier whose
+    row results depend on other rows' contents shows up as a wrong law.
+    """
+    k, vocab = scenario.k, scenario.vocab
+    target = torch.tensor(scenario.target, dtype=torch.float32)
+    draft = torch.tensor(scenario.draft, dtype=torch.float32)
+    if filler is not None:
+        if (filler.k, filler.vocab) != (k, vocab):
+            raise ValueError("filler scenario must have the same k and V")
+        f_target = torch.tensor(filler.target, dtype=torch.float32)
+        f_draft = torch.tensor(filler.draft, dtype=torch.float32)
+    draft_gen = torch.Generator().manual_seed(2 * seed)
+    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
+    length = np.zeros(k + 1, dtype=np.int64)
+    steps = np.zeros(k * 2 * vocab, dtype=np.int64)
+    bonus = np.zeros(vocab, dtype=np.int64)
+    cell_base = (torch.arange(k) * 2 * vocab)[None, :]
+    done = 0
+    while done < n:
+        b = min(chunk, n - done)
+        drafts = draw_drafts(draft, b, draft_gen)
+        if filler is None:
+            tp, dp, dt = target.expand(b, -1, -1), draft.expand(b, -1, -1), drafts
+        else:
+            f_drafts = draw_drafts(f_draft, b, draft_gen)
+            dt = torch.stack([f_drafts, drafts], 1).reshape(2 * b, k)
+            tp = torch.stack([f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
+            dp = torch.stack([f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
+        where = f"scenario {scenario.name!r}, seed {seed}, blocks {done}..{done + b - 1}"
+        m, tokens = check_block_output(dt, backend.verify(dt, dp, tp, generator=verify_gen), vocab=vocab, where=where)
+        if filler is not None:
+            m, tokens = m[1::2], tokens[1::2]
+        length += np.bincount(m.numpy(), minlength=k + 1)
+        reached = torch.arange(k)[None, :] < m[:, None] + 1  # m >= j
+        accepted = torch.arange(k)[None, :] < m[:, None]  # m > j
+        cells = cell_base + accepted.long() * vocab + tokens[:, :k].clamp_min(0)
+        steps += np.bincount(cells[reached].numpy(), minlength=k * 2 * vocab)
+        bonus += np.bincount(tokens[m == k, k].numpy(), minlength=vocab)
+        done += b
+    return BlockCounts(
+        scenario=scenario.name,
+        n=n,
+        seed=seed,
+        length=length,
+        steps=steps.reshape(k, 2 * vocab),
+        bonus=bonus,
+    )

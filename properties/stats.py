@@ -1,0 +1,239 @@
+"""The statistical oracle: one goodness-of-fit helper with stated N, alpha and power.
+
+Every distributional assertion of the suite goes through :func:`assert_fits`.
+It runs Pearson's chi-square test (``scipy.stats.chisquare``) of observed
+counts against an *exact* expected distribution and states:
+
+* ``N``: the number of samples behind the counts;
+* ``alpha``: the per-test false-alarm probability (default :data:`ALPHA`);
+* the alternative it has power against: *every* distribution at total
+  variation distance ``>= tv`` from the expected one (default :data:`TV`);
+* that power, from the noncentral chi-square with the smallest noncentrality
+  any such alternative can have, ``4 N tv^2`` (Pearson's noncentrality
+  ``N sum (p1 - p0)^2 / p0`` is minimised, at fixed TV, by moving ``tv`` of mass
+  between two halves of the support: ``tv^2 (1/a + 1/(1-a)) >= 4 tv^2``).
+
+Cells whose expected count is below :data:`MIN_EXPECTED` are pooled (the
+chi-square approximation needs it); the pooled mass is subtracted from ``tv``
+before the power is computed, so the stated power stays a lower bound. A
+sample in a cell of expected probability exactly 0 is an *impossible outcome*
+and fails the test outright (p-value 0).
+
+Family-wise error: the suite runs a known number of such tests per run
+(reported by the plugin); by Bonferroni the probability that a correct
+backend fails any of them is at most that number times ``alpha``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+from scipy import stats
+
+#: Per-test false-alarm probability of every statistical check.
+ALPHA = 1e-6
+#: The total-variation distance every statistical check is sized to detect.
+TV = 0.003
+#: The power each check is sized to reach against :data:`TV` at :data:`ALPHA`.
+TARGET_POWER = 0.99
+#: Cells with a smaller expected count are pooled into one.
+MIN_EXPECTED = 20.0
+
+
+def power_against_tv(n: float, df: int, alpha: float, tv: float) -> float:
+    """Lower bound on the chi-square test's power against any alternative at TV >= tv."""
+    if n <= 0 or tv <= 0:
+        return 0.0
+    if df <= 0:
+        # one possible cell: any alternative at TV >= tv puts >= tv outside it,
+        # and a single sample there is an impossible outcome
+        return float(-math.expm1(n * math.log1p(-min(tv, 1.0))))
+    critical = stats.chi2.isf(alpha, df)
+    return float(stats.ncx2.sf(critical, df, 4.0 * n * tv * tv))
+
+
+def samples_for_power(df: int, *, alpha: float = ALPHA, tv: float = TV, power: float = TARGET_POWER) -> int:
+    """Smallest N whose :func:`power_against_tv` reaches ``power``."""
+    lo, hi = 1, 1
+    while power_against_tv(hi, df, alpha, tv) < power:
+        hi *= 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if power_against_tv(mid, df, alpha, tv) >= power:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@dataclass
+class FitResult:
+    """Outcome of one goodness-of-fit test; readable with :meth:`report`."""
+
+    what: str
+    n: int
+    alpha: float
+    tv: float
+    power: float
+    statistic: float
+    df: int
+    p_value: float
+    labels: list[str]
+    observed: np.ndarray
+    expected: np.ndarray  # probabilities
+    pooled: list[str] = field(default_factory=list)
+    pooled_mass: float = 0.0
+    impossible: list[tuple[str, int]] = field(default_factory=list)
+    seed: int | None = None
+    replay: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.impossible and self.p_value > self.alpha
+
+    def headline(self) -> str:
+        verdict = "consistent with" if self.passed else "NOT consistent with"
+        return (
+            f"{self.what}: N={self.n} samples are {verdict} the exact distribution "
+            f"(chi-square {self.statistic:.1f} on {self.df} df, p={self.p_value:.3g}, alpha={self.alpha:g}; "
+            f"power {self.power:.4f} against any TV >= {self.tv:g})"
+        )
+
+    def table(self, max_rows: int = 40) -> str:
+        """Observed vs expected per cell, largest standardised deviations first."""
+        expected_counts = self.expected * self.n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.where(expected_counts > 0, (self.observed - expected_counts) / np.sqrt(expected_counts), np.inf)
+        order = np.argsort(-np.abs(np.where(self.observed + expected_counts > 0, z, 0)))
+        lines = [f"{'cell':>14} {'observed':>10} {'expected':>12} {'obs freq':>9} {'exp prob':>9} {'z':>8}"]
+        for i in order[:max_rows]:
+            if self.observed[i] == 0 and expected_counts[i] == 0:
+                continue
+            lines.append(
+                f"{self.labels[i]:>14} {int(self.observed[i]):>10} {expected_counts[i]:>12.1f} "
+                f"{self.observed[i] / max(self.n, 1):>9.5f} {self.expected[i]:>9.5f} {z[i]:>8.2f}"
+            )
+        if len(order) > max_rows:
+            lines.append(f"... {len(order) - max_rows} more cells")
+        return "\n".join(lines)
+
+    def report(self) -> str:
+        parts = [self.headline()]
+        if self.impossible:
+            cells = ", ".join(f"{label} ({count}x)" for label, count in self.impossible)
+            parts.append(f"impossible outcomes (expected probability 0) were observed: {cells}")
+        if self.pooled:
+            parts.append(f"pooled {len(self.pooled)} cells of total expected mass {self.pooled_mass:.2e}")
+        parts.append(self.table())
+        if self.seed is not None:
+            parts.append(f"seed: {self.seed}")
+        if self.replay:
+            parts.append(f"replay: {self.replay}")
+        return "\n".join(parts)
+
+    def as_record(self) -> dict:
+        return {
+            "what": self.what,
+            "n": self.n,
+            "alpha": self.alpha,
+            "tv": self.tv,
+            "power": self.power,
+            "statistic": self.statistic,
+            "df": self.df,
+            "p_value": self.p_value,
+            "passed": self.passed,
+            "impossible": [list(x) for x in self.impossible],
+            "pooled_mass": self.pooled_mass,
+            "seed": self.seed,
+        }
+
+
+def goodness_of_fit(
+    observed: Sequence[int] | np.ndarray,
+    expected: Sequence[float] | np.ndarray,
+    *,
+    what: str,
+    alpha: float = ALPHA,
+    tv: float = TV,
+    labels: Sequence[str] | None = None,
+    seed: int | None = None,
+    replay: str | None = None,
+    min_expected: float = MIN_EXPECTED,
+) -> FitResult:
+    """Chi-square test of ``observed`` counts against exact probabilities ``expected``."""
+    observed = np.asarray(observed, dtype=np.int64)
+    expected = np.asarray(expected, dtype=np.float64)
+    if observed.shape != expected.shape or observed.ndim != 1:
+        raise ValueError(f"observed {observed.shape} and expected {expected.shape} must be 1-d of equal length")
+    if (expected < 0).any() or not np.isfinite(expected).all():
+        raise ValueError("expected probabilities must be finite and non-negative")
+    total = expected.sum()
+    if not 0.999 < total < 1.001:
+        raise ValueError(f"expected probabilities must sum to 1, got {total!r}")
+    expected = expected / total
+    labels = [str(x) for x in (labels if labels is not None else range(len(observed)))]
+    n = int(observed.sum())
+    impossible = [(labels[i], int(observed[i])) for i in np.flatnonzero((expected == 0) & (observed > 0))]
+
+    possible = expected > 0
+    counts = expected * n
+    small = possible & (counts < min_expected)
+    big = np.flatnonzero(possible & ~small)
+    obs_cells = list(observed[big])
+    exp_cells = list(counts[big])
+    pooled_idx = np.flatnonzero(small)
+    pooled_mass = float(expected[pooled_idx].sum())
+    if len(pooled_idx):
+        if counts[pooled_idx].sum() >= min_expected or not exp_cells:
+            obs_cells.append(observed[pooled_idx].sum())
+            exp_cells.append(counts[pooled_idx].sum())
+        else:  # too small even pooled: fold into the smallest cell
+            j = int(np.argmin(exp_cells))
+            obs_cells[j] += observed[pooled_idx].sum()
+            exp_cells[j] += counts[pooled_idx].sum()
+    df = len(exp_cells) - 1
+    if n == 0:
+        statistic, p_value = 0.0, 1.0
+    elif df <= 0:
+        statistic, p_value = 0.0, 1.0
+    else:
+        exp_arr = np.asarray(exp_cells, dtype=np.float64)
+        obs_arr = np.asarray(obs_cells, dtype=np.float64)
+        exp_arr *= obs_arr.sum() / exp_arr.sum()  # impossible cells are outside; keep totals equal
+        res = stats.chisquare(obs_arr, exp_arr)
+        statistic, p_value = float(res.statistic), float(res.pvalue)
+    if impossible:
+        p_value = 0.0
+    power = power_against_tv(n, df, alpha, max(tv - pooled_mass, 0.0))
+    return FitResult(
+        what=what,
+        n=n,
+        alpha=alpha,
+        tv=tv,
+        power=power,
+        statistic=statistic,
+        df=df,
+        p_value=p_value,
+        labels=labels,
+        observed=observed,
+        expected=expected,
+        pooled=[labels[i] for i in pooled_idx],
+        pooled_mass=pooled_mass,
+        impossible=impossible,
+        seed=seed,
+        replay=replay,
+    )
+
+
+def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
+    """Assert that counts follow the exact distribution; the failure shows every cell.
+
+    Returns the :class:`FitResult` (N, alpha, power, p-value) so callers can record it.
+    """
+    __tracebackhide__ = True
+    result = goodness_of_fit(observed, expected, what=what, **kwargs)
+    if not result.passed:
+        raise AssertionError(result.report())
+    return result
