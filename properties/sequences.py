@@ -1,0 +1,369 @@
+"""The exact law of a decoded continuation, by enumeration in float64 (tiny vocabularies).
+
+For the *sequence-level* exactness check of a decoder: a correct speculative sampler emits
+continuations of a prompt with exactly the law of autoregressive sampling from the target,
+whatever the draft. With a tiny target (vocabulary <= ~16) and short continuations (n = 2..4)
+that law can be written down leaf by leaf::
+
+    P(x_1 .. x_n | prompt) = prod_i  warp(z64(prompt, x_1 .. x_{i-1}), config)[x_i]
+
+where ``z64`` are the target's next-token logits from a float64 copy of the model (full forward,
+no cache) and :func:`specdec_ref.warp.warp` applies temperature / top-k / top-p in float64.
+:func:`continuation_law` computes it level by level: all live prefixes of one length go through
+the model in one batched forward, so V=16, n=3 (4096 leaves) takes a few hundred milliseconds.
+With ``eos_id`` a continuation stops right after emitting EOS (a shorter tuple ending in
+``eos_id``); otherwise every continuation has length exactly n. Greedy (``config.greedy``) puts
+mass 1 on the float64 first-index argmax path.
+
+:func:`law_to_cells` turns a law into deterministic chi-square cells (labels like ``"3 7 12"`` or
+``"3 EOS"``) with an ``index_of`` mapping and a ``counts`` helper, ready for
+``properties.stats.assert_fits``; sequences outside the support land in an ``IMPOSSIBLE`` cell of
+probability 0 (one such sample fails the test outright).
+
+Numerical caveat (handled, not hidden)
+--------------------------------------
+The law is computed in float64; a backend samples from float32 (or bf16) probabilities. Away from
+set boundaries the difference is ~1e-7 in probability, far below anything a chi-square test with
+a few million samples can see. At a boundary it is not small: the *support* itself can change.
+Top-k keeps the k largest logits, so a near-tie between the k-th and (k+1)-th logit can swap which
+token is kept; top-p keeps the shortest prefix of the sorted distribution whose mass reaches
+``top_p``, so a cumulative mass within rounding of ``top_p`` (or a near-tie at the cut) can add or
+drop a token; greedy can flip at a near-tie of the top two. :func:`boundary_margin` reports, over
+every enumerated prefix of positive probability, the smallest logit gap at the cut (raw logit
+units, comparable to :func:`properties.flips.tolerance_for`) and the smallest distance of a
+cumulative mass from ``top_p``; tests should assert both are far above the precision under test
+(:meth:`BoundaryMargin.assert_safe`) before trusting a chi-square verdict.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from properties.flips import high_precision_logits, tolerance_for
+from specdec_ref.warp import SamplingConfig, warp
+
+__all__ = [
+    "EOS_LABEL",
+    "OTHER_LABEL",
+    "IMPOSSIBLE_LABEL",
+    "ContinuationLaw",
+    "Cells",
+    "BoundaryMargin",
+    "continuation_law",
+    "law_to_cells",
+    "boundary_margin",
+    "sequence_label",
+]
+
+EOS_LABEL = "EOS"
+OTHER_LABEL = "OTHER"
+IMPOSSIBLE_LABEL = "IMPOSSIBLE"
+#: Continuations are computed in batches of at most this many prefixes.
+BATCH = 1024
+#: Tolerance of the "probabilities sum to 1" assertion.
+SUM_TOLERANCE = 1e-9
+
+
+def _prompt_list(prompt) -> list[int]:
+    if isinstance(prompt, torch.Tensor):
+        if prompt.dim() == 2 and prompt.shape[0] != 1:
+            raise ValueError(f"prompt must be [1, t] or [t], got shape {tuple(prompt.shape)}")
+        values = prompt.detach().reshape(-1).tolist()
+    else:
+        values = list(prompt)
+    if not values:
+        raise ValueError("prompt must hold at least one token")
+    return [int(v) for v in values]
+
+
+class ContinuationLaw(dict):
+    """``{continuation tuple: probability}`` plus how it was made.
+
+    Attributes: ``prompt`` (list of ids), ``n``, ``config``, ``eos_id``, ``min_prob``,
+    ``pruned_mass`` (mass of branches cut by ``min_prob``; 0 by default) and ``pruned_prefixes``
+    (those branches' prefixes). ``sum(values) + pruned_mass == 1`` within 1e-9.
+    """
+
+    prompt: list[int]
+    n: int
+    config: SamplingConfig
+    eos_id: int | None
+    min_prob: float
+    pruned_mass: float
+    pruned_prefixes: frozenset
+
+    def pruned_prefix_of(self, seq: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The pruned prefix ``seq`` extends, if any."""
+        for i in range(1, len(seq) + 1):
+            if seq[:i] in self.pruned_prefixes:
+                return seq[:i]
+        return None
+
+
+def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix`` (equal lengths)."""
+    rows = []
+    for start in range(0, len(prefixes), BATCH):
+        chunk = prefixes[start : start + BATCH]
+        ids = torch.tensor([prompt + list(p) for p in chunk], dtype=torch.long)
+        rows.append(high_precision_logits(model, ids)[:, -1])
+    return torch.cat(rows)
+
+
+def _step_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    if config.greedy:
+        # first-index argmax, as in torch.argmax
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float64)
+    return warp(logits, config, dtype=torch.float64)
+
+
+def continuation_law(
+    target_model: torch.nn.Module,
+    prompt,
+    n: int,
+    config: SamplingConfig,
+    *,
+    eos_id: int | None = None,
+    min_prob: float = 0.0,
+) -> ContinuationLaw:
+    """Exact law of the next ``n`` tokens after ``prompt`` under AR sampling with ``config``.
+
+    ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
+    tokens (length n, or shorter ending in ``eos_id``); only continuations of positive
+    probability appear. ``min_prob > 0`` prunes every branch (prefix) whose probability falls
+    below it, at the level where it falls below (recorded in ``pruned_mass`` /
+    ``pruned_prefixes``; :func:`law_to_cells` folds it into an ``OTHER`` cell). Asserts that the
+    probabilities plus the pruned mass sum to 1 within 1e-9.
+    """
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"n must be an int >= 1, got {n!r}")
+    if min_prob < 0 or not math.isfinite(min_prob):
+        raise ValueError(f"min_prob must be finite and >= 0, got {min_prob!r}")
+    prompt_ids = _prompt_list(prompt)
+    frontier: list[tuple[int, ...]] = [()]
+    frontier_p = torch.ones(1, dtype=torch.float64)
+    leaves: dict[tuple[int, ...], float] = {}
+    pruned_mass = 0.0
+    pruned: set[tuple[int, ...]] = set()
+    vocab = None
+    for level in range(n):
+        logits = _next_logits(target_model, prompt_ids, frontier)
+        vocab = logits.shape[-1]
+        if eos_id is not None and not 0 <= eos_id < vocab:
+            raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
+        joint = frontier_p[:, None] * _step_probs(logits, config)  # [F, V]
+        rows, toks = torch.nonzero(joint > 0, as_tuple=True)
+        probs = joint[rows, toks]
+        next_frontier, next_p = [], []
+        last = level == n - 1
+        for r, t, p in zip(rows.tolist(), toks.tolist(), probs.tolist()):
+            seq = frontier[r] + (t,)
+            if p < min_prob:
+                pruned_mass += p
+                pruned.add(seq)
+            elif last or t == eos_id:
+                leaves[seq] = p
+            else:
+                next_frontier.append(seq)
+                next_p.append(p)
+        if not next_frontier:
+            break
+        frontier, frontier_p = next_frontier, torch.tensor(next_p, dtype=torch.float64)
+    total = math.fsum(leaves.values()) + pruned_mass
+    assert abs(total - 1.0) <= SUM_TOLERANCE, f"continuation law sums to {total!r}, not 1"
+    law = ContinuationLaw(sorted(leaves.items()))
+    law.prompt = prompt_ids
+    law.n = n
+    law.config = config
+    law.eos_id = eos_id
+    law.min_prob = float(min_prob)
+    law.pruned_mass = pruned_mass
+    law.pruned_prefixes = frozenset(pruned)
+    return law
+
+
+# --------------------------------------------------------------------------- cells
+
+
+def sequence_label(seq: Sequence[int], eos_id: int | None = None) -> str:
+    """``"3 7 12"``; a token equal to ``eos_id`` prints as ``EOS``."""
+    return " ".join(EOS_LABEL if (eos_id is not None and t == eos_id) else str(t) for t in seq)
+
+
+@dataclass
+class Cells:
+    """Chi-square cells of a continuation law.
+
+    ``labels[i]`` / ``probs[i]``: one cell per continuation with probability >=
+    ``min_expected_prob`` (lexicographic order of the token tuples), then ``OTHER`` (smaller
+    continuations plus pruned mass; present only when that mass is > 0) and ``IMPOSSIBLE``
+    (probability 0: anything outside the support). ``sequences[i]`` is the tuple of a
+    per-sequence cell (``None`` for the two pooled cells).
+    """
+
+    labels: list[str]
+    probs: np.ndarray
+    sequences: list[tuple[int, ...] | None]
+    law: ContinuationLaw
+    _index: dict
+
+    def index_of(self, seq) -> int:
+        """Cell index of a generated continuation (tuple / list / 1-d tensor, prompt excluded)."""
+        key = tuple(int(t) for t in (seq.reshape(-1).tolist() if isinstance(seq, torch.Tensor) else seq))
+        idx = self._index.get(key)
+        if idx is not None:
+            return idx
+        eos = self.law.eos_id
+        if len(key) > self.law.n or (eos is not None and eos in key[:-1]):
+            return len(self.labels) - 1  # too long, or tokens after EOS: IMPOSSIBLE
+        if key in self.law or self.law.pruned_prefix_of(key) is not None:
+            return self.labels.index(OTHER_LABEL)
+        return len(self.labels) - 1  # IMPOSSIBLE
+
+    def counts(self, seqs: Iterable) -> np.ndarray:
+        """Counts per cell of an iterable of generated continuations."""
+        out = np.zeros(len(self.labels), dtype=np.int64)
+        for s in seqs:
+            out[self.index_of(s)] += 1
+        return out
+
+    def impossible_examples(self, seqs: Iterable, limit: int = 5) -> list[str]:
+        """Labels of up to ``limit`` sequences that fall outside the support (for failure messages)."""
+        found = []
+        for s in seqs:
+            if self.index_of(s) == len(self.labels) - 1:
+                key = tuple(int(t) for t in (s.reshape(-1).tolist() if isinstance(s, torch.Tensor) else s))
+                found.append(sequence_label(key, self.law.eos_id) or "<empty>")
+                if len(found) >= limit:
+                    break
+        return found
+
+
+def law_to_cells(law: ContinuationLaw, min_expected_prob: float = 0.0) -> Cells:
+    """Deterministic cells for ``properties.stats.assert_fits`` (see :class:`Cells`)."""
+    if not isinstance(law, ContinuationLaw):
+        raise TypeError("law_to_cells expects the ContinuationLaw returned by continuation_law")
+    labels, probs, seqs, index = [], [], [], {}
+    other = law.pruned_mass
+    for seq in sorted(law):
+        p = law[seq]
+        if p >= min_expected_prob:
+            index[seq] = len(labels)
+            labels.append(sequence_label(seq, law.eos_id))
+            probs.append(p)
+            seqs.append(seq)
+        else:
+            other += p
+    if other > 0:
+        labels.append(OTHER_LABEL)
+        probs.append(other)
+        seqs.append(None)
+    labels.append(IMPOSSIBLE_LABEL)
+    probs.append(0.0)
+    seqs.append(None)
+    return Cells(labels, np.asarray(probs, dtype=np.float64), seqs, law, index)
+
+
+# --------------------------------------------------------------------------- boundary margin
+
+
+@dataclass(frozen=True)
+class BoundaryMargin:
+    """Distance of a law's support from the top-k / top-p / greedy set boundaries.
+
+    ``logit_gap``: smallest raw-logit gap (before temperature) between the last kept and the
+    first dropped token of the warped set (greedy: top-1 minus top-2), over all enumerated
+    prefixes; ``inf`` when nothing is filtered. ``mass_gap``: smallest ``|mass_before_j - top_p|``
+    over the sorted tokens of every prefix (top-p only, else ``inf``). ``where_*``: the prefix
+    (generated tokens) attaining each minimum. ``prefixes``: how many prefixes were examined.
+    """
+
+    logit_gap: float
+    mass_gap: float
+    where_logit: tuple[int, ...] | None
+    where_mass: tuple[int, ...] | None
+    prefixes: int
+
+    def assert_safe(self, dtype: torch.dtype = torch.float32, *, factor: float = 10.0, mass_tol: float | None = None) -> None:
+        """Assert the settings are far from every boundary for a sampler computing in ``dtype``.
+
+        Logit side: ``logit_gap > factor * tolerance_for(dtype)`` (flip tolerance at the default
+        logit scale). Mass side: ``mass_gap > mass_tol`` (default ``factor * 1e-6`` for float32,
+        ``factor * 1e-2`` for bf16 / fp16).
+        """
+        __tracebackhide__ = True
+        need_logit = factor * tolerance_for(dtype)
+        if mass_tol is None:
+            mass_tol = factor * (1e-6 if dtype == torch.float32 else 1e-2)
+        problems = []
+        if not self.logit_gap > need_logit:
+            problems.append(f"logit gap {self.logit_gap:.3g} at prefix {self.where_logit} <= {need_logit:.3g}")
+        if not self.mass_gap > mass_tol:
+            problems.append(f"top-p mass gap {self.mass_gap:.3g} at prefix {self.where_mass} <= {mass_tol:.3g}")
+        if problems:
+            raise AssertionError(
+                f"sampling settings are too close to a support boundary for {dtype}: " + "; ".join(problems)
+                + " -- the float64 law may differ in support from what the sampler uses; choose other settings"
+            )
+
+
+def boundary_margin(
+    target_model: torch.nn.Module,
+    prompt,
+    n: int,
+    config: SamplingConfig,
+    *,
+    eos_id: int | None = None,
+) -> BoundaryMargin:
+    """:class:`BoundaryMargin` over every prefix of positive probability of :func:`continuation_law`.
+
+    The prefixes examined are the empty one and every proper prefix of a continuation (prefixes
+    ending in ``eos_id`` are not extended, so not examined).
+    """
+    law = continuation_law(target_model, prompt, n, config, eos_id=eos_id)
+    prefixes = {()}
+    for seq in law:
+        for i in range(1, min(len(seq), n - 1) + 1):
+            if eos_id is None or seq[i - 1] != eos_id:
+                prefixes.add(seq[:i])
+            else:
+                break
+    by_len: dict[int, list[tuple[int, ...]]] = {}
+    for p in prefixes:
+        by_len.setdefault(len(p), []).append(p)
+    best_logit, where_logit = math.inf, None
+    best_mass, where_mass = math.inf, None
+    for length in sorted(by_len):
+        group = sorted(by_len[length])
+        logits = _next_logits(target_model, law.prompt, group)
+        probs = _step_probs(logits, config)
+        kept = (probs > 0).sum(-1)
+        sorted_z, _ = torch.sort(logits, dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        cuts = []
+        if not config.greedy and config.top_k is not None and config.top_k < vocab:
+            cuts.append(config.top_k)  # an exact tie at the k-th logit keeps more than k tokens
+        for row, prefix in enumerate(group):
+            for s in cuts + [int(kept[row])]:
+                if s < vocab:
+                    gap = float(sorted_z[row, s - 1] - sorted_z[row, s])
+                    if gap < best_logit:
+                        best_logit, where_logit = gap, prefix
+        if not config.greedy and config.top_p is not None and config.top_p < 1.0:
+            x = logits / config.temperature
+            if config.top_k is not None and config.top_k < vocab:
+                kth = torch.topk(x, config.top_k, dim=-1).values[..., -1:]
+                x = x.masked_fill(x < kth, float("-inf"))
+            sx, _ = torch.sort(x, dim=-1, descending=True)
+            sp = torch.softmax(sx, dim=-1)
+            before = sp.cumsum(-1) - sp
+            dist = (before - config.top_p).abs().masked_fill(sp == 0, math.inf)
+            row_min, _ = dist.min(-1)
+            r = int(row_min.argmin())
+            if float(row_min[r]) < best_mass:
+                best_mass, where_mass = float(row_min[r]), group[r]
+    return BoundaryMargin(best_logit, best_mass, where_logit, where_mass, len(prefixes))
