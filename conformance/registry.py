@@ -74,6 +74,7 @@ class CheckCase:
         return self.check.group(self.params) if self.check.group else self.id
 
     def run(self, backend, ctx: CheckContext):
+        __tracebackhide__ = True
         return self.check.func(backend, ctx, **self.params)
 
 
@@ -169,4 +170,4 @@ def run_checks(backend, ctx: CheckContext | None = None, names: Iterable[str] | 
 
 
 def _load_check_modules() -> None:
-    from . import verifier_checks  # noqa: F401  (registers on import)
+    from . import decoder_checks, verifier_checks  # noqa: F401  (registers on import)

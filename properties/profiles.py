@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 
 _COMMON = dict(
     deadline=None,
+    report_multiple_bugs=False,  # one failure per check, shown in full
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )

@@ -194,7 +194,7 @@ def goodness_of_fit(
             obs_cells[j] += observed[pooled_idx].sum()
             exp_cells[j] += counts[pooled_idx].sum()
     df = len(exp_cells) - 1
-    if n == 0:
+    if n == 0 or sum(obs_cells) == 0:  # nothing observed in a possible cell (impossible outcomes decide)
         statistic, p_value = 0.0, 1.0
     elif df <= 0:
         statistic, p_value = 0.0, 1.0
@@ -234,6 +234,72 @@ def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
     """
     __tracebackhide__ = True
     result = goodness_of_fit(observed, expected, what=what, **kwargs)
+    if not result.passed:
+        raise AssertionError(result.report())
+    return result
+
+
+@dataclass
+class BernoulliTotalResult:
+    """Outcome of :func:`assert_bernoulli_total`: observed successes against the exact expectation."""
+
+    what: str
+    n: int
+    observed: int
+    expected: float
+    std: float
+    z: float
+    alpha: float
+    shift: float
+    power: float
+    p_value: float
+
+    @property
+    def passed(self) -> bool:
+        return self.p_value > self.alpha
+
+    def report(self) -> str:
+        verdict = "consistent with" if self.passed else "NOT consistent with"
+        return (
+            f"{self.what}: {self.observed} successes in N={self.n} trials are {verdict} the exact expectation "
+            f"{self.expected:.1f} (rate {self.observed / max(self.n, 1):.4f} vs {self.expected / max(self.n, 1):.4f}, "
+            f"sd {self.std:.1f}, z={self.z:.2f}, two-sided p={self.p_value:.3g}, alpha={self.alpha:g}; "
+            f"power {self.power:.4f} against a rate shift of {self.shift:g})"
+        )
+
+    def as_record(self) -> dict:
+        return {
+            "what": self.what,
+            "n": self.n,
+            "alpha": self.alpha,
+            "tv": self.shift,
+            "power": self.power,
+            "statistic": self.z,
+            "df": 1,
+            "p_value": self.p_value,
+            "passed": self.passed,
+            "observed": self.observed,
+            "expected": self.expected,
+        }
+
+
+def assert_bernoulli_total(observed: int, probs, *, what: str, alpha: float = ALPHA, shift: float = 0.05) -> BernoulliTotalResult:
+    """Assert that a count of independent successes with known probabilities ``probs`` is as expected.
+
+    Normal approximation of the Poisson-binomial total (N is hundreds or more);
+    the stated power is against every shift of the mean success rate by ``shift``.
+    """
+    __tracebackhide__ = True
+    probs = np.asarray(probs, dtype=np.float64)
+    n = len(probs)
+    expected = float(probs.sum())
+    std = float(np.sqrt((probs * (1 - probs)).sum()))
+    z = (observed - expected) / std if std > 0 else (0.0 if observed == expected else math.copysign(math.inf, observed - expected))
+    p_value = float(2 * stats.norm.sf(abs(z)))
+    crit = stats.norm.isf(alpha / 2)
+    delta = shift * n / std if std > 0 else math.inf
+    power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta))
+    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value)
     if not result.passed:
         raise AssertionError(result.report())
     return result

@@ -4,8 +4,10 @@ from __future__ import annotations
 import torch
 
 from . import __version__
+from .cache import ModelCache
 from .contract import Capabilities
-from .verify import verify_block
+from .decode import SpeculativeDecoder
+from .verify import BlockVerifier, verify_block
 
 
 class ReferenceBackend:
@@ -18,15 +20,46 @@ class ReferenceBackend:
         greedy=True,
         sampling=True,
         batched=True,
+        cache=True,
+        decoder=True,
+        top_k=True,
+        top_p=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
     )
 
-    def __init__(self, *, validate: bool = True):
+    def __init__(
+        self,
+        *,
+        validate: bool = True,
+        verifier: BlockVerifier = verify_block,
+        decoder: SpeculativeDecoder | None = None,
+    ):
         self.validate = validate
+        self.verifier = verifier
+        self.decoder = decoder or SpeculativeDecoder(verifier=verifier)
 
     def verify(self, draft_tokens, draft_probs, target_probs, *, generator: torch.Generator | None = None):
-        return verify_block(draft_tokens, draft_probs, target_probs, generator=generator, validate=self.validate)
+        return self.verifier(draft_tokens, draft_probs, target_probs, generator=generator, validate=self.validate)
+
+
+    def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
+        """Speculative decoding (batch 1); ``on_round(record, target_cache, draft_cache)`` after every round."""
+        return self.decoder.decode(
+            target,
+            draft,
+            prompt,
+            k=k,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_id=eos_id,
+            generator=generator,
+            on_round=on_round,
+        )
+
+    def make_cache(self, model) -> ModelCache:
+        """The KV cache adapter the decoder uses (checked by the stateful cache machine)."""
+        return self.decoder.make_cache(model)
 
 
 def reference_backend() -> ReferenceBackend:

@@ -1,0 +1,59 @@
+"""Every known-buggy verifier is rejected by the check that guards its bug class; the reference by none."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conformance.registry import CheckContext, all_cases, run_case
+from fixtures.mutants.verifier import MUTANTS
+from specdec_ref.backend import reference_backend
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_mutant_is_killed_by_its_check(name):
+    """Each check in ``must_fail`` fails on the mutant (at the ci profile's sample sizes and seed)."""
+    mutant = MUTANTS[name]
+    backend = mutant.backend()
+    records = [run_case(case, backend, CheckContext()) for case in all_cases(mutant.must_fail)]
+    killed_by = {r.check for r in records if r.status == "failed"}
+    errors = [f"{r.id}: {r.message}" for r in records if r.status == "error"]
+    assert not errors, f"harness error instead of a named failure on mutant {name}: {errors[0]}"
+    missed = set(mutant.must_fail) - killed_by
+    assert not missed, f"mutant {name} ({mutant.bug}) survived {sorted(missed)}"
+
+
+def test_every_registered_mutant_names_registered_checks():
+    names = {case.check.name for case in all_cases()}
+    for mutant in MUTANTS.values():
+        assert set(mutant.must_fail) <= names, mutant.name
+        assert mutant.bug, f"mutant {mutant.name} must document its bug class"
+
+
+def test_every_check_kills_some_mutant():
+    """A check that no mutant fails is a check that cannot be shown to fail (decoder checks have their own mutants)."""
+    verifier_checks = {case.check.name for case in all_cases() if "verifier" in case.check.requires}
+    killed = {check for m in MUTANTS.values() for check in m.must_fail}
+    assert verifier_checks - killed == set(), f"checks with no mutant: {sorted(verifier_checks - killed)}"
+
+
+def test_reference_passes_the_deterministic_checks_as_records():
+    """run_checks() without pytest: one record per case, the reference passes."""
+    backend = reference_backend()
+    cases = [c for c in all_cases() if not c.check.statistical and "verifier" in c.check.requires]
+    records = [run_case(c, backend, CheckContext()) for c in cases]
+    assert records and all(r.status == "passed" for r in records), [(r.id, r.message[:300]) for r in records if r.status != "passed"]
+
+
+def test_command_line_names_the_failed_check():
+    """`pytest conformance/ --specdec-backend=<mutant>` exits non-zero, prints NOT CERTIFIED and the check."""
+    cmd = [
+        sys.executable, "-m", "pytest", "conformance/test_verifier.py", "-q", "-p", "no:randomly",
+        "--specdec-backend=fixtures.mutants.verifier:accept_after_rejection", "-k", "accepted_length_law",
+    ]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTEST_XDIST_WORKER": ""})
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "NOT CERTIFIED" in out.stdout and "sampling_accepted_length_law" in out.stdout
+    assert "accepted length m vs its exact law" in out.stdout

@@ -1,0 +1,107 @@
+"""Tests of the statistical oracle itself: power formula, pooling, impossible outcomes, sizing of the ci profile."""
+import math
+
+import numpy as np
+import pytest
+
+from conformance.verifier_checks import required_blocks
+from properties import exact
+from properties.scenarios import STAT_SCENARIOS, balanced_scenario, mix_for_acceptance
+from properties.stats import (
+    ALPHA,
+    TARGET_POWER,
+    TV,
+    assert_fits,
+    goodness_of_fit,
+    power_against_tv,
+    samples_for_power,
+)
+
+
+def test_power_grows_with_n_and_tv():
+    assert power_against_tv(1e5, 15, ALPHA, TV) < power_against_tv(1e6, 15, ALPHA, TV) < power_against_tv(3e6, 15, ALPHA, TV)
+    assert power_against_tv(1e6, 15, ALPHA, 0.001) < power_against_tv(1e6, 15, ALPHA, 0.003)
+    n = samples_for_power(15)
+    assert power_against_tv(n, 15, ALPHA, TV) >= TARGET_POWER > power_against_tv(n - 1000, 15, ALPHA, TV)
+
+
+def test_single_cell_power_is_the_chance_of_one_impossible_sample():
+    assert power_against_tv(1000, 0, ALPHA, 0.003) == pytest.approx(1 - (1 - 0.003) ** 1000)
+
+
+def test_impossible_outcome_fails_with_p_zero():
+    result = goodness_of_fit([10, 0, 1], [0.5, 0.5, 0.0], what="x")
+    assert not result.passed and result.p_value == 0.0 and result.impossible == [("2", 1)]
+    assert "impossible outcomes" in result.report()
+
+
+def test_small_cells_are_pooled_and_power_discounted():
+    expected = np.array([0.5, 0.5 - 2e-6, 1e-6, 1e-6])
+    result = goodness_of_fit([500_000, 500_000, 1, 3], expected, what="x")
+    assert result.pooled == ["2", "3"] and result.df == 1
+    assert result.power == pytest.approx(power_against_tv(result.n, 1, ALPHA, TV - 2e-6))
+
+
+def test_failure_message_states_n_alpha_power_and_every_cell():
+    with pytest.raises(AssertionError) as info:
+        assert_fits([600, 400], [0.5, 0.5], what="coin", seed=7, replay="pytest -k coin")
+    text = str(info.value)
+    for fragment in ("coin", "N=1000", "alpha=1e-06", "power", "TV >= 0.003", "observed", "expected", "seed: 7", "replay: pytest -k coin"):
+        assert fragment in text
+
+
+def test_passing_result_is_a_record():
+    rng = np.random.default_rng(0)
+    p = np.full(8, 1 / 8)
+    result = assert_fits(rng.multinomial(100_000, p), p, what="uniform")
+    record = result.as_record()
+    assert record["passed"] and record["n"] == 100_000 and record["alpha"] == ALPHA and 0 < record["power"] < 1
+
+
+@pytest.mark.parametrize("bad", [([1, 2], [0.5]), ([1, 2], [0.5, 0.6]), ([1, 2], [1.5, -0.5]), ([1, 2], [np.nan, 1.0])])
+def test_bad_expected_distributions_are_rejected(bad):
+    with pytest.raises(ValueError):
+        goodness_of_fit(*bad, what="x")
+
+
+def test_ci_sample_sizes_reach_the_target_power_for_every_sizing_event():
+    """Every check whose conditioning event has probability >= 0.1 gets >= TARGET_POWER at TV 0.003 (expected counts)."""
+    for scenario in STAT_SCENARIOS.values():
+        n = required_blocks(scenario)
+        p, q, k = scenario.target, scenario.draft, scenario.k
+        reach, law = exact.reach_probs(p, q), exact.length_law(p, q)
+        events = [(exact.length_law(p, q), 1.0)]
+        events += [(exact.emitted_law(p, j), reach[j]) for j in range(k + 1)]
+        events += [(exact.step_law(p, q, j), reach[j]) for j in range(k)]
+        events += [(exact.residual_law(p, q, j), law[j]) for j in range(k) if law[j] > 0]
+        for law_j, prob in events:
+            if prob >= 0.1:
+                df = int(np.count_nonzero(law_j)) - 1
+                assert power_against_tv(n * prob, df, ALPHA, TV) >= TARGET_POWER, (scenario.name, df, prob)
+
+
+def test_balanced_scenario_stops_uniformly_and_rows_differ():
+    sc = balanced_scenario()
+    assert np.allclose(exact.length_law(sc.target, sc.draft), 1 / (sc.k + 1), atol=1e-6)
+    for i in range(sc.k + 1):
+        for j in range(i + 1, sc.k + 1):
+            assert 0.5 * np.abs(sc.target[i] - sc.target[j]).sum() > 0.2, "rows must be distinct for alignment checks"
+
+
+def test_mix_for_acceptance_hits_the_target_and_rejects_unreachable():
+    rng = np.random.default_rng(1)
+    p, o = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
+    q = mix_for_acceptance(p, o, 0.9)
+    assert np.minimum(p, q).sum() == pytest.approx(0.9, abs=1e-9)
+    with pytest.raises(ValueError):
+        mix_for_acceptance(p, o, np.minimum(p, o).sum() / 2)
+
+
+def test_exact_laws_are_consistent():
+    """Accepted plus rejected mass at a step gives p; the length law sums to 1."""
+    sc = STAT_SCENARIOS["edges"]
+    for j in range(sc.k):
+        step = exact.step_law(sc.target, sc.draft, j)
+        v = sc.vocab
+        assert np.allclose(step[:v] + step[v:], exact.emitted_law(sc.target, j))
+    assert math.isclose(exact.length_law(sc.target, sc.draft).sum(), 1.0)
