@@ -48,8 +48,15 @@ def prompts(seed: int, count: int, length: int = 6, vocab: int = 16) -> list[tor
 
 
 def _decode(backend, target, draft, prompt, **kw):
+    """backend.decode with its failures named: an exception or a malformed result fails the check."""
     __tracebackhide__ = True
-    result = backend.decode(target, draft, prompt, **kw)
+    try:
+        result = backend.decode(target, draft, prompt, **kw)
+    except Exception as exc:
+        settings = {key: kw[key] for key in ("k", "max_new_tokens", "sampling", "eos_id") if key in kw}
+        raise AssertionError(
+            f"decode() raised {type(exc).__name__}: {exc} (prompt {prompt.tolist()}, {settings})"
+        ) from exc
     tokens = getattr(result, "tokens", None)
     if not isinstance(tokens, list) or not all(isinstance(x, int) for x in tokens):
         raise AssertionError(f"decode() must return a result whose .tokens is a list of ints, got {type(tokens).__name__}")
@@ -196,16 +203,18 @@ def check_decoder_eos_anywhere_in_block(backend, ctx: CheckContext):
 SEQUENCE_CASES = (
     ("temperature-0.7", SamplingConfig(temperature=0.7), None),
     ("top-k-3", SamplingConfig(top_k=3), None),
-    ("eos", SamplingConfig(temperature=1.0), 2),
+    ("top-p-0.8-temperature-1.3", SamplingConfig(temperature=1.3, top_p=0.8), None),
+    ("eos-top-k-3", SamplingConfig(top_k=3), 3),  # EOS ends 27% of the sequences early
 )
 SEQUENCE_LENGTH = 3
 SEQUENCE_SAMPLES = 3000
-SEQUENCE_TV = 0.1
+#: The alternative the sequence checks are sized for (power >= 0.99 at alpha 1e-6, checked in tests/).
+SEQUENCE_TV = 0.12
 
 
 @functools.lru_cache(maxsize=None)
 def sequence_models():
-    target = tiny_lm("llama", vocab_size=8, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=21, init_scale=1.5)
+    target = tiny_lm("llama", vocab_size=8, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1, seed=21, init_scale=3.0)
     return target, make_draft(target, "noisy", noise=0.3, seed=22)
 
 
@@ -217,33 +226,23 @@ def sequence_models():
 )
 def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
     """Whole continuations of length 3 follow the exact float64 AR law (every sequence enumerated)."""
-    from properties.sequences import continuation_law
+    from properties.sequences import boundary_margin, continuation_law, law_to_cells
 
     label, sampling, eos = next(c for c in SEQUENCE_CASES if c[0] == case)
     target, draft = sequence_models()
     prompt = torch.tensor([[1, 5]])
-    law = continuation_law(target, prompt, SEQUENCE_LENGTH, sampling, eos_id=eos)
-    cells = sorted(law)
-    index = {seq: i for i, seq in enumerate(cells)}
-    counts = np.zeros(len(cells) + 1, dtype=np.int64)  # last cell: outputs outside the law's support
+    boundary_margin(target, prompt, SEQUENCE_LENGTH, sampling, eos_id=eos).assert_safe(torch.float32)
+    cells = law_to_cells(continuation_law(target, prompt, SEQUENCE_LENGTH, sampling, eos_id=eos))
     seed = ctx.seed_for("sequence", case)
     gen = torch.Generator().manual_seed(seed)
-    n = int(SEQUENCE_SAMPLES * ctx.sample_scale)
-    outside = []
-    for i in range(n):
-        result = _decode(backend, target, draft, prompt, k=2, max_new_tokens=SEQUENCE_LENGTH, sampling=sampling, eos_id=eos, generator=gen)
-        j = index.get(tuple(result.tokens))
-        if j is None:
-            counts[-1] += 1
-            outside.append(result.tokens)
-        else:
-            counts[j] += 1
-    labels = [" ".join("EOS" if (eos is not None and x == eos) else str(x) for x in seq) for seq in cells] + ["impossible"]
-    expected = np.array([law[s] for s in cells] + [0.0])
+    outputs = [
+        tuple(_decode(backend, target, draft, prompt, k=2, max_new_tokens=SEQUENCE_LENGTH, sampling=sampling, eos_id=eos, generator=gen).tokens)
+        for _ in range(int(SEQUENCE_SAMPLES * ctx.sample_scale))
+    ]
     ctx.record(
         assert_fits(
-            counts, expected, what=f"continuations of length {SEQUENCE_LENGTH} ({label}, k=2)", labels=labels,
-            tv=SEQUENCE_TV, seed=seed, replay=ctx.replay,
+            cells.counts(outputs), cells.probs, what=f"continuations of length {SEQUENCE_LENGTH} ({label}, k=2)",
+            labels=cells.labels, tv=SEQUENCE_TV, seed=seed, replay=ctx.replay,
         )
     )
 
@@ -256,12 +255,12 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
 def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
     """Accepted drafts match the ideal rate: each judged draft is accepted with probability sum_x min(p(x), q(x))
     of the two models' warped distributions at its context."""
-    sampling = SamplingConfig(temperature=0.8)
-    target, draft = model_pair("llama", "noisy", 0.2)
+    sampling = SamplingConfig(temperature=0.4)
+    target, draft = model_pair("llama", "noisy", 0.05)
     gen = torch.Generator().manual_seed(ctx.seed_for("efficiency"))
     probs, accepted = [], 0
-    for prompt in prompts(ctx.seed_for("efficiency-prompts"), 30):
-        result = _decode(backend, target, draft, prompt, k=4, max_new_tokens=40, sampling=sampling, generator=gen)
+    for prompt in prompts(ctx.seed_for("efficiency-prompts"), 40):
+        result = _decode(backend, target, draft, prompt, k=4, max_new_tokens=64, sampling=sampling, generator=gen)
         full = torch.tensor([prompt[0].tolist() + result.tokens])
         with torch.no_grad():
             p = warp(target(input_ids=full).logits[0], sampling)
@@ -273,7 +272,7 @@ def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
             judged = min(r.accepted + 1, r.proposed)
             probs.extend(overlap[r.start - 1 + j] for j in range(judged))
             accepted += r.accepted
-    ctx.record(assert_bernoulli_total(accepted, probs, what="accepted drafts vs ideal sum min(p, q)", shift=0.05))
+    ctx.record(assert_bernoulli_total(accepted, probs, what="accepted drafts vs ideal sum min(p, q)"))
 
 
 @check(guards="silent wrong answers on bad input (empty prompt, k < 1, max_new_tokens < 0, EOS outside the vocabulary, vocab mismatch)", requires=("decoder",))

@@ -283,11 +283,14 @@ class BernoulliTotalResult:
         }
 
 
-def assert_bernoulli_total(observed: int, probs, *, what: str, alpha: float = ALPHA, shift: float = 0.05) -> BernoulliTotalResult:
+def assert_bernoulli_total(
+    observed: int, probs, *, what: str, alpha: float = ALPHA, shift: float | None = None
+) -> BernoulliTotalResult:
     """Assert that a count of independent successes with known probabilities ``probs`` is as expected.
 
-    Normal approximation of the Poisson-binomial total (N is hundreds or more);
-    the stated power is against every shift of the mean success rate by ``shift``.
+    Normal approximation of the Poisson-binomial total (N is hundreds or more).
+    The stated power is against a shift of the mean success rate by ``shift``;
+    with ``shift=None`` the shift detectable with :data:`TARGET_POWER` is computed and stated.
     """
     __tracebackhide__ = True
     probs = np.asarray(probs, dtype=np.float64)
@@ -297,6 +300,8 @@ def assert_bernoulli_total(observed: int, probs, *, what: str, alpha: float = AL
     z = (observed - expected) / std if std > 0 else (0.0 if observed == expected else math.copysign(math.inf, observed - expected))
     p_value = float(2 * stats.norm.sf(abs(z)))
     crit = stats.norm.isf(alpha / 2)
+    if shift is None:
+        shift = float((crit + stats.norm.isf(1 - TARGET_POWER)) * std / n) if n else math.inf
     delta = shift * n / std if std > 0 else math.inf
     power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta))
     result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value)

@@ -169,9 +169,15 @@ def autoregressive_decode(
 class SpeculativeDecoder:
     """The reference speculative decoder; one overridable method per step (mutants override one)."""
 
-    def __init__(self, verifier: BlockVerifier = verify_block, make_cache: Callable[..., ModelCache] = ModelCache):
+    def __init__(
+        self,
+        verifier: BlockVerifier = verify_block,
+        make_cache: Callable[..., ModelCache] = ModelCache,
+        make_draft_cache: Callable[..., ModelCache] | None = None,
+    ):
         self.verifier = verifier
         self.make_cache = make_cache
+        self.make_draft_cache = make_draft_cache or make_cache
 
     # -- steps -------------------------------------------------------------------------
     def draft_probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +237,7 @@ class SpeculativeDecoder:
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
         tick = clock() if clock else 0.0
         target_cache = self.make_cache(target, check_ids=False)
-        draft_cache = self.make_cache(draft, check_ids=False)
+        draft_cache = self.make_draft_cache(draft, check_ids=False)
         if t > 1:
             target_cache.feed(prompt[:, :-1])
             draft_cache.feed(prompt[:, :-1])
