@@ -1,0 +1,144 @@
+"""Calibration of the statistical oracle: measured false-alarm rate and measured power.
+
+* False alarms: the reference verifier over many independent seeds; every
+  statistical test of the balanced scenario is run on each seed's sample. The
+  p-values of a correct implementation must be uniform (Kolmogorov-Smirnov), and
+  failures at the suite's alpha must be as rare as stated.
+* Power: synthetic samplers whose law is at a controlled total-variation
+  distance from the exact law (the worst direction for the chi-square test,
+  a mixture with the draft distribution, and mass moved between two cells),
+  sampled at the ci profile's N, tested at the suite's alpha; the detection
+  rate is compared with the power the oracle states.
+
+``python -m properties.calibration`` prints both tables (the README's).
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+from scipy import stats
+
+from . import exact
+from .sampling import BlockCounts, count_blocks
+from .scenarios import STAT_SCENARIOS
+from .stats import ALPHA, goodness_of_fit
+
+
+def scenario_tests(counts: BlockCounts, name: str = "balanced") -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Every (test name, observed, expected) the verifier checks run on one scenario sample."""
+    sc = STAT_SCENARIOS[name]
+    p, q, k = sc.target, sc.draft, sc.k
+    law = exact.length_law(p, q)
+    tests = [("length", counts.length, law)]
+    tests += [(f"emitted@{j}", counts.emitted(j), exact.emitted_law(p, j)) for j in range(k + 1)]
+    tests += [(f"step@{j}", counts.steps[j], exact.step_law(p, q, j)) for j in range(k)]
+    tests += [(f"residual@{j}", counts.residual(j), exact.residual_law(p, q, j)) for j in range(k) if law[j] > 0]
+    return tests
+
+
+def false_alarms(backend, *, seeds: int = 200, blocks: int = 100_000, scenario: str = "balanced", first_seed: int = 10_000):
+    """p-values of every scenario test over ``seeds`` independent samples of a correct backend."""
+    pvalues: dict[str, list[float]] = {}
+    for seed in range(first_seed, first_seed + seeds):
+        counts = count_blocks(backend, STAT_SCENARIOS[scenario], blocks, seed)
+        for test, observed, expected in scenario_tests(counts, scenario):
+            pvalues.setdefault(test, []).append(goodness_of_fit(observed, expected, what=test).p_value)
+    return {test: np.asarray(v) for test, v in pvalues.items()}
+
+
+def summarise_false_alarms(pvalues: dict[str, np.ndarray]) -> dict:
+    every = np.concatenate(list(pvalues.values()))
+    ks = {test: float(stats.kstest(v, "uniform").pvalue) for test, v in pvalues.items()}
+    return {
+        "tests": len(every),
+        "failures_at_alpha": int((every <= ALPHA).sum()),
+        "expected_failures_at_alpha": len(every) * ALPHA,
+        "failures_at_0.01": int((every <= 0.01).sum()),
+        "expected_at_0.01": len(every) * 0.01,
+        "failures_at_0.05": int((every <= 0.05).sum()),
+        "expected_at_0.05": len(every) * 0.05,
+        "min_ks_pvalue": min(ks.values()),
+        "ks_pvalues": ks,
+    }
+
+
+def worst_direction(p: np.ndarray, tv: float) -> np.ndarray:
+    """A law at TV ``tv`` from ``p`` with the smallest chi-square noncentrality: mass moved pro rata between two halves."""
+    order = np.argsort(p)
+    half = np.zeros(len(p), dtype=bool)
+    half[order[np.searchsorted(np.cumsum(p[order]), 0.5) :]] = True
+    a = p[half].sum()
+    moved = p.copy()
+    moved[half] *= 1 + tv / a
+    moved[~half] *= 1 - tv / (1 - a)
+    return moved
+
+
+def mixture_direction(p: np.ndarray, q: np.ndarray, tv: float) -> np.ndarray:
+    """``(1-l) p + l q`` at TV ``tv`` from ``p`` (a verifier that sometimes keeps the draft's choice)."""
+    lam = tv / (0.5 * np.abs(p - q).sum())
+    return (1 - lam) * p + lam * q
+
+
+def two_cells_direction(p: np.ndarray, tv: float) -> np.ndarray:
+    """``tv`` of mass moved from the largest cell to the second largest."""
+    order = np.argsort(-p)
+    moved = p.copy()
+    moved[order[0]] -= tv
+    moved[order[1]] += tv
+    return moved
+
+
+def power_table(n: int, *, tvs=(0.001, 0.003, 0.01), repeats: int = 200, seed: int = 0, scenario: str = "balanced"):
+    """Detection rate vs stated power for synthetic biased samplers of row 0 (the first-token test) at ``n`` samples."""
+    sc = STAT_SCENARIOS[scenario]
+    p = exact.emitted_law(sc.target, 0)
+    q = sc.draft[0] / sc.draft[0].sum()
+    rng = np.random.default_rng(seed)
+    rows = []
+    for tv in tvs:
+        for direction, law in (
+            ("worst case", worst_direction(p, tv)),
+            ("mixture with q", mixture_direction(p, q, tv)),
+            ("two cells", two_cells_direction(p, tv)),
+        ):
+            detected, stated = 0, None
+            for _ in range(repeats):
+                result = goodness_of_fit(rng.multinomial(n, law), p, what="first token", tv=tv)
+                detected += not result.passed
+                stated = result.power
+            rows.append(
+                {"tv": tv, "direction": direction, "n": n, "stated_power": stated, "detection_rate": detected / repeats, "repeats": repeats}
+            )
+    return rows
+
+
+def main(argv=None) -> None:
+    from conformance.verifier_checks import required_blocks
+    from specdec_ref.backend import reference_backend
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--blocks", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=200)
+    args = parser.parse_args(argv)
+    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=args.seeds, blocks=args.blocks))
+    print(f"False alarms: reference verifier, balanced scenario, {args.seeds} seeds x {args.blocks} blocks, "
+          f"{summary['tests']} chi-square tests")
+    print("| alpha | failures | expected |")
+    print("|---|---|---|")
+    print(f"| {ALPHA:g} | {summary['failures_at_alpha']} | {summary['expected_failures_at_alpha']:.3f} |")
+    print(f"| 0.01 | {summary['failures_at_0.01']} | {summary['expected_at_0.01']:.1f} |")
+    print(f"| 0.05 | {summary['failures_at_0.05']} | {summary['expected_at_0.05']:.1f} |")
+    print(f"smallest Kolmogorov-Smirnov p-value of p-value uniformity over {len(summary['ks_pvalues'])} tests: {summary['min_ks_pvalue']:.3g}")
+    n = required_blocks(STAT_SCENARIOS["balanced"])
+    print(f"\nPower: first-token test at the ci profile's N = {n}, alpha = {ALPHA:g}, {args.repeats} repeats")
+    print("| TV | biased sampler | stated power (lower bound) | detection rate |")
+    print("|---|---|---|---|")
+    for row in power_table(n, repeats=args.repeats):
+        print(f"| {row['tv']:g} | {row['direction']} | {row['stated_power']:.4f} | {row['detection_rate']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

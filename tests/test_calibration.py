@@ -1,0 +1,40 @@
+"""Calibration of the statistical oracle (slow, part of CI): measured false alarms and measured power.
+
+The numbers behind the README's calibration table (``python -m properties.calibration``).
+"""
+import numpy as np
+import pytest
+from scipy import stats
+
+from conformance.verifier_checks import required_blocks
+from properties.calibration import false_alarms, power_table, summarise_false_alarms
+from properties.scenarios import STAT_SCENARIOS
+from properties.stats import ALPHA
+from specdec_ref.backend import reference_backend
+
+pytestmark = pytest.mark.slow
+
+
+def test_false_alarm_rate_of_the_reference_matches_alpha():
+    """200 independent seeds x 14 tests: p-values uniform, failure counts within binomial bounds."""
+    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=200, blocks=50_000))
+    n = summary["tests"]
+    assert summary["failures_at_alpha"] <= 1, summary  # expected 0.003
+    for level in (0.01, 0.05):
+        lo, hi = stats.binom.ppf([1e-4, 1 - 1e-4], n, level)
+        assert lo <= summary[f"failures_at_{level}"] <= hi, (level, summary)
+    assert summary["min_ks_pvalue"] > 1e-4 / len(summary["ks_pvalues"]), summary["ks_pvalues"]
+
+
+def test_detection_rate_matches_stated_power():
+    """Synthetic samplers at TV 0.001 / 0.003 / 0.01 are detected at least as often as the stated power says."""
+    n = required_blocks(STAT_SCENARIOS["balanced"])
+    for row in power_table(n, repeats=100):
+        sd = np.sqrt(row["stated_power"] * (1 - row["stated_power"]) / row["repeats"])
+        assert row["detection_rate"] >= row["stated_power"] - 4 * sd - 1e-9, row
+        if row["tv"] >= 0.003:
+            assert row["stated_power"] >= 0.99 and row["detection_rate"] == 1.0, row
+
+
+def test_alpha_is_the_documented_one():
+    assert ALPHA == 1e-6
