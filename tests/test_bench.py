@@ -1,0 +1,117 @@
+"""Smoke test of ``specdec-bench``: tiny settings, output structure only (never a timing)."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+
+from specdec_ref import bench
+
+
+def _run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    status = bench.main(argv, out=out)
+    return status, out.getvalue()
+
+
+def test_verifier_rows_table_and_json(tmp_path):
+    path = tmp_path / "verifier.json"
+    threads = torch.get_num_threads()
+    status, text = _run(
+        [
+            "verifier", "--batch", "1,8", "--k", "1,4", "--vocab", "16", "--threads", "1",
+            "--repeats", "3", "--min-seconds", "0.001", "--warmup-seconds", "0.001",
+            "--mode", "sampling,greedy", "--json", str(path),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    assert torch.get_num_threads() == threads, "the benchmark must restore the thread count"
+    payload = json.loads(path.read_text())
+    assert payload["command"] == "verifier"
+    assert {"torch", "cpu_count"} <= set(payload["environment"])
+    assert set(payload["load_average"]) == {"before", "after"}
+    rows = payload["rows"]
+    assert len(rows) == 2 * 2 * 2  # B x k x mode
+    assert {(r["batch"], r["k"], r["mode"]) for r in rows} == {
+        (b, k, m) for b in (1, 8) for k in (1, 4) for m in ("sampling", "greedy")
+    }
+    for r in rows:
+        assert r["threads"] == 1 and r["vocab"] == 16 and r["validate"] is False and r["repeats"] == 3
+        assert r["calls"] >= 1
+        assert r["blocks_per_s_p10"] <= r["blocks_per_s_median"] <= r["blocks_per_s_p90"]
+        assert r["us_per_call_p10"] <= r["us_per_call_median"] <= r["us_per_call_p90"]
+        assert 0 <= r["mean_accepted"] <= r["k"]
+    for header in ("thr", "blocks/s med", "us/call med", "load average"):
+        assert header in text
+    # the goal point (k=4, V=16, sampling, no validation) is in the grid: the verdict line names it
+    assert "goal: >= 2M blocks/s at k=4, V=16" in text
+    assert ("REACHED" in text) and "B=8" in text
+    assert payload["summary"] and "goal" in payload["summary"][0]
+
+
+def test_verifier_skips_oversized_points_and_reports_missing_goal():
+    status, text = _run(
+        [
+            "verifier", "--batch", "2", "--k", "1", "--vocab", "8,4096", "--mode", "greedy",
+            "--repeats", "1", "--min-seconds", "0.001", "--warmup-seconds", "0.001", "--max-gb", "0.0001",
+        ]
+    )  # fmt: skip
+    assert status == 0
+    assert "skipped" in text
+    assert "NOT MEASURED" in text
+
+
+def test_verifier_cuda_request_without_cuda_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(SystemExit, match="cuda"):
+        _run(["verifier", "--device", "cuda", "--batch", "1", "--k", "1", "--vocab", "4"])
+
+
+def test_checks_rows_groups_and_json(tmp_path):
+    from hypothesis import settings
+
+    path = tmp_path / "checks.json"
+    profile = getattr(settings, "_current_profile", None)
+    status, text = _run(
+        [
+            "checks", "--profile", "dev", "--names", "sampling_accepted_length_law", "structure_greedy",
+            "sampling_seeded_reproducible", "--json", str(path),
+        ]
+    )  # fmt: skip
+    assert getattr(settings, "_current_profile", None) == profile, "the benchmark must restore the Hypothesis profile"
+    assert status == 0, text
+    payload = json.loads(path.read_text())
+    rows = payload["rows"]
+    assert [r["check"] for r in rows] == ["sampling_accepted_length_law"] * 2 + ["structure_greedy", "sampling_seeded_reproducible"]
+    for r in rows:
+        assert r["status"] == "passed"
+        assert r["cpu_s"] >= 0 and r["wall_s"] >= 0
+    stat = rows[0]
+    assert stat["statistical"] and stat["tests"] == 1
+    assert stat["n_min"] > 0 and 0 <= stat["power_min"] <= 1 and stat["alpha_max"] <= 1e-6
+    assert stat["group"].startswith("verifier-sample-")
+    assert rows[2]["tests"] == 0 and rows[2]["power_min"] is None
+    groups = {g["group"]: g for g in payload["groups"]}
+    assert len(groups) == 4  # two scenario groups + two single-case groups
+    assert sum(g["cases"] for g in groups.values()) == len(rows)
+    for name, g in groups.items():
+        members = [r for r in rows if r["group"] == name]
+        assert g["cpu_s"] == pytest.approx(sum(r["cpu_s"] for r in members))
+    for header in ("case", "status", "cpu s", "power min", "per shared-sample group", "totals: 4 cases (4 passed)"):
+        assert header in text
+    assert "pytest -n 2" in text
+
+
+def test_unknown_check_name_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown check name"):
+        _run(["checks", "--names", "no_such_check"])
+
+
+def test_every_subcommand_has_its_own_parser_and_json_option():
+    parser = bench.build_parser()
+    for name in bench.SUBCOMMANDS:
+        args = parser.parse_args([name, "--json", "x.json"])
+        assert args.command == name and args.json == "x.json"
