@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 from hypothesis import given, note
 from hypothesis import strategies as st

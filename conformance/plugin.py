@@ -101,6 +101,17 @@ def specdec_ctx(request, pytestconfig):
     return CheckContext(seed=seed, profile=pytestconfig._specdec_profile, replay=replay)
 
 
+def case_params(capability: str) -> list:
+    """pytest params for every registered check case needing ``capability``, with id, xdist group and requires marks."""
+    from .registry import all_cases
+
+    return [
+        pytest.param(c, id=c.id, marks=[pytest.mark.xdist_group(c.group), pytest.mark.requires(*c.check.requires)])
+        for c in all_cases()
+        if capability in c.check.requires
+    ]
+
+
 def run_case_in_pytest(request, case, backend, ctx) -> None:
     """Skip on unclaimed capabilities, run the check, attach its statistics to the report."""
     __tracebackhide__ = True

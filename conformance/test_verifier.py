@@ -1,18 +1,9 @@
 """Conformance of the block verifier: one test per registered check case."""
 import pytest
 
-from conformance.plugin import run_case_in_pytest
-from conformance.registry import all_cases
-
-CASES = [c for c in all_cases() if "verifier" in c.check.requires]
+from conformance.plugin import case_params, run_case_in_pytest
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, id=c.id, marks=[pytest.mark.xdist_group(c.group), pytest.mark.requires(*c.check.requires)])
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", case_params("verifier"))
 def test_verifier(case, request, specdec_backend, specdec_ctx):
     run_case_in_pytest(request, case, specdec_backend, specdec_ctx)

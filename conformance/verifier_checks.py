@@ -22,7 +22,6 @@ from properties.sampling import BlockCounts, check_block_output, count_blocks, d
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario
 from properties.stats import ALPHA, assert_fits, samples_for_power
 from properties.strategies import (
-    DRAFT_RELATIONS,
     Block,
     distribution_pairs,
     draft_rows_for,

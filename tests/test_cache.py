@@ -29,14 +29,6 @@ from specdec_ref.models import ARCHS, next_token_logits, tiny_lm
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny models: intra-op threads only add OpenMP barrier cost (see tests/test_models.py).
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(scope="module", params=ARCHS)
 def model(request):

@@ -20,14 +20,6 @@ from properties.flips import (
 from specdec_ref.models import next_token_logits, tiny_lm
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny models: intra-op threading only adds barrier cost on a shared machine. Restored afterwards.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(scope="module")
 def peaked():

@@ -23,15 +23,6 @@ from specdec_ref.models import (
 PROMPT = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4]])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny models: intra-op threading only adds OpenMP barrier cost, and on a loaded 2-core machine
-    # a 24-token forward went from 0.7 ms (1 thread) to 420 ms (2 threads). Restored afterwards.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 def _same_params(a, b) -> bool:
     pa, pb = dict(a.named_parameters()), dict(b.named_parameters())

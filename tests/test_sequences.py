@@ -18,14 +18,6 @@ from specdec_ref.models import next_token_logits, tiny_lm
 from specdec_ref.warp import SamplingConfig, warp
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # Tiny models: intra-op threading only adds barrier cost on a shared machine. Restored afterwards.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 PROMPT = [3, 1, 4, 1, 5, 9]
 UNFILTERED = SamplingConfig()
 

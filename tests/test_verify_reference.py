@@ -1,5 +1,4 @@
 """Unit tests of the reference verifier: exact greedy, numerical guards, validation, no host sync."""
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, note
