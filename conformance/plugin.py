@@ -68,7 +68,7 @@ def pytest_configure(config):
         import torch
 
         torch.set_num_threads(1)
-    config._specdec = {"passed": 0, "failed": [], "skipped": 0, "stat_tests": 0, "min_power": None, "alpha": None}
+    config._specdec = {"passed": 0, "failed": [], "skipped": 0, "stat_tests": 0, "min_power": {}, "alpha": None}
     config._specdec_profile = profiles.current_profile_name()
 
 
@@ -159,8 +159,8 @@ def pytest_runtest_logreport(report):
         for record in props.get("specdec_statistics", []):
             state["stat_tests"] += 1
             state["alpha"] = max(state["alpha"] or 0.0, record["alpha"])
-            power = record["power"]
-            state["min_power"] = power if state["min_power"] is None else min(state["min_power"], power)
+            tv = round(record["tv"], 4)
+            state["min_power"][tv] = min(state["min_power"].get(tv, 1.0), record["power"])
     elif report.skipped and report.when in ("setup", "call") and "conformance" in report.nodeid:
         state["skipped"] += 1
 
@@ -183,9 +183,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if state["stat_tests"]:
         tr.write_line(
             f"{state['stat_tests']} statistical tests at per-test alpha <= {state['alpha']:g}: "
-            f"family-wise false-alarm probability <= {state['stat_tests'] * state['alpha']:.2g} (Bonferroni); "
-            f"smallest stated power {state['min_power']:.4f}"
+            f"family-wise false-alarm probability <= {state['stat_tests'] * state['alpha']:.2g} (Bonferroni)"
         )
+        powers = ", ".join(f"{power:.4f} against TV (or rate shift) {tv:g}" for tv, power in sorted(state["min_power"].items()))
+        tr.write_line(f"smallest stated power per alternative: {powers}")
     if state["failed"]:
         tr.write_line(f"NOT CERTIFIED: {backend} failed {len(state['failed'])} conformance check(s):", red=True, bold=True)
         for nodeid in state["failed"]:
