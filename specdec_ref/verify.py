@@ -68,10 +68,10 @@ class BlockVerifier:
 
     def final_rows(self, p: torch.Tensor, q: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Target and draft rows at the stopping position; row k has no draft (all zero)."""
-        batch, k, vocab = q.shape
-        row = m[:, None, None].expand(batch, 1, vocab)
-        p_m = p.gather(1, row).squeeze(1)
-        q_m = q.gather(1, row.clamp(max=k - 1)).squeeze(1) * (m < k)[:, None]
+        batch, k, _ = q.shape
+        rows = torch.arange(batch, device=p.device)
+        p_m = p[rows, m]
+        q_m = q[rows, m.clamp(max=k - 1)] * (m < k)[:, None]
         return p_m, q_m
 
     def residual(self, p_m: torch.Tensor, q_m: torch.Tensor) -> torch.Tensor:
