@@ -1,0 +1,283 @@
+"""A lean static-KV-cache forward for Llama / Qwen2 models (gpt-fast style), ``ModelCache``'s interface.
+
+``StaticModelCache`` runs the *same weights* as the transformers model through a hand-written
+forward (embedding -> [RMSNorm -> fused QKV -> RoPE -> SDPA over the cache -> o_proj -> RMSNorm ->
+fused gate/up -> SiLU -> down] x layers -> RMSNorm -> lm_head) with K/V written into
+preallocated buffers ``(B, kv_heads, max_length, head_dim)`` per layer. Rollback (``trim`` /
+``commit``) only moves the Python-int length: entries past it are stale and never read, because
+attention reads ``[:, :, :tentative_length]`` only. On a CPU with tiny models the transformers
+forward is almost all Python/dispatch overhead; this one issues far fewer ops.
+
+Semantics, validation messages and lengths are :class:`specdec_ref.cache.ModelCache`'s (it is a
+subclass; only the forward, the storage, ``layer_kv`` and ``reset`` differ). The numerical
+guarantee is the same: keys, values and logits equal a fresh transformers prefill within
+``ATOL=1e-5, RTOL=1e-4`` in float32 (tested in ``tests/test_static_cache.py``). The arithmetic
+mirrors transformers op for op (RMSNorm in float32 then cast, ``q*cos + rotate_half(q)*sin``
+with transformers' own cos/sin tables, scale ``head_dim**-0.5``); the differences are reduction
+orders only (fused QKV / gate-up GEMMs, SDPA kernel vs eager attention).
+
+Differences from ``ModelCache``:
+
+* Supported: ``model.config.model_type in {"llama", "qwen2"}`` with full attention only (no
+  sliding-window layers), SiLU MLP, non-dynamic RoPE. Anything else raises ``ValueError``
+  (check with :func:`supports` first).
+* Weights are *snapshotted* at construction (fused QKV and gate/up copies; norms, embedding and
+  lm_head by reference). If you change the model's weights afterwards, call
+  :meth:`StaticModelCache.refresh_weights`.
+* ``max_length`` (default: the model's ``max_position_embeddings``) bounds the positions;
+  ``feed`` raises the same ``ValueError`` as ``ModelCache`` beyond it (``max_positions`` is
+  set to ``max_length``).
+* ``layer_kv()`` returns views of the static buffers: valid until the next ``feed`` (a later feed
+  after a trim overwrites positions in place). ``hf_cache`` is a :class:`StaticKV` holder, not a
+  transformers cache.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specdec_ref.cache import ATOL, RTOL, ModelCache
+
+__all__ = ["StaticModelCache", "StaticKV", "supports", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
+def _unsupported_reason(model) -> str | None:
+    """``None`` when :class:`StaticModelCache` can run ``model``, else why not."""
+    cfg = getattr(model, "config", None)
+    if cfg is None:
+        return "the model has no config"
+    cfg = _text_config(model)
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"StaticModelCache supports llama and qwen2 configs, got model_type={model_type!r}"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    odd = sorted({t for t in layer_types if t != "full_attention"})
+    if odd:
+        return f"StaticModelCache supports full-attention layers only; this config has {odd}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"StaticModelCache supports the SiLU MLP only, got hidden_act={cfg.hidden_act!r}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "StaticModelCache needs model.model.layers and model.lm_head (a *ForCausalLM module tree)"
+    rotary = getattr(inner, "rotary_emb", None)
+    rope_type = getattr(rotary, "rope_type", "default") if rotary is not None else None
+    if rotary is None:
+        return "StaticModelCache needs model.model.rotary_emb"
+    if "dynamic" in str(rope_type) or rope_type == "longrope":
+        return f"StaticModelCache supports static RoPE tables only, got rope_type={rope_type!r}"
+    return None
+
+
+def supports(model) -> bool:
+    """True when :class:`StaticModelCache` can run ``model`` (Llama / Qwen2, full attention, SiLU, static RoPE)."""
+    return _unsupported_reason(model) is None
+
+
+class StaticKV:
+    """The preallocated storage: ``keys[i]`` / ``values[i]`` are ``(B, kv_heads, max_length, head_dim)``.
+
+    ``layers`` is empty (it is not a transformers cache; the attribute only exists so that code
+    inspecting ``hf_cache.layers`` sees no transformers layers).
+    """
+
+    layers: tuple = ()
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor]):
+        self.keys = keys
+        self.values = values
+
+    @property
+    def max_length(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
+
+class _Layer:
+    __slots__ = ("in_norm", "wqkv", "bqkv", "wo", "bo", "post_norm", "wgu", "bgu", "wd", "bd")
+
+
+def _cat_bias(linears, device, dtype):
+    biases = [lin.bias for lin in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [b.detach() if b is not None else torch.zeros(lin.out_features, device=device, dtype=dtype)
+         for b, lin in zip(biases, linears)]
+    )
+
+
+class StaticModelCache(ModelCache):
+    """``ModelCache`` semantics on a lean forward with a preallocated K/V cache (Llama / Qwen2 only).
+
+    Args:
+        model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (full attention, float32 or bfloat16).
+        batch_size: rows of every ``ids`` passed to :meth:`feed`; all rows share the same positions.
+        check_ids: validate ids are in ``[0, vocab_size)`` (one read-back per feed; see ``ModelCache``).
+        max_length: positions to preallocate (``1 <= max_length <= max_position_embeddings``;
+            default ``max_position_embeddings``).
+
+    Raises:
+        ValueError: unsupported architecture (``"StaticModelCache supports llama and qwen2 configs, got ..."``)
+            or bad ``max_length``.
+    """
+
+    def __init__(self, model: nn.Module, *, batch_size: int = 1, check_ids: bool = True, max_length: int | None = None):
+        reason = _unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(reason)
+        if max_length is not None:
+            if isinstance(max_length, bool) or isinstance(max_length, torch.Tensor):
+                raise TypeError(f"max_length must be a Python int, got {type(max_length).__name__}")
+            max_length = operator.index(max_length)
+        self._max_length_arg = max_length
+        super().__init__(model, batch_size=batch_size, check_ids=check_ids)
+
+    # ------------------------------------------------------------------ set-up
+    def _setup(self) -> None:
+        model = self.model
+        cfg = _text_config(model)
+        limit = self.max_positions
+        max_length = self._max_length_arg if self._max_length_arg is not None else limit
+        if max_length < 1 or (limit and max_length > limit):
+            raise ValueError(f"max_length must be in [1, max_position_embeddings={limit}], got {max_length}")
+        self.max_length: int = int(max_length)
+        self.max_positions = self.max_length  # ModelCache._validate_ids rejects feeds beyond the buffers
+        self.num_heads: int = int(cfg.num_attention_heads)
+        self.eps: float = float(cfg.rms_norm_eps)
+        if self.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+            raise ValueError(f"StaticModelCache supports floating-point models, got dtype {self.dtype}")
+        self.refresh_weights()
+        # RoPE tables from the model's own rotary module (transformers' exact cos/sin, cast to the
+        # model dtype as transformers does), for positions 0..max_length-1.
+        with torch.no_grad():
+            positions = torch.arange(self.max_length, device=self.device).unsqueeze(0)
+            probe = torch.zeros((), dtype=self.dtype, device=self.device)
+            cos, sin = model.model.rotary_emb(probe, positions)
+        cos, sin = cos[0], sin[0]  # (max_length, head_dim)
+        half = self.head_dim // 2
+        # rotate_half(x) * sin == roll(x, half) * [-sin[:half], sin[half:]] exactly (sign flips are exact).
+        signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+        self._cos = cos[None, :, None, :].contiguous()  # (1, L, 1, D) for the (B, n, heads, D) layout
+        self._sin = signed_sin[None, :, None, :].contiguous()
+        self._causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool, device=self.device).tril_()
+
+    def refresh_weights(self) -> None:
+        """Re-read the weights from the transformers module tree (after changing the model's parameters)."""
+        model = self.model
+        inner = model.model
+        dev, dt = self.device, self.dtype
+        layers = []
+        with torch.no_grad():
+            for block in inner.layers:
+                attn, mlp = block.self_attn, block.mlp
+                lay = _Layer()
+                lay.in_norm = block.input_layernorm.weight.detach()
+                lay.wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach().contiguous()
+                lay.bqkv = _cat_bias([attn.q_proj, attn.k_proj, attn.v_proj], dev, dt)
+                lay.wo = attn.o_proj.weight.detach()
+                lay.bo = attn.o_proj.bias.detach() if attn.o_proj.bias is not None else None
+                lay.post_norm = block.post_attention_layernorm.weight.detach()
+                lay.wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().contiguous()
+                lay.bgu = _cat_bias([mlp.gate_proj, mlp.up_proj], dev, dt)
+                lay.wd = mlp.down_proj.weight.detach()
+                lay.bd = mlp.down_proj.bias.detach() if mlp.down_proj.bias is not None else None
+                layers.append(lay)
+        self._layers = layers
+        self._embed = inner.embed_tokens.weight.detach()
+        self._final_norm = inner.norm.weight.detach()
+        self._lm_w = model.lm_head.weight.detach()
+        self._lm_b = model.lm_head.bias.detach() if model.lm_head.bias is not None else None
+        self._eps = [
+            (float(b.input_layernorm.variance_epsilon), float(b.post_attention_layernorm.variance_epsilon))
+            for b in inner.layers
+        ]
+        self._final_eps = float(inner.norm.variance_epsilon)
+
+    # ------------------------------------------------------------------ ModelCache hooks
+    def _new_cache(self) -> StaticKV:
+        if not hasattr(self, "_layers"):
+            self._setup()
+        shape = (self.batch_size, self.num_kv_heads, self.max_length, self.head_dim)
+        keys = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        values = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        return StaticKV(keys, values)
+
+    def _crop_to(self, n: int) -> None:
+        """Nothing to do: ``trim`` sets the length and attention never reads past it."""
+
+    def reset(self) -> None:
+        """Drop everything: both lengths become 0 (the buffers are kept; stale entries are never read)."""
+        self._tentative = 0
+        self._committed = 0
+
+    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer ``(keys, values)`` views ``(B, kv_heads, tentative_length, head_dim)`` of the buffers.
+
+        Read-only, and only valid until the next :meth:`feed` (which may overwrite trimmed positions).
+        """
+        end = self._tentative
+        return [(k[:, :, :end], v[:, :, :end]) for k, v in zip(self._cache.keys, self._cache.values)]
+
+    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        # inference_mode skips autograd/version-counter bookkeeping (~10% of a one-token forward on
+        # CPU); in-place writes into the (normal) K/V buffers are allowed inside it. The logits leave
+        # as a normal tensor (cast or clone outside inference mode) so callers may modify them.
+        with torch.inference_mode():
+            logits = self._lean_forward(ids, start)
+        return logits.float() if logits.dtype != torch.float32 else logits.clone()
+
+    # ------------------------------------------------------------------ the forward
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        # transformers' LlamaRMSNorm / Qwen2RMSNorm, op for op. In float32 the fused F.rms_norm
+        # gives the same values (float32 compute, weight multiply in float32) in one dispatch.
+        dtype = x.dtype
+        if dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * h.to(dtype)
+
+    def _lean_forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        b, n = ids.shape
+        end = start + n
+        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        nqk = nh + nkv
+        half = d // 2
+        cos = self._cos[:, start:end]
+        sin = self._sin[:, start:end]
+        if n == 1 or start == 0:
+            mask = None  # one query sees everything; a block from 0 is plain causal
+        else:
+            mask = self._causal[start:end, :end]
+        causal = n > 1 and start == 0
+        keys, values = self._cache.keys, self._cache.values
+        x = F.embedding(ids, self._embed)
+        for i, lay in enumerate(self._layers):
+            eps_in, eps_post = self._eps[i]
+            h = self._rms(x, lay.in_norm, eps_in)
+            qkv = F.linear(h, lay.wqkv, lay.bqkv).view(b, n, nqk + nkv, d)
+            qk = qkv[:, :, :nqk]
+            qk = qk * cos + qk.roll(half, -1) * sin
+            q = qk[:, :, :nh].transpose(1, 2)
+            kbuf, vbuf = keys[i], values[i]
+            kbuf[:, :, start:end] = qk[:, :, nh:].transpose(1, 2)
+            vbuf[:, :, start:end] = qkv[:, :, nqk:].transpose(1, 2)
+            o = F.scaled_dot_product_attention(
+                q, kbuf[:, :, :end], vbuf[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=nh != nkv
+            )
+            x = x + F.linear(o.transpose(1, 2).reshape(b, n, nh * d), lay.wo, lay.bo)
+            h = self._rms(x, lay.post_norm, eps_post)
+            gate, up = F.linear(h, lay.wgu, lay.bgu).chunk(2, -1)
+            x = x + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
+        x = self._rms(x, self._final_norm, self._final_eps)
+        return F.linear(x, self._lm_w, self._lm_b)
