@@ -55,6 +55,11 @@ class Check:
     statistical: bool = False
 
     @property
+    def family(self) -> str:
+        """The module's concept: ``verifier``, ``decoder`` or ``cache`` (one conformance test file each)."""
+        return self.func.__module__.rsplit(".", 1)[-1].removesuffix("_checks")
+
+    @property
     def doc(self) -> str:
         return (self.func.__doc__ or "").strip()
 
@@ -170,4 +175,4 @@ def run_checks(backend, ctx: CheckContext | None = None, names: Iterable[str] | 
 
 
 def _load_check_modules() -> None:
-    from . import decoder_checks, verifier_checks  # noqa: F401  (registers on import)
+    from . import cache_checks, decoder_checks, verifier_checks  # noqa: F401  (registers on import)
