@@ -1,0 +1,200 @@
+"""The conformance plugin's certificate (--specdec-report) and known-failure list (--specdec-xfails).
+
+End-to-end runs are `python -m pytest` subprocesses from the repository root on the
+fast checks (structure / seeded / one-hot), each a few seconds; the report's pure
+functions are tested directly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conformance import report as rep
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = "structure or seeded"
+MUTANT = "fixtures.mutants.verifier:bonus_missing"
+
+
+def run_suite(tmp_path: Path, *args: str, name: str = "cert.json"):
+    """Run the verifier conformance file; return (process, certificate dict or None, markdown or None)."""
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/test_verifier.py", "-q", f"--specdec-report={out}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={k: v for k, v in os.environ.items() if k not in ("SPECDEC_BACKEND", "PYTEST_XDIST_WORKER", "PYTEST_ADDOPTS")},
+    )
+    cert = json.loads(out.read_text()) if out.exists() else None
+    md = out.with_suffix(".md").read_text() if out.with_suffix(".md").exists() else None
+    return proc, cert, md
+
+
+def statuses(cert) -> dict[str, str]:
+    return {item["nodeid"]: item["status"] for item in cert["items"]}
+
+
+@pytest.fixture(scope="module")
+def serial_reference(tmp_path_factory):
+    return run_suite(tmp_path_factory.mktemp("serial"), "-k", FAST)
+
+
+# (a) the reference backend is certified; JSON and Markdown are written and complete
+def test_reference_certificate(serial_reference):
+    proc, cert, md = serial_reference
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert cert["certified"] is True and cert["complete"] is True
+    assert cert["backend_spec"] == "specdec_ref.backend:reference_backend"
+    assert cert["backend"]["name"] and "verifier" in cert["backend"]["capabilities"]
+    assert cert["suite_version"] and cert["hypothesis_profile"] == "ci" and cert["seed"] == 20261129
+    assert cert["totals"] == {"passed": 3, "failed": 0, "skipped": 0, "xfailed": 0, "total": 3}
+    ids = {item["check_id"] for item in cert["items"]}
+    assert ids == {"structure_sampling", "structure_greedy", "sampling_seeded_reproducible"}
+    for item in cert["items"]:
+        assert item["guards"] and item["duration"] > 0 and isinstance(item["statistics"], list)
+    assert md.startswith("# specdec conformance certificate") and "**CERTIFIED**" in md
+    assert "specdec certificate (certified)" in proc.stdout
+
+
+# (b) a mutant fails and is not certified; the failed checks are listed with their message
+def test_mutant_not_certified(tmp_path):
+    proc, cert, md = run_suite(tmp_path, "-k", "structure", f"--specdec-backend={MUTANT}")
+    assert proc.returncode == 1
+    assert cert["certified"] is False and cert["totals"]["failed"] == 2
+    failed = {item["check_id"]: item for item in cert["items"] if item["status"] == "failed"}
+    assert set(failed) == {"structure_sampling", "structure_greedy"}
+    assert all(item["message"] and item["phase"] == "call" for item in failed.values())
+    assert "**NOT CERTIFIED**" in md and "## Failed checks" in md and "`structure_greedy`" in md
+    assert failed["structure_greedy"]["message"].splitlines()[0] in md
+
+
+# (c) listed xfails turn the mutant's known failures into xfailed; with a passing check it is certified
+# (d, first half) a prefix matching nothing warns, naming it
+def test_xfails_certify_with_listed_exceptions(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("# known failures\n\nstructure_ bonus token dropped (issue 12)\nno_such_check stale entry\n")
+    proc, cert, md = run_suite(
+        tmp_path, "-k", "structure or one_hot", f"--specdec-backend={MUTANT}", f"--specdec-xfails={xfails}", "-rw"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    by_id = {item["check_id"]: item for item in cert["items"]}
+    assert by_id["structure_sampling"]["status"] == by_id["structure_greedy"]["status"] == "xfailed"
+    assert by_id["structure_greedy"]["xfail_reason"] == "bonus token dropped (issue 12)"
+    assert by_id["sampling_one_hot_target_is_deterministic"]["status"] == "passed"
+    assert cert["certified"] is True and cert["totals"]["xfailed"] == 2
+    assert {"prefix": "structure_", "reason": "bonus token dropped (issue 12)"} in cert["xfails"]
+    assert "with 2 listed exception(s)" in md and "## Listed exceptions (xfailed)" in md
+    assert "PytestWarning" in proc.stdout and "no_such_check" in proc.stdout
+    assert "structure_" not in proc.stdout.split("match no collected test", 1)[1].splitlines()[0]
+
+
+# strict: a listed check that passes fails the run and the certificate
+def test_xfail_is_strict(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("conformance/test_verifier.py::test_verifier[structure_greedy] expected to fail\n")
+    proc, cert, _ = run_suite(tmp_path, "-k", "structure", f"--specdec-xfails={xfails}")
+    assert proc.returncode == 1
+    assert cert["certified"] is False
+    assert statuses(cert) == {
+        "conformance/test_verifier.py::test_verifier[structure_greedy]": "failed",
+        "conformance/test_verifier.py::test_verifier[structure_sampling]": "passed",
+    }
+    assert "XPASS(strict)" in next(i["message"] for i in cert["items"] if i["status"] == "failed")
+
+
+# (d, second half) a line without a reason is a usage error naming the line
+def test_malformed_xfails_line_is_usage_error(tmp_path):
+    xfails = tmp_path / "xfails.txt"
+    xfails.write_text("# comment\nstructure_\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "conformance/test_verifier.py", "--co", "-q", f"--specdec-xfails={xfails}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 4  # pytest.ExitCode.USAGE_ERROR
+    assert f"{xfails}:2:" in proc.stderr and "structure_" in proc.stderr
+
+
+# (e) under xdist the controller writes the same items and statuses as a serial run
+def test_xdist_report_matches_serial(tmp_path, serial_reference):
+    _, serial, _ = serial_reference
+    proc, parallel, _ = run_suite(tmp_path, "-k", FAST, "-n", "2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert statuses(parallel) == statuses(serial)
+    assert [i["check_id"] for i in parallel["items"]] == [i["check_id"] for i in serial["items"]]
+    assert parallel["certified"] is True and parallel["totals"] == serial["totals"]
+    assert sorted(os.listdir(tmp_path)) == ["cert.json", "cert.md"]  # no temp files left behind
+
+
+# ---- pure functions -------------------------------------------------------------------------
+
+
+def _entry(nodeid, status, **kw):
+    e = rep.new_entry(nodeid)
+    e.update(status=status, check_id=nodeid, **kw)
+    return e
+
+
+def _cert(entries, exitstatus=0):
+    return rep.build_certificate(
+        entries,
+        suite_version="0",
+        backend_spec="m:f",
+        backend={"name": "b", "version": "1", "capabilities": {"verifier": True, "sampling": False}},
+        profile="ci",
+        seed=1,
+        exitstatus=exitstatus,
+    )
+
+
+def test_certified_rules():
+    assert _cert([_entry("a", "passed"), _entry("b", "xfailed")])["certified"] is True
+    assert _cert([_entry("a", "xfailed")])["certified"] is False  # nothing passed: certifies nothing
+    assert _cert([_entry("a", "skipped")])["certified"] is False
+    assert _cert([_entry("a", "passed"), _entry("b", "failed")])["certified"] is False
+    assert _cert([_entry("a", "passed")], exitstatus=2)["certified"] is False  # interrupted session
+    assert _cert([_entry("a", None)])["items"][0]["status"] == "failed"  # no outcome recorded
+
+
+def test_skip_names_missing_capability_and_stats_table():
+    stats = [{"N": 4000, "p_value": 0.31, "alpha": 1e-4, "power": 0.999, "tv": 0.01}]
+    cert = _cert(
+        [
+            _entry("s", "skipped", requires=["verifier", "sampling"], skip_reason="backend 'b' does not claim capability sampling"),
+            _entry("t", "passed", statistics=stats * 2),
+        ]
+    )
+    assert cert["items"][0]["missing_capabilities"] == ["sampling"]
+    assert cert["statistical_tests"] == 2 and cert["family_wise_alpha_bound"] == pytest.approx(2e-4)
+    md = rep.render_markdown(cert)
+    assert "## Statistical checks" in md and "| `t` | passed | 4000 | 0.999 | 0.01 | 0.31 | 0.0001 |" in md
+    assert "does not claim capability sampling" in md
+
+
+def test_merge_phase_failure_in_teardown_is_final():
+    e = rep.new_entry("x")
+    rep.merge_phase(e, when="setup", outcome="passed", props={"specdec_check": "x"}, duration=0.1)
+    rep.merge_phase(e, when="call", outcome="passed", props={}, duration=0.2)
+    rep.merge_phase(e, when="teardown", outcome="failed", props={}, duration=0.1, longrepr_message="boom")
+    assert e["status"] == "failed" and e["phase"] == "teardown" and e["duration"] == pytest.approx(0.4)
+
+
+def test_parse_xfails_and_paths(tmp_path):
+    assert rep.parse_xfails("# c\n\n  a_ reason one \nb two words\n") == [("a_", "reason one"), ("b", "two words")]
+    with pytest.raises(ValueError, match=r"f:3:"):
+        rep.parse_xfails("a r\n\nlonely\n", source="f")
+    assert rep.markdown_path("out.json") == "out.md" and rep.markdown_path("out") == "out.md"
+    assert rep.markdown_path("out.md") == "out.md.md"
+    target = tmp_path / "sub" / "c.json"
+    rep.write_atomic(str(target), "one")
+    rep.write_atomic(str(target), "two")
+    assert target.read_text() == "two" and os.listdir(target.parent) == ["c.json"]
