@@ -33,6 +33,7 @@ import torch
 
 from .cache import ModelCache
 from .models import model_dims
+from .static_cache import fastest_cache
 from .verify import BlockVerifier, sample_from_weights, verify_block
 from .warp import GREEDY, SamplingConfig, warp
 
@@ -142,13 +143,18 @@ def autoregressive_decode(
     sampling: SamplingConfig = GREEDY,
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
+    make_cache: Callable[..., ModelCache] = ModelCache,
 ) -> DecodeResult:
-    """Plain decoding from ``warp(target logits)``: the oracle speculative decoding must equal."""
+    """Plain decoding from ``warp(target logits)``: the oracle speculative decoding must equal.
+
+    As the oracle it runs the transformers forward (``ModelCache``); benchmarks may pass
+    ``make_cache=fastest_cache`` for the fastest plain decoding on the same weights.
+    """
     prompt = _validate_decode_args(target, None, prompt, 1, max_new_tokens, eos_id, sampling)
     result = DecodeResult(tokens=[], prompt_len=prompt.shape[1], finished_by="max_new_tokens")
     if max_new_tokens == 0:
         return result
-    cache = ModelCache(target, check_ids=False)
+    cache = make_cache(target, check_ids=False)
     logits = cache.feed(prompt)[:, -1]
     result.target_calls = 1
     while True:
@@ -167,12 +173,16 @@ def autoregressive_decode(
 
 
 class SpeculativeDecoder:
-    """The reference speculative decoder; one overridable method per step (mutants override one)."""
+    """The reference speculative decoder; one overridable method per step (mutants override one).
+
+    Caches default to :func:`~specdec_ref.static_cache.fastest_cache`: the static-buffer lean
+    forward for Llama/Qwen2 models, the transformers ``DynamicCache`` adapter otherwise.
+    """
 
     def __init__(
         self,
         verifier: BlockVerifier = verify_block,
-        make_cache: Callable[..., ModelCache] = ModelCache,
+        make_cache: Callable[..., ModelCache] = fastest_cache,
         make_draft_cache: Callable[..., ModelCache] | None = None,
     ):
         self.verifier = verifier

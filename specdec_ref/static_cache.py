@@ -42,7 +42,7 @@ from torch import nn
 
 from specdec_ref.cache import ATOL, RTOL, ModelCache
 
-__all__ = ["StaticModelCache", "StaticKV", "supports", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
+__all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -281,3 +281,8 @@ class StaticModelCache(ModelCache):
             x = x + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
         x = self._rms(x, self._final_norm, self._final_eps)
         return F.linear(x, self._lm_w, self._lm_b)
+
+
+def fastest_cache(model: nn.Module, **kwargs) -> ModelCache:
+    """:class:`StaticModelCache` where :func:`supports` says so, else the transformers-backed :class:`ModelCache`."""
+    return StaticModelCache(model, **kwargs) if supports(model) else ModelCache(model, **kwargs)
