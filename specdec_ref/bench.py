@@ -7,6 +7,12 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options):
 * ``checks``: every registered conformance check case run on a backend without
   pytest, with CPU and wall seconds per case and per shared-sample group, the
   status, and the stated power / N / alpha of the statistical ones.
+* ``decoder``: tokens/s of AR decoding, our speculative decoder (k grid) and
+  transformers' assisted generation (pinned to the same k) on the shipped
+  trained pair, greedy and sampling, variants interleaved over the repeats;
+  acceptance, calls per token, phase shares, token-for-token equality with AR
+  (greedy) and with transformers at the same seed, and the ">= 2x transformers'
+  assisted generation" goal verdict.
 
 Adding a subcommand: write ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
 returning one dict per table row, its column list and (optionally) a
@@ -594,6 +600,467 @@ def print_checks(args: argparse.Namespace, rows: list[dict], out) -> None:
     print(format_table(group_rows(rows), GROUP_COLUMNS), file=out)
 
 
+# ----------------------------------------------------------------------------- decoder
+
+
+#: The project's goal for the decoder: our speculative decoder at >= this many times the throughput of
+#: transformers' assisted generation on the same pair and settings.
+GOAL_VS_HF_ASSISTED = 2.0
+#: ar: the oracle (transformers forward); ar-lean: the same with the spec decoder's own cache/forward
+#: (``make_cache=fastest_cache``); hf-ar: plain ``target.generate`` (greedy or sampling, no assistant).
+DECODER_VARIANTS = ("ar", "ar-lean", "spec", "hf-assisted", "hf-ar")
+_NO_K = ("ar", "ar-lean", "hf-ar")
+
+
+def _fmt_share(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.0f}"
+
+
+DECODER_COLUMNS = [
+    Column("mode", "mode"),
+    Column("label", "variant"),
+    Column("tokens_per_s_median", "tok/s med", _fmt_float(0)),
+    Column("tokens_per_s_p10", "p10", _fmt_float(0)),
+    Column("tokens_per_s_p90", "p90", _fmt_float(0)),
+    Column("vs_ar", "x AR", _fmt_float(2)),
+    Column("vs_ar_lean", "x lean", _fmt_float(2)),
+    Column("vs_hf_assisted", "x hf(k)", _fmt_float(2)),
+    Column("tokens_per_cpu_s_median", "tok/cpu-s", _fmt_float(0)),
+    Column("cpu_vs_hf_assisted", "x hf(k) cpu", _fmt_float(2)),
+    Column("acceptance", "accept", _fmt_float(3)),
+    Column("tokens_per_round", "tok/rnd", _fmt_float(2)),
+    Column("target_calls_per_100", "tgt/100", _fmt_float(1)),
+    Column("draft_calls_per_100", "drf/100", _fmt_float(1)),
+    Column("host_syncs_per_round", "sync/rnd", _fmt_float(2)),
+    Column("draft_share", "draft%", _fmt_share),
+    Column("verify_share", "verify%", _fmt_share),
+    Column("repair_share", "repair%", _fmt_share),
+    Column("forward_share", "fwd%", _fmt_share),
+    Column("k_exact", "k exact", lambda v: "-" if v is None else ("yes" if v else "NO")),
+    Column("equals_ar_text", "= AR"),
+    Column("equals_hf_text", "= hf(k)"),
+]
+
+
+def add_decoder_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        type=choice_list("greedy", "sampling"),
+        default=["greedy", "sampling"],
+        help="greedy,sampling (default both; sampling = temperature 1, no top-k/top-p)",
+    )
+    p.add_argument("--k", type=int_list, default=list(range(1, 9)), help="draft lengths for spec and hf-assisted (default 1,2,3,4,5,6,7,8)")
+    p.add_argument("--new-tokens", type=int, default=128, help="new tokens per prompt (default 128; prompt + new tokens <= 256)")
+    p.add_argument("--prompts", type=int, default=4, help="prompts from sample_prompts(n, length, seed=0) (default 4)")
+    p.add_argument("--prompt-length", type=int, default=64, help="prompt length in bytes (default 64)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats, rotating the variant order (default 5)")
+    p.add_argument(
+        "--variants",
+        type=choice_list(*DECODER_VARIANTS),
+        default=list(DECODER_VARIANTS),
+        help=f"{','.join(DECODER_VARIANTS)} (default all; ar is the reference of the x AR column and of the greedy equality check)",
+    )
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="base seed of the sampling generators (one seed per repeat and prompt, shared by the variants)"
+    )
+
+
+class _ForwardProbe:
+    """Forward calls of one transformers model: (input length, cache length) per call, wall seconds inside them.
+
+    A pre/post hook pair on the top-level module, installed for every variant alike (about a microsecond
+    per call against a forward of a few hundred). It sees the calls that go through the module
+    (transformers ``generate``, ``ModelCache``), not the lean static forward of ``StaticModelCache``,
+    which uses the weights directly. The cache length (``cache.get_seq_length()``) lets the benchmark
+    recover how many tokens transformers' assisted generation drafted each round.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.reset()
+        self._t0 = 0.0
+        self._handles = [
+            model.register_forward_pre_hook(self._pre, with_kwargs=True),
+            model.register_forward_hook(self._post),
+        ]
+
+    def reset(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.seconds = 0.0
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("cache")
+        self.calls.append((0 if ids is None else int(ids.shape[-1]), 0 if cache is None else int(cache.get_seq_length())))
+        self._t0 = time.perf_counter()
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._t0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def hf_assisted_drafts(target_calls: Sequence[tuple[int, int]], prompt_len: int) -> list[tuple[int, int]]:
+    """(drafted, cur_len) per round of transformers' assisted generation, from the target's forward calls.
+
+    Round ``r`` is target call ``r``: the first feeds prompt + candidates on an empty cache, later ones
+    ``[last token, candidates]`` on a cache of ``cur_len - 1`` tokens (``cur_len`` = committed length
+    the round starts from). The expected draft is ``min(k, max_length - cur_len - 1)``, as in
+    ``AssistedCandidateGenerator._calculate_new_tokens``.
+    """
+    out = []
+    for inputs, cached in target_calls:
+        cur_len = prompt_len if cached == 0 else cached + 1
+        out.append((cached + inputs - cur_len, cur_len))
+    return out
+
+
+def _decoder_seed(base: int, repeat: int, prompt: int) -> int:
+    return base * 1_000_003 + (repeat + 1) * 1_009 + prompt
+
+
+@dataclass
+class _DecoderVariant:
+    name: str  # one of DECODER_VARIANTS
+    k: int | None
+
+    @property
+    def label(self) -> str:
+        return self.name if self.k is None else f"{self.name} k={self.k}"
+
+
+def _decoder_call(variant: _DecoderVariant, target, draft, prompt, *, new_tokens: int, sampling, seed: int, probes) -> dict:
+    """One generation: tokens, wall and CPU seconds, and the per-call counters of every variant."""
+    from transformers import GenerationConfig
+
+    from .decode import SpeculativeDecoder, autoregressive_decode
+    from .static_cache import fastest_cache
+
+    for probe in probes.values():
+        probe.reset()
+    prompt_len = prompt.shape[1]
+    record: dict[str, Any] = {}
+    if variant.name in ("ar", "ar-lean", "spec"):
+        generator = torch.Generator().manual_seed(seed)
+        decoder = SpeculativeDecoder() if variant.name == "spec" else None
+        ar_options = dict(make_cache=fastest_cache) if variant.name == "ar-lean" else {}
+        c0, t0 = time.process_time(), time.perf_counter()
+        if decoder is None:
+            result = autoregressive_decode(target, prompt, max_new_tokens=new_tokens, sampling=sampling, generator=generator, **ar_options)
+        else:
+            result = decoder.decode(
+                target, draft, prompt, k=variant.k, max_new_tokens=new_tokens, sampling=sampling, generator=generator, timed=True
+            )
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        tokens = list(result.tokens)
+        hooked = (len(probes["target"].calls), len(probes["draft"].calls))
+        if hooked != (0, 0) and hooked != (result.target_calls, result.draft_calls):
+            raise RuntimeError(
+                f"{variant.label}: the decoder counted {result.target_calls}/{result.draft_calls} target/draft calls, "
+                f"the forward hooks {hooked[0]}/{hooked[1]}"
+            )
+        record.update(
+            target_calls=result.target_calls,
+            draft_calls=result.draft_calls,
+            host_syncs=result.host_syncs,
+            phases=dict(result.seconds),
+            # None where the lean static forward bypasses the transformers module (and its hooks)
+            forward_seconds=probes["target"].seconds + probes["draft"].seconds if hooked != (0, 0) else None,
+        )
+        if variant.name == "spec":
+            rounds = result.rounds
+            record.update(
+                rounds=len(rounds),
+                proposed=sum(r.proposed for r in rounds),
+                accepted=sum(r.accepted for r in rounds),
+                k_exact=all(r.proposed == min(variant.k, new_tokens - (r.start - prompt_len) - 1) for r in rounds),
+            )
+        else:
+            record.update(rounds=len(tokens))  # one target call, one host sync per token
+    else:
+        options: dict[str, Any] = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0, eos_token_id=None)
+        if sampling.greedy:
+            options.update(do_sample=False)
+        else:  # top_k=None would make transformers fill in its default top_k=50
+            options.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
+        assistant = None
+        if variant.name == "hf-assisted":
+            # transformers 5.24's AssistedCandidateGenerator reads these three from the *assistant's*
+            # generation_config, not from the one passed to generate (where they are silently ignored;
+            # unset they default to 20 tokens and a 0.4 confidence early stop). A threshold of 0 adds no
+            # ConfidenceCriteria and skips the (sklearn) threshold adaptation: k drafts every round.
+            pin = dict(num_assistant_tokens=variant.k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
+            for key, value in pin.items():
+                setattr(draft.generation_config, key, value)
+            options.update(pin)
+            assistant = draft
+        config = GenerationConfig(**options)
+        mask = torch.ones_like(prompt)
+        torch.manual_seed(seed)  # transformers samples from the global generator
+        c0, t0 = time.process_time(), time.perf_counter()
+        if assistant is None:
+            out = target.generate(prompt, attention_mask=mask, generation_config=config)
+        else:
+            out = target.generate(prompt, attention_mask=mask, assistant_model=assistant, generation_config=config)
+        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+        tokens = out[0, prompt_len:].tolist()
+        record.update(
+            rounds=len(probes["target"].calls),
+            target_calls=len(probes["target"].calls),
+            draft_calls=len(probes["draft"].calls),
+            host_syncs=None,
+            phases=None,
+            forward_seconds=probes["target"].seconds + probes["draft"].seconds,
+        )
+        if assistant is not None:
+            drafts = hf_assisted_drafts(probes["target"].calls, prompt_len)
+            max_length = prompt_len + new_tokens
+            record.update(
+                proposed=sum(d for d, _ in drafts),
+                accepted=len(tokens) - len(drafts),  # each round commits its matches + 1 (no EOS, no budget cut)
+                k_exact=all(d == min(variant.k, max_length - cur - 1) for d, cur in drafts),
+            )
+    if len(tokens) != new_tokens:
+        raise RuntimeError(f"{variant.label} generated {len(tokens)} tokens, expected {new_tokens}")
+    record.update(tokens=tokens, seconds=seconds, cpu_seconds=cpu_seconds)
+    return record
+
+
+def run_decoder(args: argparse.Namespace) -> list[dict]:
+    import copy
+
+    from .pretrained import CONTEXT_LENGTH, load_trained_pair, sample_prompts
+    from .warp import GREEDY, SamplingConfig
+
+    if args.prompt_length + args.new_tokens > CONTEXT_LENGTH:
+        raise SystemExit(f"--prompt-length {args.prompt_length} + --new-tokens {args.new_tokens} exceeds the pair's context {CONTEXT_LENGTH}")
+    if min(args.k, default=1) < 1 or args.new_tokens < 1 or args.prompts < 1 or args.repeats < 1:
+        raise SystemExit("--k, --new-tokens, --prompts and --repeats must be >= 1")
+    variants = [
+        _DecoderVariant(name, k)
+        for name in DECODER_VARIANTS
+        if name in args.variants
+        for k in ((None,) if name in _NO_K else args.k)
+    ]
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    target, draft = load_trained_pair()
+    draft_config = copy.deepcopy(draft.generation_config)
+    probes = {"target": _ForwardProbe(target), "draft": _ForwardProbe(draft)}
+    prompts = sample_prompts(args.prompts, length=args.prompt_length, seed=0)
+    rows: list[dict] = []
+    try:
+        for mode in args.mode:
+            sampling = GREEDY if mode == "greedy" else SamplingConfig(temperature=1.0)
+            call = lambda v, i, r: _decoder_call(  # noqa: E731
+                v, target, draft, prompts[i], new_tokens=args.new_tokens, sampling=sampling,
+                seed=_decoder_seed(args.seed, r, i), probes=probes,
+            )  # fmt: skip
+            for v in variants:  # warm-up: every variant once (lazy init, allocator, transformers' first generate)
+                call(v, 0, -1)
+            runs: dict[str, list[list[dict]]] = {v.label: [] for v in variants}  # label -> repeat -> prompt
+            for r in range(args.repeats):
+                for v in variants:
+                    runs[v.label].append([])
+                for i in range(len(prompts)):  # every variant on one prompt, then the next: compared runs stay seconds apart
+                    shift = (r * len(prompts) + i) % len(variants)
+                    for v in variants[shift:] + variants[:shift]:
+                        runs[v.label][r].append(call(v, i, r))
+                print(f"  [{mode}] repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
+            mode_rows = _decoder_rows(mode, variants, runs, args)
+            for row in mode_rows:
+                row["load_average"] = load_average()
+            rows.extend(mode_rows)
+    finally:
+        for probe in probes.values():
+            probe.remove()
+        draft.generation_config = draft_config
+        torch.set_num_threads(previous_threads)
+    return rows
+
+
+def _decoder_rows(mode: str, variants: list[_DecoderVariant], runs: dict[str, list[list[dict]]], args) -> list[dict]:
+    reference = runs.get("ar")
+    rows = []
+    for v in variants:
+        reps = runs[v.label]
+        flat = [rec for rep in reps for rec in rep]
+        tokens = sum(len(x["tokens"]) for x in flat)
+        wall = [sum(x["seconds"] for x in rep) for rep in reps]
+        rates = [sum(len(x["tokens"]) for x in rep) / w for rep, w in zip(reps, wall)]
+        cpu_rates = [sum(len(x["tokens"]) for x in rep) / sum(x["cpu_seconds"] for x in rep) for rep in reps]
+        rounds = sum(x["rounds"] for x in flat)
+        row: dict[str, Any] = dict(
+            mode=mode,
+            variant=v.name,
+            k=v.k,
+            label=v.label,
+            prompts=args.prompts,
+            prompt_length=args.prompt_length,
+            new_tokens=args.new_tokens,
+            repeats=len(reps),
+            threads=args.threads,
+            tokens_per_s=rates,
+            tokens_per_s_median=percentile(rates, 50),
+            tokens_per_s_p10=percentile(rates, 10),
+            tokens_per_s_p90=percentile(rates, 90),
+            tokens_per_cpu_s=cpu_rates,
+            tokens_per_cpu_s_median=percentile(cpu_rates, 50),
+            acceptance=None,
+            tokens_per_round=tokens / rounds if rounds else None,
+            target_calls_per_100=100 * sum(x["target_calls"] for x in flat) / tokens,
+            draft_calls_per_100=100 * sum(x["draft_calls"] for x in flat) / tokens,
+            host_syncs_per_round=None,
+            forward_share=None,
+            k_exact=None,
+        )
+        if all(x["forward_seconds"] is not None for x in flat):
+            row["forward_share"] = percentile([sum(x["forward_seconds"] for x in rep) / w for rep, w in zip(reps, wall)], 50)
+        if flat[0].get("proposed") is not None:
+            proposed = sum(x["proposed"] for x in flat)
+            row["acceptance"] = sum(x["accepted"] for x in flat) / proposed if proposed else None
+            row["k_exact"] = all(x["k_exact"] for x in flat)
+        if flat[0]["host_syncs"] is not None:
+            row["host_syncs_per_round"] = sum(x["host_syncs"] for x in flat) / rounds
+        for phase in ("prefill", "draft", "verify", "repair"):
+            row[f"{phase}_share"] = None
+            if flat[0]["phases"]:
+                row[f"{phase}_share"] = percentile([sum(x["phases"][phase] for x in rep) / w for rep, w in zip(reps, wall)], 50)
+        if reference is not None and mode == "greedy":
+            pairs = [(x["tokens"], ref["tokens"]) for rep, ref_rep in zip(reps, reference) for x, ref in zip(rep, ref_rep)]
+            equal = sum(a == b for a, b in pairs)
+            diverge = [next(i for i, (s, t) in enumerate(zip(a, b)) if s != t) for a, b in pairs if a != b]
+            row.update(equal_runs=equal, runs=len(pairs), equals_ar=equal == len(pairs), first_divergence=min(diverge, default=None))
+            row["equals_ar_text"] = "ref" if v.name == "ar" else ("yes" if equal == len(pairs) else f"NO {equal}/{len(pairs)}")
+        else:
+            row["equals_ar"] = None
+            row["equals_ar_text"] = "-"
+        rows.append(row)
+    by_label = {r["label"]: r for r in rows}
+    ar, lean = by_label.get("ar"), by_label.get("ar-lean")
+    for row in rows:
+        hf = by_label.get(f"hf-assisted k={row['k']}") if row["variant"] == "spec" else None
+        row["equals_hf_text"] = "-"
+        if hf:  # same k, same prompt, same seed (sampling: transformers draws from the global generator seeded alike)
+            pairs = [(x["tokens"], y["tokens"]) for rep, hf_rep in zip(runs[row["label"]], runs[hf["label"]]) for x, y in zip(rep, hf_rep)]
+            equal = sum(a == b for a, b in pairs)
+            row.update(equal_hf_runs=equal, runs_hf=len(pairs), equals_hf=equal == len(pairs))
+            row["equals_hf_text"] = "yes" if equal == len(pairs) else f"NO {equal}/{len(pairs)}"
+        for key, ref in (("ar", ar), ("ar_lean", lean), ("hf_assisted", hf)):
+            row[f"vs_{key}"] = row["tokens_per_s_median"] / ref["tokens_per_s_median"] if ref else None
+            row[f"cpu_vs_{key}"] = row["tokens_per_cpu_s_median"] / ref["tokens_per_cpu_s_median"] if ref else None
+    return rows
+
+
+def summarise_decoder(args: argparse.Namespace, rows: list[dict]) -> list[str]:
+    lines = []
+    for mode in dict.fromkeys(r["mode"] for r in rows):
+        mine = [r for r in rows if r["mode"] == mode]
+        get = {r["label"]: r for r in mine}
+        spec = [r for r in mine if r["variant"] == "spec"]
+        hf = {r["k"]: r for r in mine if r["variant"] == "hf-assisted"}
+        ar, lean = get.get("ar"), get.get("ar-lean")
+        if spec:
+            best = max(spec, key=lambda r: r["tokens_per_s_median"])
+            line = f"{mode}: best speculative k={best['k']}: {best['tokens_per_s_median']:.0f} tok/s"
+            for ref, what in ((ar, "AR (the oracle, transformers forward)"), (lean, "ar-lean (AR on the spec decoder's own lean forward)")):
+                if ref:
+                    key = "ar" if ref is ar else "ar_lean"
+                    ratio = best[f"vs_{key}"]
+                    line += (
+                        f"; {ratio:.2f}x {what} at {ref['tokens_per_s_median']:.0f} tok/s -> {'faster' if ratio > 1 else 'SLOWER'}"
+                        f" (by CPU time {best[f'cpu_vs_{key}']:.2f}x)"
+                    )
+            lines.append(line)
+            same_k = [r for r in spec if r["vs_hf_assisted"] is not None]
+            if same_k:
+                lines.append(
+                    f"{mode}: ours / hf-assisted at the same k (wall; CPU time): "
+                    + ", ".join(f"k={r['k']} {r['vs_hf_assisted']:.2f}x; {r['cpu_vs_hf_assisted']:.2f}x" for r in same_k)
+                )
+            head = (
+                f"{mode}: goal (our speculative decoder >= {GOAL_VS_HF_ASSISTED:g}x the throughput of transformers' assisted generation, "
+                f"same pair and settings) at our best k={best['k']}: "
+            )
+            if best["vs_hf_assisted"] is None:
+                lines.append(head + f"NOT MEASURED (no hf-assisted k={best['k']} row)")
+            else:
+                ratio = best["vs_hf_assisted"]
+                verdict = "MET" if ratio >= GOAL_VS_HF_ASSISTED else "NOT MET"
+                line = head + f"{ratio:.2f}x -> {verdict} (by CPU time {best['cpu_vs_hf_assisted']:.2f}x)"
+                if hf:
+                    hf_best = max(hf.values(), key=lambda r: r["tokens_per_s_median"])
+                    line += f"; vs hf-assisted's own best k={hf_best['k']}: {best['tokens_per_s_median'] / hf_best['tokens_per_s_median']:.2f}x"
+                lines.append(line)
+            both = [(r, hf[r["k"]]) for r in spec if r["k"] in hf]
+            if both:
+                differ = [r["k"] for r, h in both if abs(r["acceptance"] - h["acceptance"]) > 1e-9]
+                line = f"{mode}: acceptance ours / hf-assisted: " + ", ".join(
+                    f"k={r['k']} {r['acceptance']:.3f}/{h['acceptance']:.3f}" for r, h in both
+                )
+                if mode == "greedy":
+                    line += (
+                        " -> identical at every k"
+                        if not differ
+                        else f" -> DIFFERENT at k={','.join(map(str, differ))} (greedy drafts are deterministic)"
+                    )
+                else:
+                    line += " -> identical at every k" if not differ else f" -> differ at k={','.join(map(str, differ))}"
+                lines.append(line)
+                same = [r for r, _ in both if r.get("equals_hf")]
+                runs_hf = sum(r["runs_hf"] for r, _ in both)
+                lines.append(
+                    f"{mode}: ours equals hf-assisted token for token (same k, prompt and seed): "
+                    + (f"yes, all {runs_hf} runs" if len(same) == len(both) else f"at k={','.join(str(r['k']) for r in same) or 'none'} only; "
+                       + ", ".join(f"k={r['k']} {r['equal_hf_runs']}/{r['runs_hf']}" for r, _ in both if not r.get("equals_hf")))
+                    + ("" if mode == "greedy" else " (both draw from torch generators seeded alike: equality means the same random-stream use)")
+                )
+        for name, what in (("ar-lean", "ar-lean (AR on the lean static forward)"), ("hf-ar", "hf-ar (plain transformers generate)")):
+            if name in get and ar:
+                row = get[name]
+                lines.append(
+                    f"{mode}: {what} {row['tokens_per_s_median']:.0f} tok/s = {row['vs_ar']:.2f}x AR (by CPU time {row['cpu_vs_ar']:.2f}x)"
+                )
+        pinned = [r for r in hf.values() if not r["k_exact"]]
+        if hf:
+            lines.append(
+                f"{mode}: hf-assisted drafted exactly min(k, tokens left - 1) tokens every round: "
+                + ("yes, at every k" if not pinned else "NO at k=" + ",".join(str(r["k"]) for r in pinned))
+            )
+        if mode == "greedy" and ar:
+            unequal = [r for r in mine if r["equals_ar"] is False]
+            runs = sum(r["runs"] for r in mine if r["variant"] != "ar")
+            lines.append(
+                f"{mode}: every output equals AR token for token ({runs} runs)"
+                if not unequal
+                else f"{mode}: NOT EQUAL to AR: "
+                + ", ".join(
+                    f"{r['label']} ({r['runs'] - r['equal_runs']}/{r['runs']} runs, first divergence at token {r['first_divergence']})"
+                    for r in unequal
+                )
+            )
+    return lines
+
+
+def decoder_header(args: argparse.Namespace) -> list[str]:
+    return [
+        f"decoders on the shipped pair (target Llama 2x128, draft Qwen2 1x64, V=256), {args.prompts} prompt(s) of {args.prompt_length} bytes, "
+        f"{args.new_tokens} new tokens each, torch threads {args.threads}; after one warm-up call per variant, {args.repeats} repeats in which "
+        "the variants run interleaved over the same prompts (all variants on one prompt, then the next; rotating order)",
+        "variants: ar = autoregressive_decode (the oracle, transformers forward); ar-lean = the same with make_cache=fastest_cache (the "
+        "spec decoder's static-cache lean forward); spec = SpeculativeDecoder().decode; hf-assisted = target.generate(assistant_model=draft), "
+        "pinned to k drafts per round through the draft's generation_config; hf-ar = target.generate without assistant",
+        "tok/s = new tokens / wall s of the variant's calls in one repeat, median (p10, p90) over repeats; x AR, x lean, x hf(k) = ratios "
+        "of medians; tok/cpu-s, x hf(k) cpu: the same with process CPU seconds (robust to other load on a shared machine); "
+        "accept = accepted / drafted; tgt/100, drf/100 = model forward calls per 100 new tokens; draft/verify/repair% = median share "
+        "of the wall time (timed=True phases, ours only); fwd% = share inside transformers module forwards (hooks; '-' for the lean "
+        "forward, which bypasses them); k exact = every round drafted min(k, tokens left - 1); = AR (greedy), = hf(k): token-for-token "
+        "equality with ar / with hf-assisted at the same k, prompt and seed",
+    ]
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -634,6 +1101,15 @@ SUBCOMMANDS: dict[str, Subcommand] = {
             checks_header,
             print_rows=print_checks,
             exit_status=lambda rows: int(any(r["status"] in ("failed", "error") for r in rows)),
+        ),
+        Subcommand(
+            "decoder",
+            "tokens/s of AR, our speculative decoder and transformers' assisted generation on the shipped trained pair",
+            add_decoder_arguments,
+            run_decoder,
+            DECODER_COLUMNS,
+            summarise_decoder,
+            decoder_header,
         ),
     )
 }

@@ -115,3 +115,48 @@ def test_every_subcommand_has_its_own_parser_and_json_option():
     for name in bench.SUBCOMMANDS:
         args = parser.parse_args([name, "--json", "x.json"])
         assert args.command == name and args.json == "x.json"
+
+
+def test_decoder_rows_table_and_json(tmp_path):
+    path = tmp_path / "decoder.json"
+    threads = torch.get_num_threads()
+    status, text = _run(
+        [
+            "decoder", "--prompts", "1", "--new-tokens", "16", "--k", "2", "--repeats", "1",
+            "--mode", "greedy,sampling", "--json", str(path),
+        ]
+    )  # fmt: skip
+    assert status == 0
+    assert torch.get_num_threads() == threads, "the benchmark must restore the thread count"
+    payload = json.loads(path.read_text())
+    assert payload["command"] == "decoder"
+    assert set(payload["load_average"]) == {"before", "after"}
+    rows = payload["rows"]
+    labels = ["ar", "ar-lean", "spec k=2", "hf-assisted k=2", "hf-ar"]
+    assert [(r["mode"], r["label"]) for r in rows] == [(m, label) for m in ("greedy", "sampling") for label in labels]
+    for r in rows:
+        assert r["repeats"] == 1 and r["new_tokens"] == 16 and r["prompts"] == 1 and r["threads"] == 1
+        assert len(r["tokens_per_s"]) == 1 and r["tokens_per_s_p10"] <= r["tokens_per_s_median"] <= r["tokens_per_s_p90"]
+        assert r["target_calls_per_100"] > 0 and r["tokens_per_cpu_s_median"] > 0
+        assert r["forward_share"] is None or 0 < r["forward_share"] <= 1  # None: the lean forward bypasses the hooks
+        if r["variant"] in ("spec", "hf-assisted"):
+            assert r["k"] == 2 and 0 <= r["acceptance"] <= 1 and 1 <= r["tokens_per_round"] <= 3
+            assert r["draft_calls_per_100"] > 0
+            assert r["k_exact"] is True, "every round must draft exactly min(k, tokens left - 1) tokens"
+        else:
+            assert r["k"] is None and r["acceptance"] is None and r["draft_calls_per_100"] == 0
+        if r["variant"] == "spec":
+            assert r["host_syncs_per_round"] == 1
+            assert all(0 <= r[f"{p}_share"] <= 1 for p in ("draft", "verify", "repair"))
+            assert r["vs_hf_assisted"] > 0 and r["vs_ar_lean"] > 0
+            assert r["runs_hf"] == 1 and isinstance(r["equals_hf"], bool)
+        if r["mode"] == "greedy":
+            assert r["equals_ar"] is True and r["runs"] == 1
+    greedy = {r["label"]: r for r in rows if r["mode"] == "greedy"}
+    # greedy drafts are deterministic: ours and transformers' assisted generation accept the same tokens
+    assert greedy["spec k=2"]["acceptance"] == greedy["hf-assisted k=2"]["acceptance"]
+    assert greedy["ar"]["vs_ar"] == 1.0
+    for header in ("variant", "tok/s med", "x hf(k)", "accept", "k exact", "= AR", "load average"):
+        assert header in text
+    assert "goal (our speculative decoder >= 2x" in text and "at our best k=2" in text
+    assert "every output equals AR token for token" in text
