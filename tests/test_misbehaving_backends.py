@@ -1,6 +1,5 @@
 """A backend that misbehaves gets a named failure per check, never a crashed harness."""
 import pytest
-import torch
 
 from conformance.registry import CheckContext, all_cases, run_case
 from specdec_ref.backend import ReferenceBackend
