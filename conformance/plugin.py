@@ -46,6 +46,15 @@ def pytest_addoption(parser):
         metavar="FILE",
         help="known failures: one '<test-id prefix> <reason...>' per line; matching items are xfail(strict=True)",
     )
+    group.addoption(
+        "--specdec-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="per-check time limit (default 300; 0 disables): a check whose backend does not return fails with "
+        "BackendTimeout. SIGALRM-based, main thread only; a backend stuck inside one long C call is interrupted "
+        "only when it returns to Python (see conformance.watchdog)",
+    )
 
 
 def backend_spec(config) -> str:
@@ -204,8 +213,12 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
     if missing:
         pytest.skip(f"backend {backend.name!r} does not claim capability {', '.join(missing)}")
     ctx.results = []
+    from .watchdog import time_limit
+
+    timeout = request.config.getoption("specdec_timeout", None)
     try:
-        case.run(backend, ctx)
+        with time_limit(ctx.timeout if timeout is None else timeout, case.id):
+            case.run(backend, ctx)
     finally:
         stats = [r.as_record() for r in ctx.results]
         request.node.user_properties.append(("specdec_statistics", stats))

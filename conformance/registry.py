@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable
 
 from specdec_ref.contract import CAPABILITY_FLAGS, NotSupportedError
 
+from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
+
 DEFAULT_SEED = 20261129
 
 #: Sample-size multiplier per Hypothesis profile name; ``ci`` is sized for the stated power.
@@ -31,6 +33,7 @@ class CheckContext:
     profile: str = "ci"
     results: list = field(default_factory=list)
     replay: str = ""  # the command that re-runs the current check, shown in failures
+    timeout: float | None = DEFAULT_TIMEOUT  # per-check limit in seconds (conformance.watchdog); 0 or None: none
 
     @property
     def sample_scale(self) -> float:
@@ -141,15 +144,21 @@ class CheckRecord:
     statistics: list[dict] = field(default_factory=list)
 
 
-def run_case(case: CheckCase, backend, ctx: CheckContext) -> CheckRecord:
-    """Run one case and turn any outcome into a record; never raises."""
+def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None = None) -> CheckRecord:
+    """Run one case and turn any outcome into a record; never raises.
+
+    ``timeout`` (seconds; default ``ctx.timeout``, 0 disables) limits the case's wall-clock
+    time: a backend that does not return gives a "failed" record whose message comes from
+    :class:`conformance.watchdog.BackendTimeout` (see that module for the limitations).
+    """
     missing = missing_capabilities(case, backend)
     if missing:
         return CheckRecord(case.id, case.check.name, case.check.guards, "skipped", f"backend does not claim {missing}")
     ctx.results = []
     start = time.perf_counter()
     try:
-        case.run(backend, ctx)
+        with time_limit(ctx.timeout if timeout is None else timeout, case.id):
+            case.run(backend, ctx)
         status, message = "passed", ""
     except AssertionError as exc:
         status, message = "failed", str(exc)
