@@ -18,7 +18,7 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from properties import exact
-from properties.sampling import BlockCounts, check_block_output, count_blocks, draw_drafts
+from properties.sampling import BlockCounts, check_block_output, count_blocks, draw_drafts, is_batched, verify_rows
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario
 from properties.stats import ALPHA, assert_fits, samples_for_power
 from properties.strategies import (
@@ -40,6 +40,11 @@ MIN_EVENT_PROB = 0.1
 SAMPLE_MARGIN = 1.1
 
 BATCH_FILLER = balanced_scenario(seed=7)
+
+#: Block budget per scenario for a verifier that does not claim ``batched`` (one Python call per
+#: block): its sample is ``min(required_blocks(...), NON_BATCHED_BLOCKS)``. Alpha is unchanged; the
+#: lower power at this N is stated in every result (and the verdict's smallest-power line).
+NON_BATCHED_BLOCKS = 100_000
 
 
 @functools.lru_cache(maxsize=None)
@@ -72,7 +77,10 @@ def scenario_counts(
 ) -> BlockCounts:
     """The shared sample of scenario ``name`` for this backend (computed once per process)."""
     scenario = STAT_SCENARIOS[name]
-    n = math.ceil((blocks or required_blocks(scenario)) * ctx.sample_scale)
+    wanted = blocks or required_blocks(scenario)
+    if not is_batched(backend):
+        wanted = min(wanted, NON_BATCHED_BLOCKS)
+    n = math.ceil(wanted * ctx.sample_scale)
     seed = ctx.seed_for("scenario", name, batch_filler)
     key = (id(backend), name, n, seed, batch_filler)
     if key not in _SAMPLES:
@@ -119,7 +127,7 @@ def _token_labels(vocab: int) -> list[str]:
 
 @check(
     guards="replacement drawn from p instead of the residual, residual [q-p]_+, inverted ratio: any bias in the first emitted token",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
     group=_group,
     statistical=True,
@@ -133,7 +141,7 @@ def check_sampling_first_token_follows_row0(backend, ctx: CheckContext, scenario
 
 @check(
     guards="logits off by one (d_i judged with the next row), rows mixed up between positions",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=list(_position_cases(include_bonus=True)),
     group=_group,
     statistical=True,
@@ -154,7 +162,7 @@ def check_sampling_token_at_j_follows_row_j(backend, ctx: CheckContext, scenario
 
 @check(
     guards="resampling from p after a rejection, residual [q-p]_+, residual not clamped or not renormalised",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=list(_position_cases(include_bonus=False, only_reachable_stop=True)),
     group=_group,
     statistical=True,
@@ -175,7 +183,7 @@ def check_sampling_residual_at_j(backend, ctx: CheckContext, scenario: str, j: i
 
 @check(
     guards="inverted acceptance ratio, q not the distribution the draft sampled from, deterministic acceptance",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=list(_position_cases(include_bonus=False)),
     group=_group,
     statistical=True,
@@ -197,7 +205,7 @@ def check_sampling_accept_and_token_at_j(backend, ctx: CheckContext, scenario: s
 
 @check(
     guards="bonus token missing, drawn from the wrong row (row k-1) or from the residual",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
     group=_group,
     statistical=True,
@@ -211,7 +219,7 @@ def check_sampling_bonus_follows_row_k(backend, ctx: CheckContext, scenario: str
 
 @check(
     guards="accepting later drafts after a rejection, inverted or deterministic acceptance, wrong joint acceptance",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     cases=[(name, {"scenario": name}) for name in STAT_SCENARIOS],
     group=_group,
     statistical=True,
@@ -249,11 +257,13 @@ def check_sampling_batch_invariance(backend, ctx: CheckContext, scenario: str):
 #: Per-example sample size and alternative of the Hypothesis-driven statistical check.
 GENERATED_BLOCKS = 60_000
 GENERATED_TV = 0.03
+#: Per-example block budget of that check for a verifier that does not claim ``batched`` (power stated).
+NON_BATCHED_GENERATED_BLOCKS = 2_000
 
 
 @check(
     guards="numerical guards: zeros in p or q, tiny masses, p == q rows, one-hot and tied rows",
-    requires=("verifier", "sampling", "batched"),
+    requires=("verifier", "sampling"),
     statistical=True,
 )
 def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
@@ -274,7 +284,8 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
         note(f"scenario: {sc.describe()}, draft relation {relation}, seed {seed}")
         note(f"target rows: {target.tolist()}")
         note(f"draft rows: {draft.tolist()}")
-        counts = count_blocks(backend, sc, math.ceil(GENERATED_BLOCKS * ctx.sample_scale), seed)
+        blocks = GENERATED_BLOCKS if is_batched(backend) else min(GENERATED_BLOCKS, NON_BATCHED_GENERATED_BLOCKS)
+        counts = count_blocks(backend, sc, math.ceil(blocks * ctx.sample_scale), seed)
         kw = dict(alpha=alpha, tv=GENERATED_TV, seed=seed, replay=ctx.replay)
         labels = [f"m={j}" for j in range(sc.k + 1)]
         ctx.record(assert_fits(counts.length, exact.length_law(target, draft), what="accepted length m", labels=labels, **kw))
@@ -449,10 +460,17 @@ def _seeded_run(backend, seed: int, batch: int = 4096):
     draft = torch.tensor(sc.draft, dtype=torch.float32)
     drafts = draw_drafts(draft, batch, torch.Generator().manual_seed(12345))
     block = Block(drafts, draft.expand(batch, -1, -1), torch.tensor(sc.target, dtype=torch.float32).expand(batch, -1, -1), "seeded")
-    return _call(backend, block, torch.Generator().manual_seed(seed), where=f"balanced scenario, generator seed {seed}")
+    where = f"balanced scenario, generator seed {seed}"
+    if is_batched(backend):
+        return _call(backend, block, torch.Generator().manual_seed(seed), where=where)
+    # not batched: one B=1 call per row, the generator threaded through them in row order
+    return verify_rows(
+        backend, block.draft_tokens, block.draft_probs, block.target_probs,
+        generator=torch.Generator().manual_seed(seed), where=where, vocab=block.vocab,
+    )
 
 
-@check(guards="seeds ignored: results that differ for the same generator seed, or do not change with it", requires=("verifier", "sampling", "batched"))
+@check(guards="seeds ignored: results that differ for the same generator seed, or do not change with it", requires=("verifier", "sampling"))
 def check_sampling_seeded_reproducible(backend, ctx: CheckContext):
     """The same generator seed gives bit-identical results; another seed gives different ones."""
     seed = ctx.seed_for("seeded")
@@ -466,7 +484,7 @@ def check_sampling_seeded_reproducible(backend, ctx: CheckContext):
     assert not torch.equal(t1, t3), f"generator seeds {seed} and {seed + 1} gave identical results on 4096 blocks: is the generator used?"
 
 
-@check(guards="randomness drawn from the global RNG instead of the given generator", requires=("verifier", "sampling", "batched"))
+@check(guards="randomness drawn from the global RNG instead of the given generator", requires=("verifier", "sampling"))
 def check_sampling_ignores_global_rng(backend, ctx: CheckContext):
     """With a generator given, the global torch RNG state does not change the result."""
     seed = ctx.seed_for("global")

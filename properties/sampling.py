@@ -111,6 +111,34 @@ def draw_drafts(draft: torch.Tensor, batch: int, generator: torch.Generator) -> 
     return torch.multinomial(draft, batch, replacement=True, generator=generator).T.contiguous()
 
 
+def is_batched(backend) -> bool:
+    """Whether ``backend`` claims B > 1 per ``verify`` call (objects without capabilities count as batched)."""
+    caps = getattr(backend, "capabilities", None)
+    return bool(getattr(caps, "batched", True))
+
+
+def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, where: str, vocab: int):
+    """``verify`` on a batch, one B=1 call per row for a backend that does not claim ``batched``.
+
+    Every call's output is structure-checked; returns ``(m[B], tokens[B, k+1])``. The generator is
+    threaded through the calls in row order, so a batch is as reproducible as one batched call.
+    """
+    __tracebackhide__ = True
+    if is_batched(backend):
+        out = backend.verify(draft_tokens, draft_probs, target_probs, generator=generator)
+        return check_block_output(draft_tokens, out, vocab=vocab, where=where)
+    batch, k = draft_tokens.shape
+    m = torch.empty(batch, dtype=torch.long)
+    tokens = torch.empty(batch, k + 1, dtype=torch.long)
+    for i in range(batch):
+        dt = draft_tokens[i : i + 1]
+        dp = None if draft_probs is None else draft_probs[i : i + 1]
+        out = backend.verify(dt, dp, target_probs[i : i + 1], generator=generator)
+        mi, ti = check_block_output(dt, out, vocab=vocab, where=f"{where} (row {i}, one B=1 call per row)")
+        m[i], tokens[i] = mi[0], ti[0]
+    return m, tokens
+
+
 def count_blocks(
     backend,
     scenario: Scenario,
@@ -119,13 +147,25 @@ def count_blocks(
     *,
     filler: Scenario | None = None,
     chunk: int = CHUNK,
+    max_blocks: int | None = None,
 ) -> BlockCounts:
     """Verify ``n`` blocks of ``scenario`` and count the outcomes.
 
     With ``filler``, each call's batch interleaves filler rows (even) with
     scenario rows (odd) and only scenario rows are counted: a verifier whose
     row results depend on other rows' contents shows up as a wrong law.
+
+    A backend that does not claim ``batched`` gets one B=1 ``verify`` call per
+    block (the drafts are drawn exactly as for a batched backend) and, with
+    ``max_blocks``, stops after that many blocks; the returned ``n`` is the number
+    actually verified, so every statistic built on it states its own power.
     """
+    batched = is_batched(backend)
+    if not batched:
+        if filler is not None:
+            raise ValueError("a batch filler needs a backend that claims `batched`")
+        if max_blocks is not None:
+            n = min(n, max_blocks)
     k, vocab = scenario.k, scenario.vocab
     target = torch.tensor(scenario.target, dtype=torch.float32)
     draft = torch.tensor(scenario.draft, dtype=torch.float32)
@@ -152,7 +192,10 @@ def count_blocks(
             tp = torch.stack([f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
             dp = torch.stack([f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
         where = f"scenario {scenario.name!r}, seed {seed}, blocks {done}..{done + b - 1}"
-        m, tokens = check_block_output(dt, backend.verify(dt, dp, tp, generator=verify_gen), vocab=vocab, where=where)
+        if batched:
+            m, tokens = check_block_output(dt, backend.verify(dt, dp, tp, generator=verify_gen), vocab=vocab, where=where)
+        else:
+            m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab)
         if filler is not None:
             m, tokens = m[1::2], tokens[1::2]
         length += np.bincount(m.numpy(), minlength=k + 1)
