@@ -43,6 +43,7 @@ __all__ = [
     "hf_verifier",
     "hf_cache",
     "hf_assisted_decoder",
+    "hf_assisted_decoder_unvalidated",
     "transformers_version",
     "seeded_global_rng",
     "hf_greedy_select",
@@ -287,3 +288,8 @@ class HFAssistedDecoderBackend:
 
 def hf_assisted_decoder() -> HFAssistedDecoderBackend:
     return HFAssistedDecoderBackend()
+
+
+def hf_assisted_decoder_unvalidated() -> HFAssistedDecoderBackend:
+    """The same adapter without our argument validation: what transformers itself does with bad input."""
+    return HFAssistedDecoderBackend(validate=False)
