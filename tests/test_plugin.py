@@ -21,11 +21,11 @@ FAST = "structure or seeded"
 MUTANT = "fixtures.mutants.verifier:bonus_missing"
 
 
-def run_suite(tmp_path: Path, *args: str, name: str = "cert.json"):
-    """Run the verifier conformance file; return (process, certificate dict or None, markdown or None)."""
+def run_suite(tmp_path: Path, *args: str, name: str = "cert.json", files=("conformance/test_verifier.py",)):
+    """Run conformance test files; return (process, certificate dict or None, markdown or None)."""
     out = tmp_path / name
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "conformance/test_verifier.py", "-q", f"--specdec-report={out}", *args],
+        [sys.executable, "-m", "pytest", *files, "-q", f"--specdec-report={out}", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,13 +81,15 @@ def test_xfails_certify_with_listed_exceptions(tmp_path):
     xfails = tmp_path / "xfails.txt"
     xfails.write_text("# known failures\n\nstructure_ bonus token dropped (issue 12)\nno_such_check stale entry\n")
     proc, cert, md = run_suite(
-        tmp_path, "-k", "structure or one_hot", f"--specdec-backend={MUTANT}", f"--specdec-xfails={xfails}", "-rw"
+        tmp_path, "-k", "structure or random_operations-gpt2", f"--specdec-backend={MUTANT}", f"--specdec-xfails={xfails}", "-rw",
+        files=("conformance/test_verifier.py", "conformance/test_cache.py"),
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     by_id = {item["check_id"]: item for item in cert["items"]}
     assert by_id["structure_sampling"]["status"] == by_id["structure_greedy"]["status"] == "xfailed"
     assert by_id["structure_greedy"]["xfail_reason"] == "bonus token dropped (issue 12)"
-    assert by_id["sampling_one_hot_target_is_deterministic"]["status"] == "passed"
+    # the mutant's cache is the reference's: its cache check passes
+    assert by_id["cache_matches_fresh_prefill_under_random_operations-gpt2"]["status"] == "passed"
     assert cert["certified"] is True and cert["totals"]["xfailed"] == 2
     assert {"prefix": "structure_", "reason": "bonus token dropped (issue 12)"} in cert["xfails"]
     assert "with 2 listed exception(s)" in md and "## Listed exceptions (xfailed)" in md
