@@ -184,4 +184,4 @@ def run_checks(backend, ctx: CheckContext | None = None, names: Iterable[str] | 
 
 
 def _load_check_modules() -> None:
-    from . import cache_checks, decoder_checks, verifier_checks  # noqa: F401  (registers on import)
+    from . import cache_checks, contract_checks, decoder_checks, verifier_checks  # noqa: F401  (registers on import)
