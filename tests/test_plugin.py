@@ -200,3 +200,16 @@ def test_parse_xfails_and_paths(tmp_path):
     rep.write_atomic(str(target), "one")
     rep.write_atomic(str(target), "two")
     assert target.read_text() == "two" and os.listdir(target.parent) == ["c.json"]
+
+
+# (f) repeatable: the same seed gives the same statistics, run after run and on any number of workers
+def test_statistics_identical_across_runs_and_workers(tmp_path):
+    def without_timings(cert):
+        return [{k: v for k, v in item.items() if k != "duration"} for item in cert["items"]]
+
+    selected = ("-k", "accepted_length_law-edges or bonus_follows_row_k-edges", "--hypothesis-profile=dev")
+    first = run_suite(tmp_path, *selected, name="first.json")[1]
+    second = run_suite(tmp_path, *selected, name="second.json")[1]
+    parallel = run_suite(tmp_path, *selected, "-n", "2", name="parallel.json")[1]
+    assert first["items"] and all(item["statistics"] for item in first["items"])
+    assert without_timings(first) == without_timings(second) == without_timings(parallel)
