@@ -10,7 +10,8 @@ suffix, a Markdown summary) at session end; see :mod:`conformance.report` for
 what ``certified`` means. Under xdist only the controller writes it, from the
 reports the workers send. ``--specdec-xfails=FILE`` lists known failures, one
 ``<test-id prefix> <reason...>`` per line: matching items (by nodeid or check
-id) are marked ``xfail(strict=True)``; prefixes matching nothing warn.
+id) are marked ``xfail(strict=True)``; prefixes matching nothing warn. ``--specdec-replay=PATH`` runs only the check
+case saved in a replay file (:mod:`conformance.replay`), with its seed and profile.
 """
 from __future__ import annotations
 
@@ -54,6 +55,13 @@ def pytest_addoption(parser):
         help="per-check time limit (default 300; 0 disables): a check whose backend does not return fails with "
         "BackendTimeout. SIGALRM-based, main thread only; a backend stuck inside one long C call is interrupted "
         "only when it returns to Python (see conformance.watchdog)",
+    )
+    group.addoption(
+        "--specdec-replay",
+        default=None,
+        metavar="PATH",
+        help="run only the check case saved in the replay file PATH (fixtures/replays/NAME.json, see "
+        "conformance.replay), with the file's seed and profile",
     )
 
 
@@ -102,6 +110,7 @@ def pytest_configure(config):
     }
     config._specdec_profile = profiles.current_profile_name()
     config._specdec_xfails = load_xfails(config)
+    config._specdec_replay = load_replay_option(config)
     report_path = config.getoption("specdec_report", None)
     if report_path and not hasattr(config, "workerinput"):  # only the xdist controller (or a serial run) writes
         path = os.path.join(str(config.invocation_params.dir), report_path)
@@ -127,6 +136,35 @@ def load_xfails(config) -> list[tuple[str, str]]:
         raise pytest.UsageError(f"--specdec-xfails: {exc}") from exc
 
 
+def load_replay_option(config):
+    """Parse --specdec-replay: the Replay, or None; a bad file is a UsageError. The file's seed and profile win."""
+    from .replay import load_replay
+
+    path = config.getoption("specdec_replay", None)
+    if not path:
+        return None
+    try:
+        replay = load_replay(os.path.join(str(config.invocation_params.dir), path))
+    except (OSError, ValueError) as exc:
+        raise pytest.UsageError(f"--specdec-replay: {exc}") from exc
+    seed = config.getoption("specdec_seed")
+    if seed is not None and seed != replay.seed:
+        raise pytest.UsageError(f"--specdec-seed={seed} conflicts with the replay's seed {replay.seed}: drop one")
+    config.option.specdec_seed = replay.seed
+    config._specdec_profile = replay.profile
+    return replay
+
+
+_REPLAY_TEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "test_replay.py")
+
+
+def pytest_ignore_collect(collection_path, config):
+    """conformance/test_replay.py exists only for --specdec-replay."""
+    if str(collection_path) == _REPLAY_TEST and not config.getoption("specdec_replay", None):
+        return True
+    return None
+
+
 def item_case(item):
     """The CheckCase a conformance item runs, or None for other tests."""
     from .registry import CheckCase
@@ -148,6 +186,12 @@ def pytest_collection_modifyitems(config, items):
             # item-level properties travel with every phase's report (also to the xdist controller)
             item.user_properties.append(("specdec_check", case.id))
             item.user_properties.append(("specdec_requires", list(case.check.requires)))
+    if getattr(config, "_specdec_replay", None) is not None:  # --specdec-replay: only the replay item runs
+        keep = [item for item in items if str(item.path) == _REPLAY_TEST]
+        if not keep:
+            raise pytest.UsageError("--specdec-replay needs the conformance suite collected: pytest conformance/ --specdec-replay=...")
+        config.hook.pytest_deselected(items=[item for item in items if str(item.path) != _REPLAY_TEST])
+        items[:] = keep
     apply_xfails(config, items)
 
 

@@ -1,0 +1,348 @@
+"""Failing cases saved as data (JSON, never pickle) and replayed against any backend.
+
+A replay file names one registered check case and the context it ran under::
+
+    {"schema": "specdec-replay/1", "check": "structure_sampling", "case": "",
+     "params": {}, "seed": 20261129, "profile": "ci",
+     "bug_class": "...", "note": "...",
+     "scenario": {...}}          # optional: Scenario.as_dict() of a verifier statistical case
+
+Every check is seeded from its :class:`~conformance.registry.CheckContext` (and the
+``ci``/``dev`` Hypothesis profiles are derandomised), so re-running the case with
+the file's seed and profile reproduces the run exactly (``thorough`` is not
+derandomised: a replay under it reruns the check, not the exact examples).
+
+    python -m conformance.replay fixtures/replays/NAME.json [--backend module:factory]
+    python -m pytest conformance/ --specdec-replay=fixtures/replays/NAME.json --specdec-backend=module:factory
+    python -m conformance.replay --regenerate      # rebuild fixtures/replays/ from the mutants
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .registry import CHECKS, DEFAULT_SEED, CheckCase, CheckContext, CheckRecord, all_cases, run_case
+
+SCHEMA = "specdec-replay/1"
+REQUIRED_KEYS = ("schema", "check", "case", "params", "seed", "profile", "bug_class", "note")
+OPTIONAL_KEYS = ("scenario",)
+PROFILES = ("ci", "dev", "thorough")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURE_DIR = os.path.join(ROOT, "fixtures", "replays")
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A validated replay file: one registered check case and the context to run it under."""
+
+    path: str
+    check: str
+    case_id: str
+    params: dict
+    seed: int
+    profile: str
+    bug_class: str
+    note: str
+    scenario: dict | None = None
+    case: CheckCase = field(repr=False, compare=False, default=None)
+
+    @property
+    def name(self) -> str:
+        """The file's stem (``bonus_missing`` for ``fixtures/replays/bonus_missing.json``)."""
+        return os.path.splitext(os.path.basename(self.path))[0]
+
+    def context(self, replay_command: str = "") -> CheckContext:
+        return CheckContext(seed=self.seed, profile=self.profile, replay=replay_command or self.command())
+
+    def command(self, backend_spec: str | None = None) -> str:
+        spec = f" --backend {backend_spec}" if backend_spec else ""
+        return f"python -m conformance.replay {os.path.relpath(self.path, ROOT) if _under(self.path, ROOT) else self.path}{spec}"
+
+
+def _under(path: str, root: str) -> bool:
+    path, root = os.path.abspath(path), os.path.abspath(root)
+    return os.path.commonpath([path, root]) == root
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-finite number {name} is not allowed")
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equality after a JSON round trip (tuples become lists, int keys strings)."""
+    return json.loads(json.dumps(a, sort_keys=True)) == json.loads(json.dumps(b, sort_keys=True))
+
+
+def _find_case(check: str, case_id: str) -> CheckCase | None:
+    for case in all_cases([check]):
+        if case.case_id == case_id:
+            return case
+    return None
+
+
+def validate(data: Any, source: str) -> Replay:
+    """Validate a decoded replay object strictly; every problem is a ``ValueError`` naming ``source``."""
+
+    def bad(msg: str) -> ValueError:
+        return ValueError(f"{source}: {msg}")
+
+    if not isinstance(data, dict):
+        raise bad(f"a replay must be a JSON object, got {type(data).__name__}")
+    schema = data.get("schema")
+    if not isinstance(schema, str) or not schema.startswith("specdec-replay/"):
+        raise bad(f"not a specdec replay: 'schema' must be {SCHEMA!r}, got {schema!r}")
+    if schema != SCHEMA:
+        raise bad(f"unsupported replay schema {schema!r}; this suite reads {SCHEMA!r}")
+    unknown = sorted(set(data) - set(REQUIRED_KEYS) - set(OPTIONAL_KEYS))
+    if unknown:
+        raise bad(f"unknown key(s) {unknown}; allowed: {list(REQUIRED_KEYS + OPTIONAL_KEYS)}")
+    missing = [k for k in REQUIRED_KEYS if k not in data]
+    if missing:
+        raise bad(f"missing key(s) {missing}")
+    for key in ("check", "case", "profile", "bug_class", "note"):
+        if not isinstance(data[key], str):
+            raise bad(f"{key!r} must be a string, got {type(data[key]).__name__}")
+    if not isinstance(data["params"], dict):
+        raise bad(f"'params' must be an object, got {type(data['params']).__name__}")
+    seed = data["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise bad(f"'seed' must be a non-negative integer, got {seed!r}")
+    if data["profile"] not in PROFILES:
+        raise bad(f"unknown profile {data['profile']!r}; known: {list(PROFILES)}")
+    all_cases()  # registers every check module
+    check = data["check"]
+    if check not in CHECKS:
+        raise bad(f"unknown check {check!r}: not registered in this suite (conformance.registry.CHECKS)")
+    case = _find_case(check, data["case"])
+    if case is None:
+        known = [c.case_id for c in all_cases([check])]
+        raise bad(f"check {check!r} has no case {data['case']!r}; its cases: {known}")
+    if not _json_equal(data["params"], case.params):
+        raise bad(
+            f"params {data['params']} differ from the suite's case {case.id} ({case.params}): "
+            "the suite changed; regenerate the fixture"
+        )
+    scenario = data.get("scenario")
+    if scenario is not None:
+        _validate_scenario(scenario, case, bad)
+    return Replay(
+        path=source,
+        check=check,
+        case_id=data["case"],
+        params=dict(data["params"]),
+        seed=seed,
+        profile=data["profile"],
+        bug_class=data["bug_class"],
+        note=data["note"],
+        scenario=scenario,
+        case=case,
+    )
+
+
+def _validate_scenario(scenario: Any, case: CheckCase, bad) -> None:
+    import numpy as np
+
+    from properties.scenarios import STAT_SCENARIOS, Scenario
+
+    if not isinstance(scenario, dict):
+        raise bad(f"'scenario' must be an object (Scenario.as_dict()), got {type(scenario).__name__}")
+    name = case.params.get("scenario")
+    if name is None:
+        raise bad(f"'scenario' given but case {case.id} runs no scenario")
+    if set(scenario) != {"name", "purpose", "target", "draft"}:
+        raise bad(f"'scenario' must have exactly the keys ['draft', 'name', 'purpose', 'target'], got {sorted(scenario)}")
+    try:
+        fixture = Scenario.from_dict(scenario)
+    except (ValueError, TypeError) as exc:
+        raise bad(f"malformed 'scenario': {exc}") from None
+    suite = STAT_SCENARIOS[name]
+    same = (
+        fixture.name == suite.name
+        and fixture.purpose == suite.purpose
+        and fixture.target.shape == suite.target.shape
+        and fixture.draft.shape == suite.draft.shape
+        and np.array_equal(fixture.target, suite.target)
+        and np.array_equal(fixture.draft, suite.draft)
+    )
+    if not same:
+        raise bad(f"fixture scenario differs from the suite's scenario {name}: the suite changed; regenerate the fixture")
+
+
+def load_replay(path: str) -> Replay:
+    """Read and validate a replay file (``ValueError`` naming the file for anything malformed)."""
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text: {exc}") from None
+    except ValueError as exc:  # json.JSONDecodeError and non-finite constants
+        raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    return validate(data, path)
+
+
+def replay_dict(check, case_id, params, seed, profile, bug_class, note, scenario=None) -> dict:
+    data = {
+        "schema": SCHEMA,
+        "check": check,
+        "case": case_id,
+        "params": params,
+        "seed": seed,
+        "profile": profile,
+        "bug_class": bug_class,
+        "note": note,
+    }
+    if scenario is not None:
+        data["scenario"] = scenario
+    return data
+
+
+def save_replay(path, check, case_id, params, seed, profile, bug_class, note, scenario=None) -> Replay:
+    """Validate and write a replay file atomically (temporary file in the same folder, then rename)."""
+    data = replay_dict(check, case_id, params, seed, profile, bug_class, note, scenario)
+    replay = validate(json.loads(json.dumps(data)), path)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".replay-", suffix=".json.tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return replay
+
+
+@contextlib.contextmanager
+def hypothesis_profile(name: str) -> Iterator[None]:
+    """Load Hypothesis profile ``name`` for the duration (the suite's profiles are registered first)."""
+    from hypothesis import settings
+
+    import properties.profiles  # noqa: F401  (registers ci, dev, thorough)
+
+    previous = getattr(settings, "_current_profile", None) or "default"
+    settings.load_profile(name)
+    try:
+        yield
+    finally:
+        settings.load_profile(previous)
+
+
+def run_replay(replay: Replay, backend, timeout: float | None = None) -> CheckRecord:
+    """Re-run the replay's case on ``backend`` with its seed and profile; never raises (see ``run_case``)."""
+    with hypothesis_profile(replay.profile):
+        return run_case(replay.case, backend, replay.context(), timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- fixtures from the mutants
+
+
+def first_failing_case(mutant, ctx_seed: int = DEFAULT_SEED, profile: str = "ci") -> tuple[CheckCase, CheckRecord]:
+    """The first case of the mutant's first ``must_fail`` check that fails on it."""
+    backend = mutant.backend()
+    check = mutant.must_fail[0]
+    with hypothesis_profile(profile):
+        for case in all_cases([check]):
+            record = run_case(case, backend, CheckContext(seed=ctx_seed, profile=profile))
+            if record.status == "failed":
+                return case, record
+    raise RuntimeError(f"mutant {mutant.name} fails no case of {check}: cannot make its replay fixture")
+
+
+def fixture_for(mutant, case: CheckCase, module: str, seed: int = DEFAULT_SEED, profile: str = "ci") -> dict:
+    from properties.scenarios import STAT_SCENARIOS
+
+    rel = f"fixtures/replays/{mutant.name}.json"
+    scenario = None
+    if case.check.family == "verifier" and case.check.statistical and "scenario" in case.params:
+        scenario = STAT_SCENARIOS[case.params["scenario"]].as_dict()
+    return replay_dict(
+        check=case.check.name,
+        case_id=case.case_id,
+        params=case.params,
+        seed=seed,
+        profile=profile,
+        bug_class=mutant.bug.splitlines()[0],
+        note=(
+            f"Reproduced by the {mutant.name!r} mutant: "
+            f"python -m conformance.replay {rel} --backend fixtures.mutants.{module}:{mutant.name}"
+        ),
+        scenario=scenario,
+    )
+
+
+def regenerate(folder: str = FIXTURE_DIR, names: list[str] | None = None, log=print) -> list[str]:
+    """Rebuild one fixture per verifier and decoder mutant (deterministic: fixed seed, ci profile)."""
+    from fixtures.mutants import decoder, verifier
+
+    written = []
+    for module, mutants in (("verifier", verifier.MUTANTS), ("decoder", decoder.MUTANTS)):
+        for name, mutant in mutants.items():
+            if names and name not in names:
+                continue
+            case, record = first_failing_case(mutant)
+            data = fixture_for(mutant, case, module)
+            path = os.path.join(folder, f"{name}.json")
+            save_replay(path, **{("case_id" if k == "case" else k): v for k, v in data.items() if k != "schema"})
+            written.append(path)
+            log(f"{os.path.relpath(path)}: {case.id} ({record.seconds:.1f} s)")
+    return written
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _load_backend(spec: str | None):
+    import pytest
+
+    from .plugin import DEFAULT_BACKEND, ENV_BACKEND, load_backend
+
+    spec = spec or os.environ.get(ENV_BACKEND) or DEFAULT_BACKEND
+    try:
+        return spec, load_backend(spec)
+    except pytest.UsageError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m conformance.replay", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", nargs="?", help="replay file (fixtures/replays/NAME.json)")
+    parser.add_argument("--backend", default=None, metavar="MODULE:FACTORY", help="backend under test (default $SPECDEC_BACKEND or the reference)")
+    parser.add_argument("--timeout", type=float, default=None, help="per-check time limit in seconds (default 300; 0 disables)")
+    parser.add_argument("--regenerate", nargs="*", metavar="MUTANT", help="rebuild fixtures/replays/ (all mutants, or those named)")
+    args = parser.parse_args(argv)
+    if args.regenerate is not None:
+        regenerate(names=args.regenerate or None)
+        return 0
+    if not args.path:
+        parser.error("give a replay file or --regenerate")
+    try:
+        replay = load_replay(args.path)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    spec, backend = _load_backend(args.backend)
+    record = run_replay(replay, backend, timeout=args.timeout)
+    print(f"replay {replay.name}: {record.id} on {spec}: {record.status.upper()} ({record.seconds:.1f} s)")
+    print(f"bug class: {replay.bug_class}")
+    if record.message:
+        print(record.message)
+    if record.status == "skipped":
+        return 2
+    return 0 if record.status == "passed" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
