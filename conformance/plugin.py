@@ -22,6 +22,9 @@ import warnings
 
 import pytest
 
+# Register the suite's Hypothesis profiles at import, before Hypothesis's own plugin reads --hypothesis-profile.
+from properties import profiles as _profiles  # noqa: E402,F401
+
 DEFAULT_BACKEND = "specdec_ref.backend:reference_backend"
 ENV_BACKEND = "SPECDEC_BACKEND"
 
