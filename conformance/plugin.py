@@ -72,12 +72,31 @@ def backend_spec(config) -> str:
     return config.getoption("specdec_backend") or os.environ.get(ENV_BACKEND) or DEFAULT_BACKEND
 
 
+#: Entry-point group under which packages register backend factories by name (``--specdec-backend=NAME``).
+ENTRY_POINT_GROUP = "specdec_ref.backends"
+
+
+def registered_backends() -> dict:
+    """Backend factories registered by installed packages under :data:`ENTRY_POINT_GROUP`."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def load_backend(spec: str):
-    """Import ``module:factory`` and call the factory; errors name the spec and what is wrong."""
+    """Resolve ``module:factory`` (or a registered backend name) and call the factory; errors name the spec."""
     from specdec_ref.contract import Capabilities
 
     module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
+    if not sep:
+        registered = registered_backends()
+        if spec not in registered:
+            raise pytest.UsageError(
+                f"--specdec-backend {spec!r} is neither 'package.module:factory' nor a registered backend name; "
+                f"registered ({ENTRY_POINT_GROUP}): {', '.join(sorted(registered)) or 'none'}"
+            )
+        module_name, _, attr = registered[spec].value.partition(":")
+    if not module_name or not attr:
         raise pytest.UsageError(f"--specdec-backend must look like 'package.module:factory', got {spec!r}")
     try:
         module = importlib.import_module(module_name)

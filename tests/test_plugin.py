@@ -213,3 +213,13 @@ def test_statistics_identical_across_runs_and_workers(tmp_path):
     parallel = run_suite(tmp_path, *selected, "-n", "2", name="parallel.json")[1]
     assert first["items"] and all(item["statistics"] for item in first["items"])
     assert without_timings(first) == without_timings(second) == without_timings(parallel)
+
+
+# backends registered by name under the entry-point group
+def test_registered_backend_names_resolve():
+    from conformance.plugin import load_backend, registered_backends
+
+    assert {"reference", "hf-verifier", "hf-cache", "hf-assisted"} <= set(registered_backends())
+    assert load_backend("reference").name == "specdec_ref.reference"
+    with pytest.raises(pytest.UsageError, match="registered"):
+        load_backend("no-such-backend")
