@@ -84,6 +84,7 @@ def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new:
                         f"  speculative: {spec.tokens}\n  AR:          {ar.tokens}\n  {detail}\n  replay: {ctx.replay}"
                     )
                 verdicts.append((where, verdict))
+                ctx.findings.append({**verdict.as_record(), "kind": "numerical_flip", "where": where})
     return runs, verdicts
 
 

@@ -278,7 +278,7 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
     missing = missing_capabilities(case, backend)
     if missing:
         pytest.skip(f"backend {backend.name!r} does not claim capability {', '.join(missing)}")
-    ctx.results = []
+    ctx.results, ctx.findings = [], []
     from .watchdog import time_limit
 
     timeout = request.config.getoption("specdec_timeout", None)
@@ -288,6 +288,7 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
     finally:
         stats = [r.as_record() for r in ctx.results]
         request.node.user_properties.append(("specdec_statistics", stats))
+        request.node.user_properties.append(("specdec_findings", list(ctx.findings)))
         request.node.user_properties.append(("specdec_guards", case.check.guards))
 
 

@@ -32,6 +32,7 @@ class CheckContext:
     seed: int = DEFAULT_SEED
     profile: str = "ci"
     results: list = field(default_factory=list)
+    findings: list = field(default_factory=list)  # non-failing observations, e.g. classified numerical flips
     replay: str = ""  # the command that re-runs the current check, shown in failures
     timeout: float | None = DEFAULT_TIMEOUT  # per-check limit in seconds (conformance.watchdog); 0 or None: none
 
@@ -142,6 +143,7 @@ class CheckRecord:
     message: str = ""
     seconds: float = 0.0
     statistics: list[dict] = field(default_factory=list)
+    findings: list[dict] = field(default_factory=list)
 
 
 def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None = None) -> CheckRecord:
@@ -154,7 +156,7 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     missing = missing_capabilities(case, backend)
     if missing:
         return CheckRecord(case.id, case.check.name, case.check.guards, "skipped", f"backend does not claim {missing}")
-    ctx.results = []
+    ctx.results, ctx.findings = [], []
     start = time.perf_counter()
     try:
         with time_limit(ctx.timeout if timeout is None else timeout, case.id):
@@ -174,6 +176,7 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
         message,
         time.perf_counter() - start,
         [r.as_record() for r in ctx.results],
+        list(ctx.findings),
     )
 
 

@@ -37,6 +37,7 @@ def new_entry(nodeid: str) -> dict[str, Any]:
         "requires": [],
         "guards": None,
         "statistics": [],
+        "findings": [],  # e.g. greedy divergences classified as numerical flips
         "duration": 0.0,
     }
 
@@ -61,6 +62,8 @@ def merge_phase(
         entry["guards"] = props["specdec_guards"]
     if "specdec_statistics" in props:
         entry["statistics"] = list(props["specdec_statistics"])
+    if "specdec_findings" in props:
+        entry["findings"] = list(props["specdec_findings"])
     if entry["status"] == "failed":
         return  # a failure in any phase is final
     if outcome == "failed":
@@ -190,8 +193,17 @@ def render_markdown(cert: dict[str, Any]) -> str:
         lines += ["", "## Statistical checks", "", "| check | status | N | power | TV | p-value | alpha |", "|---|---|---|---|---|---|---|"]
         for e, s in stat_rows:
             lines.append(
-                f"| `{_cell(e['check_id'] or e['nodeid'])}` | {e['status']} | {s.get('N', '')} | {_fmt(s.get('power'))} "
+                f"| `{_cell(e['check_id'] or e['nodeid'])}` | {e['status']} | {s.get('n', '')} | {_fmt(s.get('power'))} "
                 f"| {_fmt(s.get('tv'))} | {_fmt(s.get('p_value'))} | {_fmt(s.get('alpha'))} |"
+            )
+    flips = [(e, f) for e in cert["items"] for f in e.get("findings", []) if f.get("kind") == "numerical_flip"]
+    if flips:
+        lines += ["", "## Greedy divergences classified as numerical flips", "",
+                  "| check | where | tokens (spec / AR) | top-1/top-2 gap | tolerance |", "|---|---|---|---|---|"]
+        for e, f in flips:
+            lines.append(
+                f"| `{_cell(e['check_id'] or e['nodeid'])}` | {_cell(f.get('where'))} | {f.get('token_a')} / {f.get('token_b')} "
+                f"| {_fmt(f.get('gap_top1_top2'))} | {_fmt(f.get('tolerance'))} |"
             )
     return "\n".join(lines) + "\n"
 

@@ -192,10 +192,7 @@ def count_blocks(
             tp = torch.stack([f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
             dp = torch.stack([f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
         where = f"scenario {scenario.name!r}, seed {seed}, blocks {done}..{done + b - 1}"
-        if batched:
-            m, tokens = check_block_output(dt, backend.verify(dt, dp, tp, generator=verify_gen), vocab=vocab, where=where)
-        else:
-            m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab)
+        m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab)
         if filler is not None:
             m, tokens = m[1::2], tokens[1::2]
         length += np.bincount(m.numpy(), minlength=k + 1)

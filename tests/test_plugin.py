@@ -223,3 +223,11 @@ def test_registered_backend_names_resolve():
     assert load_backend("reference").name == "specdec_ref.reference"
     with pytest.raises(pytest.UsageError, match="registered"):
         load_backend("no-such-backend")
+
+
+def test_markdown_lists_statistics_and_numerical_flips():
+    stat = {"n": 12345, "power": 0.9969, "tv": 0.003, "p_value": 0.5, "alpha": 1e-6}
+    flip = {"kind": "numerical_flip", "where": "llama bfloat16, k=4", "token_a": 3, "token_b": 7,
+            "gap_top1_top2": 0.01, "tolerance": 0.16}
+    md = rep.render_markdown(_cert([_entry("a", "passed", statistics=[stat], findings=[flip])]))
+    assert "| 12345 |" in md and "numerical flips" in md and "llama bfloat16, k=4" in md and "3 / 7" in md
