@@ -105,7 +105,7 @@ def check_decoder_greedy_equals_ar_fp32(backend, ctx: CheckContext, arch: str):
 
 @check(
     guards="algorithmic divergences hidden behind 'bf16 noise': every bf16 mismatch must be a classified near-tie",
-    requires=("decoder", "greedy"),
+    requires=("decoder", "greedy", "dtype:bfloat16"),
     cases=[(arch, {"arch": arch}) for arch in ("llama", "gpt2")],
 )
 def check_decoder_greedy_bf16_divergences_are_flips(backend, ctx: CheckContext, arch: str):

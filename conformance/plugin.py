@@ -196,13 +196,15 @@ def item_case(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    from specdec_ref.contract import CAPABILITY_FLAGS
+    from specdec_ref.contract import check_requirement
 
     for item in items:
         for mark in item.iter_markers("requires"):
-            unknown = [flag for flag in mark.args if flag not in CAPABILITY_FLAGS]
-            if unknown:
-                raise pytest.UsageError(f"{item.nodeid}: unknown capability {unknown}; known: {list(CAPABILITY_FLAGS)}")
+            for flag in mark.args:
+                try:
+                    check_requirement(flag)
+                except ValueError as exc:
+                    raise pytest.UsageError(f"{item.nodeid}: {exc}") from None
         case = item_case(item)
         if case is not None:
             # item-level properties travel with every phase's report (also to the xdist controller)

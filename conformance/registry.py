@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from specdec_ref.contract import CAPABILITY_FLAGS, NotSupportedError
+from specdec_ref.contract import NotSupportedError, check_requirement
 
 from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
 
@@ -100,9 +100,8 @@ def check(
 ):
     """Register a check function; ``guards`` names the bug class it exists to catch."""
     requires = tuple(requires)
-    unknown = [r for r in requires if r not in CAPABILITY_FLAGS]
-    if unknown:
-        raise ValueError(f"unknown capability {unknown} in check requirements; known: {CAPABILITY_FLAGS}")
+    for flag in requires:
+        check_requirement(flag)
 
     def register(func):
         name = func.__name__.removeprefix("check_")

@@ -54,6 +54,21 @@ CAPABILITY_FLAGS = (
 )
 
 
+DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
+DEVICE_NAMES = ("cpu", "cuda")
+
+
+def check_requirement(flag: str) -> None:
+    """Raise ValueError for a requirement that is neither a capability flag nor ``dtype:``/``device:`` + a known name."""
+    kind, sep, name = flag.partition(":")
+    if flag in CAPABILITY_FLAGS or (kind == "dtype" and name in DTYPE_NAMES) or (kind == "device" and name in DEVICE_NAMES):
+        return
+    raise ValueError(
+        f"unknown capability {flag!r}; known: {', '.join(CAPABILITY_FLAGS)}, "
+        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}"
+    )
+
+
 class NotSupportedError(NotImplementedError):
     """Raised by a backend asked for something it does not claim to support."""
 
@@ -79,8 +94,13 @@ class Capabilities:
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def has(self, flag: str) -> bool:
-        if flag not in CAPABILITY_FLAGS:
-            raise ValueError(f"unknown capability {flag!r}; known: {', '.join(CAPABILITY_FLAGS)}")
+        """A capability flag, or ``dtype:NAME`` / ``device:NAME`` (claimed in ``dtypes`` / ``devices``)."""
+        check_requirement(flag)
+        kind, _, name = flag.partition(":")
+        if kind == "dtype" and name:
+            return name in self.dtypes
+        if kind == "device" and name:
+            return name in self.devices
         return bool(getattr(self, flag))
 
     def as_dict(self) -> dict[str, Any]:

@@ -220,6 +220,7 @@ class HFAssistedDecoderBackend:
         decoder=True,
         top_k=True,
         top_p=True,
+        dtypes=("float32", "bfloat16"),
         extra={"global_rng": "transformers samples from the global torch RNG; the adapter seeds it from `generator` inside fork_rng"},
     )
 

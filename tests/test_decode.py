@@ -143,3 +143,16 @@ def test_decoder_check_fails_on_a_backend_accepting_bad_input():
     (case,) = all_cases(["decoder_rejects_bad_input"])
     assert run_case(case, AcceptsAnything(), CheckContext()).status == "failed"
     assert run_case(case, ReferenceBackend(), CheckContext()).status == "passed"
+
+
+def test_bf16_check_needs_a_bf16_claim():
+    import dataclasses
+
+    from conformance.registry import missing_capabilities
+
+    (case, *_) = all_cases(["decoder_greedy_bf16_divergences_are_flips"])
+    backend = ReferenceBackend()
+    assert missing_capabilities(case, backend) == []
+    backend.capabilities = dataclasses.replace(backend.capabilities, dtypes=("float32",))
+    assert missing_capabilities(case, backend) == ["dtype:bfloat16"]
+    assert run_case(case, backend, CheckContext()).status == "skipped"
