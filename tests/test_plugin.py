@@ -168,7 +168,7 @@ def test_certified_rules():
 
 
 def test_skip_names_missing_capability_and_stats_table():
-    stats = [{"N": 4000, "p_value": 0.31, "alpha": 1e-4, "power": 0.999, "tv": 0.01}]
+    stats = [{"n": 4000, "p_value": 0.31, "alpha": 1e-4, "power": 0.999, "tv": 0.01}]
     cert = _cert(
         [
             _entry("s", "skipped", requires=["verifier", "sampling"], skip_reason="backend 'b' does not claim capability sampling"),
