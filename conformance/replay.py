@@ -23,11 +23,11 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from .registry import CHECKS, DEFAULT_SEED, CheckCase, CheckContext, CheckRecord, all_cases, run_case
+from .report import write_atomic
 
 SCHEMA = "specdec-replay/1"
 REQUIRED_KEYS = ("schema", "check", "case", "params", "seed", "profile", "bug_class", "note")
@@ -208,20 +208,7 @@ def save_replay(path, check, case_id, params, seed, profile, bug_class, note, sc
     """Validate and write a replay file atomically (temporary file in the same folder, then rename)."""
     data = replay_dict(check, case_id, params, seed, profile, bug_class, note, scenario)
     replay = validate(json.loads(json.dumps(data)), path)
-    text = json.dumps(data, indent=2, allow_nan=False) + "\n"
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".replay-", suffix=".json.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
     return replay
 
 
