@@ -61,7 +61,8 @@ class ModelCache:
             guarantees valid ids. Out-of-range ids otherwise fail inside the embedding lookup.
     """
 
-    def __init__(self, model: nn.Module, *, batch_size: int = 1, check_ids: bool = True):
+    def __init__(self, model: nn.Module, *, batch_size: int = 1, check_ids: bool = True, max_length: int | None = None):
+        # ``max_length`` is a capacity hint for preallocating caches; a DynamicCache grows as needed.
         batch_size = operator.index(batch_size)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

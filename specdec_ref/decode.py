@@ -154,7 +154,8 @@ def autoregressive_decode(
     result = DecodeResult(tokens=[], prompt_len=prompt.shape[1], finished_by="max_new_tokens")
     if max_new_tokens == 0:
         return result
-    cache = make_cache(target, check_ids=False)
+    capacity = min(model_dims(target)["max_positions"] or 1 << 30, prompt.shape[1] + max_new_tokens)
+    cache = make_cache(target, check_ids=False, max_length=capacity)
     logits = cache.feed(prompt)[:, -1]
     result.target_calls = 1
     while True:
@@ -246,8 +247,10 @@ class SpeculativeDecoder:
         clock = time.perf_counter if timed else None
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
         tick = clock() if clock else 0.0
-        target_cache = self.make_cache(target, check_ids=False)
-        draft_cache = self.make_draft_cache(draft, check_ids=False)
+        # positions ever written: below t + max_new_tokens + k (the last pending token is never fed)
+        needed = t + max_new_tokens + k
+        target_cache = self.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
+        draft_cache = self.make_draft_cache(draft, check_ids=False, max_length=min(needed, model_dims(draft)["max_positions"] or needed))
         if t > 1:
             target_cache.feed(prompt[:, :-1])
             draft_cache.feed(prompt[:, :-1])

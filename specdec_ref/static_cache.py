@@ -35,6 +35,7 @@ Differences from ``ModelCache``:
 from __future__ import annotations
 
 import operator
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,14 @@ def _cat_bias(linears, device, dtype):
     )
 
 
+#: Fused weights per model (see :meth:`StaticModelCache.refresh_weights`).
+_FUSED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _weights_key(model: nn.Module) -> tuple:
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
 class StaticModelCache(ModelCache):
     """``ModelCache`` semantics on a lean forward with a preallocated K/V cache (Llama / Qwen2 only).
 
@@ -156,7 +165,7 @@ class StaticModelCache(ModelCache):
         self.eps: float = float(cfg.rms_norm_eps)
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise ValueError(f"StaticModelCache supports floating-point models, got dtype {self.dtype}")
-        self.refresh_weights()
+        self._load_weights()
         # RoPE tables from the model's own rotary module (transformers' exact cos/sin, cast to the
         # model dtype as transformers does), for positions 0..max_length-1.
         with torch.no_grad():
@@ -173,6 +182,21 @@ class StaticModelCache(ModelCache):
 
     def refresh_weights(self) -> None:
         """Re-read the weights from the transformers module tree (after changing the model's parameters)."""
+        self._fuse_weights()
+        names = ("_layers", "_embed", "_final_norm", "_lm_w", "_lm_b", "_eps", "_final_eps")
+        _FUSED[self.model] = (_weights_key(self.model), {name: self.__dict__[name] for name in names})
+
+    def _load_weights(self) -> None:
+        """Fused weights shared by every cache of a model whose parameters were not replaced or modified
+        in place since (keyed on storage and version counter), so a cache per decode call does not re-fuse.
+        Writes through ``.data`` bypass version counters: call :meth:`refresh_weights` after those."""
+        cached = _FUSED.get(self.model)
+        if cached is not None and cached[0] == _weights_key(self.model):
+            self.__dict__.update(cached[1])
+        else:
+            self.refresh_weights()
+
+    def _fuse_weights(self) -> None:
         model = self.model
         inner = model.model
         dev, dt = self.device, self.dtype

@@ -11,7 +11,7 @@ import torch
 from properties.stateful_cache import compare_kv, fresh_prefill, run_cache_machine
 from specdec_ref.cache import ATOL, RTOL, ModelCache
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
-from specdec_ref.models import tiny_lm
+from specdec_ref.models import next_token_logits, tiny_lm
 from specdec_ref.pretrained import load_trained_pair, sample_prompts
 from specdec_ref.static_cache import StaticKV, StaticModelCache, supports
 
@@ -262,3 +262,18 @@ def test_speed_report(pair, capsys):
         lines.append(f"{key}: {statistics.median(v):.0f} tokens/s (spec: k=4; 64 new tokens; median)")
     with capsys.disabled():
         print("\n" + "\n".join(lines))
+
+
+def test_fused_weights_are_shared_and_invalidated_by_in_place_changes():
+    model = tiny_lm("llama", vocab_size=16, seed=3)
+    first, second = StaticModelCache(model), StaticModelCache(model)
+    ids = torch.tensor([[1, 2, 3]])
+    before = first.feed(ids)
+    assert second._layers is first._layers  # not re-fused for the second cache
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(1.5)
+    third = StaticModelCache(model)
+    assert third._layers is not first._layers
+    after = third.feed(ids)
+    expected = next_token_logits(model, ids)
+    assert not torch.allclose(before, after) and torch.allclose(after, expected, atol=1e-5, rtol=1e-4)
