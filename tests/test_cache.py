@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase, settings
 from transformers import DynamicCache
 
 from fixtures.mutants.cache import (
@@ -16,6 +16,7 @@ from fixtures.mutants.cache import (
     StalePositionsCache,
 )
 from properties.stateful_cache import (
+    DEFAULT_SETTINGS,
     CacheMismatch,
     compare_kv,
     compare_logits,
@@ -242,14 +243,7 @@ def test_gpt2_honours_explicit_position_ids():
 
 # ---------------------------------------------------------------------- the state machine
 
-REFERENCE_SETTINGS = settings(
-    max_examples=40,
-    stateful_step_count=20,
-    deadline=None,
-    database=None,
-    report_multiple_bugs=False,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+REFERENCE_SETTINGS = settings(DEFAULT_SETTINGS, max_examples=40)
 # Detection only: derandomized for a stable CI outcome, no shrinking (shrinking a stateful
 # failure costs tens of seconds; run_cache_machine's defaults keep it for bug reports).
 MUTANT_SETTINGS = settings(REFERENCE_SETTINGS, max_examples=60, derandomize=True, phases=[Phase.explicit, Phase.generate])
