@@ -83,18 +83,20 @@ enabled, "float32" has a 10-bit mantissa like float16: classify with
 measured relative tolerances as ``model.specdec_flip_tolerance = {dtype: rel}``
 (:func:`tolerance_for` prefers them).
 
-The float64 copy of each model is cached (keyed weakly by the model, invalidated when any
-parameter is modified in place), so classifying many divergences does not re-copy the model.
+The float64 logits come from :func:`specdec_ref.forward.reference_logits`, whose float64 copy of
+each model is cached (keyed weakly by the model, invalidated when its
+:func:`~specdec_ref.forward.weights_fingerprint` changes), so classifying many divergences does
+not re-copy the model.
 """
 from __future__ import annotations
 
-import copy
 import math
-import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 import torch
+
+from specdec_ref.forward import as_prompt, model_copy, reference_logits, token_list
 
 __all__ = [
     "TOLERANCE",
@@ -138,19 +140,13 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     (there the shorter one has no token: ``None``). Accepts lists, tuples and 1-d / ``[1, n]``
     tensors.
     """
-    a, b = _as_list(a), _as_list(b)
+    a, b = token_list(a), token_list(b)
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
     if len(a) != len(b):
         return min(len(a), len(b))
     return None
-
-
-def _as_list(seq) -> list[int]:
-    if isinstance(seq, torch.Tensor):
-        return [int(v) for v in seq.detach().reshape(-1).tolist()]
-    return [int(v) for v in seq]
 
 
 def _dtype_key(dtype) -> torch.dtype:
@@ -184,48 +180,15 @@ def tolerance_for(dtype: torch.dtype, model: torch.nn.Module | None = None, logi
 
 # --------------------------------------------------------------------------- float64 oracle
 
-_HP_CACHE: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, torch.nn.Module]]" = weakref.WeakKeyDictionary()
-
-
-def _fingerprint(model: torch.nn.Module) -> tuple:
-    # ``_version`` increases on every in-place update of a tensor: a modified model is re-copied.
-    return tuple((name, p.data_ptr(), p._version, p.dtype, p.device) for name, p in model.named_parameters())
-
 
 def high_precision_model(model: torch.nn.Module) -> torch.nn.Module:
-    """A float64 deep copy of ``model`` in eval mode, cached per model (weakly keyed).
-
-    The cache entry is rebuilt when a parameter of ``model`` was replaced or modified in place.
-    """
-    fp = _fingerprint(model)
-    hit = _HP_CACHE.get(model)
-    if hit is not None and hit[0] == fp:
-        return hit[1]
-    copy64 = copy.deepcopy(model).to(torch.float64)
-    copy64.eval()
-    copy64.requires_grad_(False)
-    _HP_CACHE[model] = (fp, copy64)
-    return copy64
+    """The cached float64 copy of ``model``: :func:`specdec_ref.forward.model_copy` ``(model, float64)``."""
+    return model_copy(model, torch.float64)
 
 
 def high_precision_logits(model: torch.nn.Module, ids) -> torch.Tensor:
-    """``[B, n, V]`` float64 logits of ``ids`` (``[B, n]`` / ``[n]``), full causal forward, no cache.
-
-    Same computation as ``specdec_ref.models.next_token_logits(model, ids, high_precision=True)``,
-    with the float64 copy taken from :func:`high_precision_model`'s cache.
-    """
-    run = high_precision_model(model)
-    device = next(run.parameters()).device
-    ids = torch.as_tensor(ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(f"ids must be [B, n] (or [n]) with n >= 1, got shape {tuple(ids.shape)}")
-    ids = ids.to(device)
-    positions = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = run(input_ids=ids, position_ids=positions, use_cache=False)
-    return out.logits.to(torch.float64)
+    """``[B, n, V]`` float64 logits of ``ids``: :func:`specdec_ref.forward.reference_logits` in float64."""
+    return reference_logits(model, ids, dtype=torch.float64)
 
 
 # --------------------------------------------------------------------------- verdict
@@ -337,7 +300,7 @@ def classify_divergence(
     ``tolerance=None`` uses :func:`tolerance_for` ``(dtype_under_test, target_model, row scale)``.
     A ``None`` token (sequence ended) is always ``"algorithmic_divergence"``.
     """
-    prefix_list = _as_list(prefix)
+    prefix_list = token_list(prefix)
     if not prefix_list:
         raise ValueError("prefix must hold at least one token (the prompt)")
     z = high_precision_logits(target_model, [prefix_list])[0, -1]
@@ -407,11 +370,11 @@ def classify_sequences(
     verdict's ``position`` indexes the continuation; its prefix is ``prompt + common tokens``;
     token a is the speculative one, token b the AR one.
     """
-    spec, ar = _as_list(spec_tokens), _as_list(ar_tokens)
+    spec, ar = token_list(spec_tokens), token_list(ar_tokens)
     i = first_divergence(spec, ar)
     if i is None:
         return None
-    prefix = _as_list(prompt) + spec[:i]
+    prefix = token_list(prompt) + spec[:i]
     tok_s = spec[i] if i < len(spec) else None
     tok_a = ar[i] if i < len(ar) else None
     return classify_divergence(
@@ -467,12 +430,10 @@ class LogitError:
 def _low_precision_logits(model, dtype, ids, mode):
     from transformers import DynamicCache
 
-    low = copy.deepcopy(model).to(dtype)
-    low.eval()
+    if mode == "block":
+        return reference_logits(model, ids, dtype=dtype).to(torch.float64)
+    low = model_copy(model, dtype)
     with torch.no_grad():
-        if mode == "block":
-            positions = torch.arange(ids.shape[1]).unsqueeze(0)
-            return low(input_ids=ids, position_ids=positions, use_cache=False).logits.to(torch.float64)
         cache = DynamicCache(config=low.config)
         rows = []
         for i in range(ids.shape[1]):
@@ -490,7 +451,7 @@ def measure_logit_error(model: torch.nn.Module, dtype: torch.dtype, prompts, *, 
     modes = ("block", "step") if mode == "both" else (mode,)
     abs_err, gap_err, scale = [], [], []
     for ids in prompts:
-        ids = torch.as_tensor(ids, dtype=torch.long).reshape(1, -1)
+        ids = as_prompt(ids)
         ref = high_precision_logits(model, ids)[0]
         for m in modes:
             err = _low_precision_logits(model, dtype, ids, m)[0] - ref

@@ -7,8 +7,10 @@ that law can be written down leaf by leaf::
 
     P(x_1 .. x_n | prompt) = prod_i  warp(z64(prompt, x_1 .. x_{i-1}), config)[x_i]
 
-where ``z64`` are the target's next-token logits from a float64 copy of the model (full forward,
-no cache) and :func:`specdec_ref.warp.warp` applies temperature / top-k / top-p in float64.
+where ``z64`` are the target's next-token logits from a float64 copy of the model
+(:func:`specdec_ref.forward.reference_logits`: full forward, no cache) and
+:func:`specdec_ref.warp.warp` applies temperature / top-k / top-p in float64 (the decoder's own
+steps; :func:`boundary_margin` uses them too, so the law cannot drift from the decoder).
 :func:`continuation_law` computes it level by level: all live prefixes of one length go through
 the model in one batched forward, so V=16, n=3 (4096 leaves) takes a few hundred milliseconds.
 With ``eos_id`` a continuation stops right after emitting EOS (a shorter tuple ending in
@@ -37,14 +39,15 @@ cumulative mass from ``top_p``; tests should assert both are far above the preci
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from properties.flips import high_precision_logits, tolerance_for
-from specdec_ref.warp import SamplingConfig, warp
+from properties.flips import tolerance_for
+from specdec_ref.forward import as_prompt, reference_logits
+from specdec_ref.warp import SamplingConfig, nucleus_masses, warp, warp_logits
 
 __all__ = [
     "EOS_LABEL",
@@ -66,18 +69,6 @@ IMPOSSIBLE_LABEL = "IMPOSSIBLE"
 BATCH = 1024
 #: Tolerance of the "probabilities sum to 1" assertion.
 SUM_TOLERANCE = 1e-9
-
-
-def _prompt_list(prompt) -> list[int]:
-    if isinstance(prompt, torch.Tensor):
-        if prompt.dim() == 2 and prompt.shape[0] != 1:
-            raise ValueError(f"prompt must be [1, t] or [t], got shape {tuple(prompt.shape)}")
-        values = prompt.detach().reshape(-1).tolist()
-    else:
-        values = list(prompt)
-    if not values:
-        raise ValueError("prompt must hold at least one token")
-    return [int(v) for v in values]
 
 
 class ContinuationLaw(dict):
@@ -109,8 +100,7 @@ def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> t
     rows = []
     for start in range(0, len(prefixes), BATCH):
         chunk = prefixes[start : start + BATCH]
-        ids = torch.tensor([prompt + list(p) for p in chunk], dtype=torch.long)
-        rows.append(high_precision_logits(model, ids)[:, -1])
+        rows.append(reference_logits(model, [prompt + list(p) for p in chunk], dtype=torch.float64)[:, -1])
     return torch.cat(rows)
 
 
@@ -143,7 +133,7 @@ def continuation_law(
         raise ValueError(f"n must be an int >= 1, got {n!r}")
     if min_prob < 0 or not math.isfinite(min_prob):
         raise ValueError(f"min_prob must be finite and >= 0, got {min_prob!r}")
-    prompt_ids = _prompt_list(prompt)
+    prompt_ids = as_prompt(prompt)[0].tolist()
     frontier: list[tuple[int, ...]] = [()]
     frontier_p = torch.ones(1, dtype=torch.float64)
     leaves: dict[tuple[int, ...], float] = {}
@@ -354,13 +344,8 @@ def boundary_margin(
                     if gap < best_logit:
                         best_logit, where_logit = gap, prefix
         if not config.greedy and config.top_p is not None and config.top_p < 1.0:
-            x = logits / config.temperature
-            if config.top_k is not None and config.top_k < vocab:
-                kth = torch.topk(x, config.top_k, dim=-1).values[..., -1:]
-                x = x.masked_fill(x < kth, float("-inf"))
-            sx, _ = torch.sort(x, dim=-1, descending=True)
-            sp = torch.softmax(sx, dim=-1)
-            before = sp.cumsum(-1) - sp
+            x = warp_logits(logits, replace(config, top_p=None), dtype=torch.float64)  # what top-p sees
+            _, sp, before = nucleus_masses(x)
             dist = (before - config.top_p).abs().masked_fill(sp == 0, math.inf)
             row_min, _ = dist.min(-1)
             r = int(row_min.argmin())

@@ -4,10 +4,10 @@ The machine drives a cache object with the ``specdec_ref.cache.ModelCache`` inte
 (``feed(ids[B, n]) -> logits[B, n, V]``, ``trim(n)``, ``commit(n)``, ``reset()``, ``layer_kv()``,
 ``tentative_length``, ``committed_length``) next to an independent plain-Python model of it: the
 list of token ids fed so far and the committed count. After every step it recomputes a *fresh
-prefill* of that token list (one block forward of the model with an empty ``DynamicCache``, no
-``ModelCache`` code involved) and compares every layer's K and V; steps that feed tokens also
-compare the returned logits with the prefill's rows, and the "read logits" step probes the
-logits of the next feed (feed one token, compare, trim it back).
+prefill* of that token list (:func:`specdec_ref.forward.fresh_prefill`: one block forward of the
+model with an empty ``DynamicCache``, no ``ModelCache`` code involved) and compares every layer's
+K and V; steps that feed tokens also compare the returned logits with the prefill's rows, and
+the "read logits" step probes the logits of the next feed (feed one token, compare, trim it back).
 
 Rules: append one token, append a block of 1..8 tokens, trim to a point in ``[0, length]``
 (the edges 0, 1, length-1 and length are drawn explicitly and shrunk towards), read logits,
@@ -45,6 +45,7 @@ from hypothesis.stateful import (
 )
 
 from specdec_ref.cache import ATOL, RTOL
+from specdec_ref.forward import fresh_prefill  # the oracle; re-exported here for the suite's callers
 from specdec_ref.models import model_dims
 
 __all__ = [
@@ -71,29 +72,6 @@ DEFAULT_SETTINGS = Settings(
 
 class CacheMismatch(AssertionError):
     """The cache under test disagrees with the fresh-prefill oracle (lengths, K/V or logits)."""
-
-
-def fresh_prefill(model, tokens: list[int]) -> tuple[torch.Tensor | None, list[tuple[torch.Tensor, torch.Tensor]]]:
-    """Oracle: one block forward of ``tokens`` (batch 1) on an empty ``DynamicCache``.
-
-    Returns ``(logits[1, n, V] float32 or None when n == 0, [(K, V) per layer])`` with K/V of shape
-    ``(1, kv_heads, n, head_dim)``; an empty token list gives zero-length K/V.
-    """
-    from transformers import DynamicCache
-
-    dims = model_dims(model)
-    param = next(model.parameters())
-    n = len(tokens)
-    if n == 0:
-        empty = torch.empty((1, dims["num_kv_heads"], 0, dims["head_dim"]), dtype=param.dtype, device=param.device)
-        return None, [(empty, empty)] * dims["num_layers"]
-    ids = torch.tensor([tokens], dtype=torch.long, device=param.device)
-    positions = torch.arange(n, device=param.device).unsqueeze(0)
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        out = model(input_ids=ids, position_ids=positions, cache=cache, use_cache=True)
-    kv = [(layer.keys, layer.values) for layer in cache.layers]
-    return out.logits.float(), kv
 
 
 def _first_bad(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, seq_dim: int):

@@ -36,6 +36,7 @@ import operator
 import torch
 from torch import nn
 
+from specdec_ref.forward import check_id_range
 from specdec_ref.models import model_dims
 
 __all__ = ["ModelCache", "ATOL", "RTOL"]
@@ -256,7 +257,5 @@ class ModelCache:
         if ids.device != self.device:
             ids = ids.to(self.device)
         if self.check_ids:
-            lo, hi = torch.stack(torch.aminmax(ids)).tolist()  # one read-back for both
-            if lo < 0 or hi >= self.vocab_size:
-                raise ValueError(f"feed: token ids must be in [0, {self.vocab_size}), got min {lo}, max {hi}")
+            check_id_range(ids, self.vocab_size, "feed:")
         return ids

@@ -1,6 +1,24 @@
-"""The backend contract: what a speculative-decoding backend exposes and declares.
+"""The backend contract: everything a speculative-decoding backend exposes, declares and must honour.
 
-The block verifier (FlashInfer's shapes)::
+This module is the one file a backend author reads. A *backend* is any object with
+
+* ``name: str`` and ``version: str`` (recorded in the certificate),
+* ``capabilities``: a :class:`Capabilities` declaring what it supports,
+* the methods its capabilities claim: ``verify`` for ``verifier`` (:class:`Verifier`),
+  ``decode`` for ``decoder`` (:class:`Decoder`), ``make_cache`` for ``cache``
+  (:class:`CacheBackend`, returning a :class:`KVCache`).
+
+:func:`check_backend` checks these declarations when the suite loads a backend
+(``--specdec-backend=module:factory``): a claimed capability without its method is a
+:class:`ContractError` naming the method, not a confusing failure later. Checks that need
+a capability the backend does not claim are *skipped*, naming the capability; every claimed
+capability must pass every check that needs it. Asked for a mode it does not claim, a
+backend must raise :class:`NotSupportedError` (checked by
+``unclaimed_modes_raise_not_supported``), never return an uncertified answer.
+
+The verifier contract (FlashInfer's shapes)
+-------------------------------------------
+::
 
     verify(draft_tokens: Long[B, k],
            draft_probs: Float[B, k, V] | None,
@@ -8,51 +26,145 @@ The block verifier (FlashInfer's shapes)::
            *, generator: torch.Generator | None = None)
         -> (num_accepted: Long[B], tokens: Long[B, k+1])
 
-* ``target_probs[:, i]`` is the target distribution for the position of
-  ``d_{i+1}``: row 0 is ``saved_next`` (the target's distribution before the
-  block), row ``i`` the distribution after seeing ``d_i``; row ``k`` is the
-  bonus row used when all ``k`` drafts are accepted.
-* ``draft_probs[:, i]`` is exactly the distribution ``d_{i+1}`` was drawn from
-  (after temperature / top-k / top-p).
-* ``draft_probs is None`` means greedy: accept ``d_i`` while it is the target's
-  greedy choice for its row; the replacement (or the bonus) is that choice.
-  The reference uses ``torch.argmax`` semantics (first maximal index), so it
-  reproduces plain autoregressive greedy decoding exactly. The conformance
-  check accepts any *valid greedy path*: every accepted draft and the final
-  emitted token are maximisers of their rows, and acceptance never goes past a
-  draft token that is not a maximiser. Exact ties are not held against a
+* Row alignment: ``target_probs[:, i]`` is the target distribution for the position of
+  ``d_{i+1}`` (it judges ``d_{i+1}``): row 0 is ``saved_next`` (the target's distribution
+  before the block), row ``i`` the distribution after seeing ``d_i``; row ``k`` is the
+  *bonus* row, used when all ``k`` drafts are accepted.
+* ``draft_probs[:, i]`` is exactly the distribution ``d_{i+1}`` was drawn from (after
+  temperature / top-k / top-p): the verifier accepts ``d`` with probability
+  ``min(1, p(d) / q(d))`` and stops at the first rejection.
+* ``draft_probs is None`` means greedy: accept ``d_i`` while it is the target's greedy choice
+  for its row; the replacement (or the bonus) is that choice. The reference uses
+  ``torch.argmax`` semantics (first maximal index), so it reproduces plain autoregressive
+  greedy decoding exactly. The conformance check accepts any *valid greedy path*: every
+  accepted draft and the final emitted token are maximisers of their rows, and acceptance
+  never goes past a draft token that is not a maximiser. Exact ties are not held against a
   backend that breaks them differently.
-* Output: ``m = num_accepted[b]`` with ``0 <= m <= k``; ``tokens[b, :m]`` are
-  the accepted drafts, ``tokens[b, m]`` is the replacement (a sample of the
-  residual ``[p - q]_+``) or the bonus, ``tokens[b, m+1:] == -1``.
-* Randomness comes only from ``generator`` when one is given.
+* Output: ``m = num_accepted[b]`` with ``0 <= m <= k``; ``tokens[b, :m]`` are the accepted
+  drafts, ``tokens[b, m]`` is the replacement (a sample of the residual ``[p - q]_+``
+  renormalised, at row ``m``) or the bonus (a sample of row ``k``), and
+  ``tokens[b, m+1:] == PAD_TOKEN`` (``-1``). Both are int64 tensors.
+* Randomness comes only from ``generator`` when one is given (the same generator state gives
+  the same output; the global torch RNG is never read).
+* A backend that does not claim ``batched`` is only ever called with ``B == 1`` (the suite
+  splits batches into one call per row, threading the generator through them in row order).
 
-A backend is any object with ``name``, ``version``, ``capabilities`` and the
-methods its capabilities claim (``verify`` for ``verifier``).
+The reference (:func:`specdec_ref.verify.verify_block`) computes in float32 whatever the input
+dtype, never synchronises with the host, and by default validates its inputs (wrong shapes,
+``k < 1``, vocabulary mismatch, NaN/inf/negative probabilities, rows not summing to 1, ids
+outside ``[0, V)`` give a ``ValueError`` naming the argument).
+
+The decoder contract
+--------------------
+::
+
+    decode(target, draft, prompt: Long[1, t], *, k: int, max_new_tokens: int,
+           sampling: SamplingConfig, eos_id: int | None = None,
+           generator: torch.Generator | None = None, on_round=None) -> DecodeResult
+
+* ``target`` / ``draft`` are transformers causal LMs sharing one vocabulary; ``prompt`` is one
+  row (batch 1). :class:`SamplingConfig` (``greedy``, ``temperature``, ``top_k``, ``top_p``;
+  :data:`GREEDY` is argmax) is applied identically to target and draft
+  (:func:`specdec_ref.warp.warp`), so ``q`` is exactly what the draft sampled from.
+* Greedy decoding must equal plain autoregressive greedy decoding of the target; sampled
+  decoding must follow the target's sequence law exactly (whatever the draft).
+* Bad input (empty prompt, ``k < 1``, ``max_new_tokens < 0``, ``eos_id`` outside the
+  vocabulary, prompt ids out of range, target/draft vocabulary mismatch) raises
+  ``ValueError`` (or ``TypeError``), never decodes something.
+* EOS anywhere in a block ends generation right after it; at most ``max_new_tokens`` tokens
+  are emitted. Nothing after an EOS is ever committed or cached.
+* The result is a :class:`DecodeResult`: ``tokens`` (generated ids, prompt excluded),
+  ``finished_by`` (``"eos"`` | ``"max_new_tokens"``) and one :class:`RoundRecord` per round.
+* A backend claiming ``cache`` calls ``on_round(record, target_cache, draft_cache)`` after every
+  round, once its caches are repaired; the caches must offer ``layer_kv()`` (see
+  :class:`KVCache`). Invariant after every round: ``record.target_len == record.draft_len ==
+  record.committed_len - 1`` (both caches hold the committed tokens except the last, *pending*
+  one, fed at the start of the next round), and every layer's K/V equals a fresh prefill of
+  that prefix. A backend that does not claim ``cache`` may call ``on_round`` or not.
+
+The KV-cache contract
+---------------------
+``make_cache(model)`` returns a fresh, empty cache for ``model`` (batch 1) with the
+:class:`KVCache` interface, modelled on :class:`specdec_ref.cache.ModelCache`:
+
+* ``feed(ids: Long[B, n]) -> Float[B, n, V]``: run ``n >= 1`` tokens on top of the cache, writing
+  positions ``tentative_length .. tentative_length + n - 1`` (position ids included); row ``i``
+  of the logits is the next-token distribution after ``ids[:, i]``. Advances
+  ``tentative_length`` by ``n``.
+* ``trim(n)``: keep the first ``n`` positions, ``0 <= n <= tentative_length`` (``trim(0)``
+  empties it; trimming below ``committed_length`` lowers it to ``n``).
+* ``commit(n)``: trim to ``n`` and mark ``[0, n)`` committed
+  (``committed_length <= n <= tentative_length``).
+* ``reset()``: drop everything; both lengths become 0.
+* ``layer_kv() -> list[(K, V)]``: per layer, keys and values of shape
+  ``(B, kv_heads, tentative_length, head_dim)`` (read-only).
+* ``committed_length`` / ``tentative_length``: ints, ``0 <= committed <= tentative``.
+
+The ``cache`` check (``properties.stateful_cache``) drives exactly these members with
+random feed / trim / commit / reset / logit-probe programs and, after every step, compares the
+lengths, every layer's K and V and the logits with a fresh prefill of the kept tokens
+(``atol=1e-5, rtol=1e-4`` in float32).
+
+Capability flags
+----------------
+Every flag defaults to ``False``: a backend claims what it implements, nothing else.
+
+============  =====================================================================
+``verifier``  exposes :meth:`Verifier.verify`
+``greedy``    greedy verification (``draft_probs=None``) / greedy decoding
+``sampling``  rejection-sampling verification / sampled decoding
+``batched``   ``verify`` accepts ``B > 1`` in one call (otherwise it gets ``B == 1``)
+``cache``     exposes :meth:`CacheBackend.make_cache`; a decoder also calls ``on_round``
+``decoder``   exposes :meth:`Decoder.decode`, a full speculative decoder
+``top_k``     the decoder honours ``SamplingConfig.top_k``
+``top_p``     the decoder honours ``SamplingConfig.top_p``
+============  =====================================================================
+
+``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
+:data:`DEVICE_NAMES`, default ``("cpu",)``) list the dtypes and devices the backend supports;
+checks require them as ``dtype:NAME`` / ``device:NAME``. ``extra`` is free-form notes for the
+certificate. Unclaimed modes must raise :class:`NotSupportedError`; checks needing an
+unclaimed capability are skipped with the reason (``backend does not claim [...]``).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+import inspect
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from .warp import GREEDY, SamplingConfig  # re-exported: the sampling settings a decoder receives
+
+__all__ = [
+    "PAD_TOKEN",
+    "CAPABILITY_FLAGS",
+    "DTYPE_NAMES",
+    "DEVICE_NAMES",
+    "check_requirement",
+    "NotSupportedError",
+    "Capabilities",
+    "Backend",
+    "Verifier",
+    "Decoder",
+    "KVCache",
+    "CacheBackend",
+    "RoundHook",
+    "RoundRecord",
+    "DecodeResult",
+    "SamplingConfig",
+    "GREEDY",
+    "ContractError",
+    "check_backend",
+]
+
+#: Fills ``tokens[b, m+1:]`` in a verifier's output.
 PAD_TOKEN = -1
 
-#: Capability flags a backend may claim. Checks are marked with the flags they
-#: need; an unknown flag name is an error at collection time.
-CAPABILITY_FLAGS = (
-    "verifier",  # exposes verify()
-    "greedy",  # verify(draft_probs=None) / greedy decoding
-    "sampling",  # rejection-sampling verification / sampled decoding
-    "batched",  # B > 1 in one call
-    "cache",  # exposes a KV cache with trim (see specdec_ref.cache)
-    "decoder",  # exposes a full speculative decoder
-    "top_k",  # decoder honours top-k
-    "top_p",  # decoder honours top-p
-)
-
+#: Capability flags a backend may claim (see the module docstring). Checks are marked with the
+#: flags they need; an unknown flag name is an error at collection time.
+CAPABILITY_FLAGS = ("verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p")
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_NAMES = ("cpu", "cuda")
@@ -75,16 +187,17 @@ class NotSupportedError(NotImplementedError):
 
 @dataclass(frozen=True)
 class Capabilities:
-    """A backend's frozen declaration of what it supports.
+    """A backend's frozen declaration of what it supports; every flag defaults to ``False``.
 
-    A check that needs an unclaimed capability is skipped, naming it; a claimed
-    capability must pass every check that needs it.
+    The flags, ``dtypes`` and ``devices`` are described in the module docstring. A check that
+    needs an unclaimed capability is skipped, naming it; a claimed capability must pass every
+    check that needs it.
     """
 
-    verifier: bool = True
-    greedy: bool = True
-    sampling: bool = True
-    batched: bool = True
+    verifier: bool = False
+    greedy: bool = False
+    sampling: bool = False
+    batched: bool = False
     cache: bool = False
     decoder: bool = False
     top_k: bool = False
@@ -109,11 +222,97 @@ class Capabilities:
         return d
 
 
+# ----------------------------------------------------------------------------- decoder results
+
+
+@dataclass
+class RoundRecord:
+    """What one speculative round did, and the cache lengths right after its repair."""
+
+    round: int
+    start: int  # committed length before the round
+    proposed: int  # k used this round
+    accepted: int  # m: drafts the verifier accepted (before EOS truncation)
+    emitted: int  # tokens committed this round (after EOS / max_new_tokens truncation)
+    target_len: int
+    draft_len: int
+    committed_len: int
+    target_calls: int  # cumulative
+    draft_calls: int  # cumulative
+
+    @property
+    def pending(self) -> int:
+        return self.committed_len - self.target_len
+
+
+@dataclass
+class DecodeResult:
+    """Generated tokens (prompt excluded) and how they were produced."""
+
+    tokens: list[int]
+    prompt_len: int
+    finished_by: str  # "eos" | "max_new_tokens"
+    rounds: list[RoundRecord] = field(default_factory=list)
+    target_calls: int = 0
+    draft_calls: int = 0
+    host_syncs: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self) -> float:
+        proposed = sum(r.proposed for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
+
+    @property
+    def tokens_per_round(self) -> float:
+        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
+
+    def as_record(self) -> dict:
+        d = asdict(self)
+        d["rounds"] = [asdict(r) for r in self.rounds]
+        return d
+
+
+# ----------------------------------------------------------------------------- protocols
+
+
 @runtime_checkable
-class VerifierBackend(Protocol):
+class KVCache(Protocol):
+    """What ``make_cache(model)`` returns (the KV-cache contract in the module docstring)."""
+
+    @property
+    def committed_length(self) -> int: ...
+
+    @property
+    def tentative_length(self) -> int: ...
+
+    def feed(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    def trim(self, n: int) -> None: ...
+
+    def commit(self, n: int) -> None: ...
+
+    def reset(self) -> None: ...
+
+    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+#: ``on_round(record, target_cache, draft_cache)``, called after every round by decoders claiming ``cache``.
+RoundHook = Callable[[RoundRecord, KVCache, KVCache], None]
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The declarations every backend makes."""
+
     name: str
     version: str
     capabilities: Capabilities
+
+
+@runtime_checkable
+class Verifier(Backend, Protocol):
+    """A backend claiming ``verifier`` (the verifier contract in the module docstring)."""
 
     def verify(
         self,
@@ -123,3 +322,88 @@ class VerifierBackend(Protocol):
         *,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
+class Decoder(Backend, Protocol):
+    """A backend claiming ``decoder`` (the decoder contract in the module docstring)."""
+
+    def decode(
+        self,
+        target: Any,
+        draft: Any,
+        prompt: torch.Tensor,
+        *,
+        k: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        on_round: RoundHook | None = None,
+    ) -> DecodeResult: ...
+
+
+@runtime_checkable
+class CacheBackend(Backend, Protocol):
+    """A backend claiming ``cache``: ``make_cache(model)`` returns a fresh, empty :class:`KVCache`."""
+
+    def make_cache(self, model: Any) -> KVCache: ...
+
+
+# ----------------------------------------------------------------------------- declaration check
+
+
+class ContractError(TypeError):
+    """A backend's declarations contradict what it exposes (raised by :func:`check_backend`)."""
+
+
+#: capability -> (method, how it is called: positional args, keyword args, signature shown in errors)
+_CAPABILITY_METHODS: dict[str, tuple[str, tuple, dict, str]] = {
+    "verifier": (
+        "verify",
+        (None, None, None),
+        {"generator": None},
+        "verify(draft_tokens, draft_probs, target_probs, *, generator=None)",
+    ),
+    "decoder": (
+        "decode",
+        (None, None, None),
+        dict(k=1, max_new_tokens=1, sampling=None, eos_id=None, generator=None, on_round=None),
+        "decode(target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None)",
+    ),
+    "cache": ("make_cache", (None,), {}, "make_cache(model)"),
+}
+
+
+def check_backend(backend: Any) -> None:
+    """Raise :class:`ContractError` when ``backend``'s declarations contradict what it exposes.
+
+    Checked: ``capabilities`` is a :class:`Capabilities`, ``name`` is a non-empty string, and
+    each claimed ``verifier`` / ``decoder`` / ``cache`` has a callable ``verify`` / ``decode`` /
+    ``make_cache`` whose signature accepts the contract's call. Behaviour is the checks' job.
+    """
+    caps = getattr(backend, "capabilities", None)
+    if not isinstance(caps, Capabilities):
+        raise ContractError(
+            f"backend {backend!r}: 'capabilities' must be a specdec_ref.contract.Capabilities, "
+            f"got {type(caps).__name__}"
+        )
+    name = getattr(backend, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ContractError(f"backend {backend!r} has no 'name' (a non-empty str), got {name!r}")
+    for flag, (method, args, kwargs, shown) in _CAPABILITY_METHODS.items():
+        if not caps.has(flag):
+            continue
+        func = getattr(backend, method, None)
+        if not callable(func):
+            raise ContractError(f"backend {name!r} claims {flag!r} but has no callable {shown}")
+        try:
+            signature = inspect.signature(func)
+        except (TypeError, ValueError):  # builtins and C extensions: nothing to check
+            continue
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ContractError(
+                f"backend {name!r} claims {flag!r} but {method}{signature} cannot be called as {shown}: {exc}"
+            ) from None

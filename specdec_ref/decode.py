@@ -7,7 +7,7 @@ is *pending* (committed but not yet fed to either cache):
    from ``q_i = warp(draft logits)`` (``k`` draft calls);
 2. the target feeds ``[pending, d_1..d_k]`` in one call: its rows 0..k are
    ``saved_next`` (after the pending token), the rows judging ``d_2..d_k`` and
-   the bonus row (the alignment table of MISSION.md, row ``i`` judges ``d_{i+1}``);
+   the bonus row (the alignment table of docs/algorithm.md: row ``i`` judges ``d_{i+1}``);
 3. the verifier returns ``m`` and the emitted tokens; EOS ends the round and
    generation right after it, ``max_new_tokens`` is never exceeded;
 4. repair: both caches keep exactly the committed tokens minus the new pending
@@ -26,66 +26,19 @@ the device by :mod:`specdec_ref.verify`.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
 from .cache import ModelCache
+from .contract import DecodeResult, RoundRecord
+from .forward import as_prompt
 from .models import model_dims
 from .static_cache import fastest_cache
 from .verify import BlockVerifier, sample_from_weights, verify_block
 from .warp import GREEDY, SamplingConfig, warp
 
 RoundHook = Callable[["RoundRecord", ModelCache, ModelCache], None]
-
-
-@dataclass
-class RoundRecord:
-    """What one speculative round did, and the cache lengths right after its repair."""
-
-    round: int
-    start: int  # committed length before the round
-    proposed: int  # k used this round
-    accepted: int  # m: drafts the verifier accepted (before EOS truncation)
-    emitted: int  # tokens committed this round (after EOS / max_new_tokens truncation)
-    target_len: int
-    draft_len: int
-    committed_len: int
-    target_calls: int  # cumulative
-    draft_calls: int  # cumulative
-
-    @property
-    def pending(self) -> int:
-        return self.committed_len - self.target_len
-
-
-@dataclass
-class DecodeResult:
-    """Generated tokens (prompt excluded) and how they were produced."""
-
-    tokens: list[int]
-    prompt_len: int
-    finished_by: str  # "eos" | "max_new_tokens"
-    rounds: list[RoundRecord] = field(default_factory=list)
-    target_calls: int = 0
-    draft_calls: int = 0
-    host_syncs: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def acceptance_rate(self) -> float:
-        proposed = sum(r.proposed for r in self.rounds)
-        return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
-
-    @property
-    def tokens_per_round(self) -> float:
-        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
-
-    def as_record(self) -> dict:
-        d = asdict(self)
-        d["rounds"] = [asdict(r) for r in self.rounds]
-        return d
 
 
 def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling) -> torch.Tensor:
@@ -98,18 +51,7 @@ def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, samp
         if draft_vocab != vocab:
             raise ValueError(f"vocabulary mismatch: target has V={vocab}, draft has V={draft_vocab}")
         max_pos = min(max_pos, model_dims(draft)["max_positions"])
-    if isinstance(prompt, (list, tuple)):
-        prompt = torch.tensor([list(prompt)], dtype=torch.long)
-    if not isinstance(prompt, torch.Tensor) or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
-        raise ValueError("prompt must be a LongTensor [1, t] or a list of token ids")
-    if prompt.dim() == 1:
-        prompt = prompt[None]
-    if prompt.dim() != 2 or prompt.shape[0] != 1:
-        raise ValueError(f"prompt must have shape [1, t] (batch 1), got {tuple(prompt.shape)}")
-    if prompt.shape[1] == 0:
-        raise ValueError("prompt is empty: at least one token is needed to condition on")
-    if prompt.min() < 0 or prompt.max() >= vocab:
-        raise ValueError(f"prompt token ids must be in [0, {vocab}), got min {int(prompt.min())}, max {int(prompt.max())}")
+    prompt = as_prompt(prompt, vocab=vocab, device=next(target.parameters()).device)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -121,7 +63,7 @@ def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, samp
             f"prompt length {prompt.shape[1]} + max_new_tokens {max_new_tokens} exceeds the models' "
             f"max positions {max_pos} (+1 for the last token, which is never fed)"
         )
-    return prompt.long().to(next(target.parameters()).device)
+    return prompt
 
 
 def _choose(probs: torch.Tensor, sampling: SamplingConfig, generator) -> torch.Tensor:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .forward import reference_logits
+
 __all__ = [
     "ARCHS",
     "DRAFT_FAMILIES",
@@ -344,31 +346,14 @@ def model_dims(model: nn.Module) -> dict[str, int]:
     }
 
 
-def _as_ids(ids, device) -> torch.Tensor:
-    ids = torch.as_tensor(ids, dtype=torch.long)
-    if ids.dim() == 1:
-        ids = ids.unsqueeze(0)
-    if ids.dim() != 2 or ids.shape[1] < 1:
-        raise ValueError(f"ids must be [B, n] (or [n]) with n >= 1, got shape {tuple(ids.shape)}")
-    return ids.to(device)
-
-
 def next_token_logits(model: nn.Module, ids, *, high_precision: bool = False) -> torch.Tensor:
-    """The "fresh prefill" oracle: one full causal forward over ``ids`` with no cache.
+    """The "fresh prefill" oracle: :func:`specdec_ref.forward.reference_logits`.
 
     ``ids``: ``[B, n]`` or ``[n]`` token ids. Returns ``[B, n, V]`` where row ``i`` is the
-    next-token logits after ``ids[:, : i + 1]``; float32, or float64 computed by a float64
+    next-token logits after ``ids[:, : i + 1]``; float32, or float64 computed by the cached float64
     copy of the model when ``high_precision=True`` (use it to classify near-tie flips).
     """
-    device = next(model.parameters()).device
-    ids = _as_ids(ids, device)
-    run = model
-    if high_precision:
-        run = copy.deepcopy(model).to(torch.float64)
-    positions = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand(ids.shape[0], -1)
-    with torch.no_grad():
-        out = run(input_ids=ids, position_ids=positions, use_cache=False)
-    return out.logits.to(torch.float64 if high_precision else torch.float32)
+    return reference_logits(model, ids, dtype=torch.float64 if high_precision else None)
 
 
 def _default_prompt(model: nn.Module, length: int = 32, seed: int = 1234) -> torch.Tensor:

@@ -31,7 +31,10 @@ import hashlib
 import json
 import random
 from pathlib import Path
+
 import torch
+
+from .forward import reference_logits, token_list
 
 __all__ = [
     "ASSET_DIR",
@@ -74,14 +77,7 @@ def encode(text: str) -> torch.LongTensor:
 
 def decode(ids) -> str:
     """Inverse of :func:`encode` (``errors="replace"``); accepts a tensor of any shape or a sequence of ints."""
-    if isinstance(ids, torch.Tensor):
-        values = ids.detach().reshape(-1).tolist()
-    else:
-        values = [int(v) for v in ids]
-    for v in values:
-        if not 0 <= v < VOCAB_SIZE:
-            raise ValueError(f"token id {v} is outside the byte vocabulary [0, {VOCAB_SIZE})")
-    return bytes(values).decode("utf-8", errors="replace")
+    return bytes(token_list(ids, vocab=VOCAB_SIZE, what="byte")).decode("utf-8", errors="replace")
 
 
 # --------------------------------------------------------------------------- loading
@@ -254,8 +250,7 @@ def sample_prompts(
 
 def greedy_agreement(target, draft, ids: torch.LongTensor) -> float:
     """Fraction of positions where ``argmax draft == argmax target``, teacher-forced on ``ids`` ([B, T])."""
-    with torch.no_grad():
-        t = target(input_ids=ids).logits.argmax(-1)
-        d = draft(input_ids=ids).logits.argmax(-1)
+    t = reference_logits(target, ids).argmax(-1)
+    d = reference_logits(draft, ids).argmax(-1)
     return (t == d).float().mean().item()
 

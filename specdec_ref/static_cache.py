@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_ref.cache import ATOL, RTOL, ModelCache
+from specdec_ref.forward import weights_fingerprint
 
 __all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
 
@@ -117,12 +118,9 @@ def _cat_bias(linears, device, dtype):
     )
 
 
-#: Fused weights per model (see :meth:`StaticModelCache.refresh_weights`).
+#: Fused weights per model, keyed on :func:`~specdec_ref.forward.weights_fingerprint` (see
+#: :meth:`StaticModelCache.refresh_weights`).
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _weights_key(model: nn.Module) -> tuple:
-    return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
 class StaticModelCache(ModelCache):
@@ -184,14 +182,15 @@ class StaticModelCache(ModelCache):
         """Re-read the weights from the transformers module tree (after changing the model's parameters)."""
         self._fuse_weights()
         names = ("_layers", "_embed", "_final_norm", "_lm_w", "_lm_b", "_eps", "_final_eps")
-        _FUSED[self.model] = (_weights_key(self.model), {name: self.__dict__[name] for name in names})
+        _FUSED[self.model] = (weights_fingerprint(self.model), {name: self.__dict__[name] for name in names})
 
     def _load_weights(self) -> None:
         """Fused weights shared by every cache of a model whose parameters were not replaced or modified
-        in place since (keyed on storage and version counter), so a cache per decode call does not re-fuse.
+        in place since (keyed on :func:`~specdec_ref.forward.weights_fingerprint`), so a cache per decode
+        call does not re-fuse.
         Writes through ``.data`` bypass version counters: call :meth:`refresh_weights` after those."""
         cached = _FUSED.get(self.model)
-        if cached is not None and cached[0] == _weights_key(self.model):
+        if cached is not None and cached[0] == weights_fingerprint(self.model):
             self.__dict__.update(cached[1])
         else:
             self.refresh_weights()

@@ -9,6 +9,10 @@ top-p (nucleus, keeping the smallest prefix of the sorted distribution whose
 mass reaches ``top_p``, always at least one token), then softmax. Greedy skips
 temperature and filtering: its probabilities are ``softmax(logits)`` and the
 choice is their first-index argmax.
+
+Each step is a function (:func:`scale_temperature`, :func:`top_k_filter`, :func:`top_p_filter`;
+:func:`warp_logits` composes them, :func:`warp` is its softmax), so oracles that reason about the
+warped support (``properties.sequences``) call these very steps instead of re-implementing them.
 """
 from __future__ import annotations
 
@@ -42,22 +46,51 @@ class SamplingConfig:
 GREEDY = SamplingConfig(greedy=True)
 
 
-def warp(logits: torch.Tensor, config: SamplingConfig, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Probabilities ``[..., V]`` (in ``dtype``) that ``config`` samples from, given raw logits."""
+def scale_temperature(x: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``x / temperature`` (``x`` itself at temperature 1)."""
+    return x / temperature if temperature != 1.0 else x
+
+
+def top_k_filter(x: torch.Tensor, k: int | None) -> torch.Tensor:
+    """``x`` with every entry below the k-th largest of its row set to ``-inf`` (ties at the k-th are kept)."""
+    if k is None or k >= x.shape[-1]:
+        return x
+    kth = torch.topk(x, k, dim=-1).values[..., -1:]
+    return x.masked_fill(x < kth, float("-inf"))
+
+
+def nucleus_masses(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(order, sorted_p, mass_before)`` of ``x`` sorted descending: the sort permutation, the
+    softmax of the sorted row and the probability mass strictly before each sorted token."""
+    sorted_x, order = torch.sort(x, dim=-1, descending=True)
+    sorted_p = torch.softmax(sorted_x, dim=-1)
+    return order, sorted_p, sorted_p.cumsum(-1) - sorted_p
+
+
+def top_p_filter(x: torch.Tensor, top_p: float | None) -> torch.Tensor:
+    """``x`` with ``-inf`` outside the smallest sorted prefix whose mass reaches ``top_p`` (at least one token)."""
+    if top_p is None or top_p >= 1.0:
+        return x
+    order, _, mass_before = nucleus_masses(x)
+    drop_sorted = mass_before >= top_p  # keep tokens until the kept mass reaches top_p
+    drop = drop_sorted.scatter(-1, order, drop_sorted)
+    return x.masked_fill(drop, float("-inf"))
+
+
+def warp_logits(logits: torch.Tensor, config: SamplingConfig, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The logits ``[..., V]`` (in ``dtype``) that :func:`warp` takes the softmax of.
+
+    Temperature-scaled, then top-k, then top-p filtered (dropped tokens are ``-inf``); greedy
+    returns the raw logits cast to ``dtype``.
+    """
     x = logits.to(dtype)
     if config.greedy:
-        return torch.softmax(x, dim=-1)
-    if config.temperature != 1.0:
-        x = x / config.temperature
-    vocab = x.shape[-1]
-    if config.top_k is not None and config.top_k < vocab:
-        kth = torch.topk(x, config.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    if config.top_p is not None and config.top_p < 1.0:
-        sorted_x, order = torch.sort(x, dim=-1, descending=True)
-        sorted_p = torch.softmax(sorted_x, dim=-1)
-        mass_before = sorted_p.cumsum(-1) - sorted_p
-        drop_sorted = mass_before >= config.top_p  # keep tokens until the kept mass reaches top_p
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        x = x.masked_fill(drop, float("-inf"))
-    return torch.softmax(x, dim=-1)
+        return x
+    x = scale_temperature(x, config.temperature)
+    x = top_k_filter(x, config.top_k)
+    return top_p_filter(x, config.top_p)
+
+
+def warp(logits: torch.Tensor, config: SamplingConfig, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Probabilities ``[..., V]`` (in ``dtype``) that ``config`` samples from, given raw logits."""
+    return torch.softmax(warp_logits(logits, config, dtype), dim=-1)
