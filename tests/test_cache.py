@@ -8,7 +8,7 @@ from hypothesis import Phase, settings
 from transformers import DynamicCache
 
 from fixtures.mutants.cache import (
-    MUTANTS,
+    CACHE_CLASSES,
     CommitKeepsTentativeCache,
     CropZeroNoOpCache,
     OffByOneTrimCache,
@@ -258,9 +258,9 @@ def test_state_machine_passes_on_reference_batched():
     run_cache_machine(lambda: ModelCache(model, batch_size=2), model, REFERENCE_SETTINGS, batch_size=2)
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+@pytest.mark.parametrize("name", sorted(CACHE_CLASSES))
 def test_state_machine_fails_on_mutant(model, name):
-    mutant = MUTANTS[name]
+    mutant = CACHE_CLASSES[name]
     with pytest.raises(CacheMismatch) as info:
         run_cache_machine(lambda: mutant(model), model, MUTANT_SETTINGS)
     message = str(info.value)
@@ -281,9 +281,9 @@ def test_shrunk_counterexample_is_minimal():
 
 
 def test_mutants_named_in_brief_exist():
-    assert {OffByOneTrimCache, StalePositionsCache, OneLayerNotTrimmedCache, CropZeroNoOpCache} <= set(MUTANTS.values())
-    assert CommitKeepsTentativeCache in MUTANTS.values()
-    for cls in MUTANTS.values():
+    assert {OffByOneTrimCache, StalePositionsCache, OneLayerNotTrimmedCache, CropZeroNoOpCache} <= set(CACHE_CLASSES.values())
+    assert CommitKeepsTentativeCache in CACHE_CLASSES.values()
+    for cls in CACHE_CLASSES.values():
         assert issubclass(cls, ModelCache) and "Bug class" in cls.__doc__
 
 

@@ -1,4 +1,5 @@
-"""Every known-buggy verifier is rejected by the check that guards its bug class; the reference by none."""
+"""Every known-buggy backend (verifier, decoder and cache mutants: one registry) is rejected by the checks
+that guard its bug class; the reference by none."""
 import os
 import subprocess
 import sys
@@ -6,14 +7,30 @@ import sys
 import pytest
 
 from conformance.registry import CheckContext, all_cases, run_case
-from fixtures.mutants.decoder import MUTANTS as DECODER_MUTANTS
-from fixtures.mutants.verifier import MUTANTS
+from conformance.backends import load_backend
+from fixtures.mutants import MUTANTS as ALL_MUTANTS
+from fixtures.mutants import cache, decoder, verifier
 from specdec_ref.backend import reference_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-ALL_MUTANTS = {**MUTANTS, **DECODER_MUTANTS}
+
+def test_registry_names_are_unique_and_every_kind_is_scored():
+    modules = {"verifier": verifier, "decoder": decoder, "cache": cache}
+    assert sum(len(m.MUTANTS) for m in modules.values()) == len(ALL_MUTANTS)
+    for kind, module in modules.items():
+        assert module.MUTANTS and all(ALL_MUTANTS[n] is m and m.kind == kind for n, m in module.MUTANTS.items()), kind
+    assert set(cache.CACHE_CLASSES) == set(cache.MUTANTS)
+    assert all(name.startswith("cache_") for name in cache.MUTANTS)
+
+
+@pytest.mark.parametrize("name", list(ALL_MUTANTS))
+def test_mutant_spec_loads_a_backend_of_that_name(name):
+    mutant = ALL_MUTANTS[name]
+    assert mutant.spec == f"fixtures.mutants.{mutant.kind}:{name}"
+    backend = load_backend(mutant.spec)  # runs specdec_ref.contract.check_backend
+    assert backend.name == f"mutant.{name}"
 
 
 @pytest.mark.parametrize("name", list(ALL_MUTANTS))
@@ -25,11 +42,13 @@ def test_mutant_is_killed_by_its_check(name):
         outcomes = []
         for case in all_cases([check]):  # a check fails when any of its cases fails: stop at the first
             record = run_case(case, backend, CheckContext())
-            assert record.status != "error", f"harness error instead of a named failure on mutant {name}: {record.message}"
+            assert record.status != "error" or record.error_source == "backend", (
+                f"the check itself raised instead of judging mutant {name}: {record.message}"
+            )
             outcomes.append(record.status)
-            if record.status == "failed":
+            if record.rejects:  # failed, or the mutant's bug made it raise (an error from a backend call)
                 break
-        assert "failed" in outcomes, f"mutant {name} ({mutant.bug}) survived {check} ({len(outcomes)} cases passed)"
+        assert outcomes[-1] in ("failed", "error"), f"mutant {name} ({mutant.bug}) survived {check} ({len(outcomes)} cases passed)"
 
 
 def test_every_registered_mutant_names_registered_checks():
