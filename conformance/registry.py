@@ -1,36 +1,61 @@
-"""Checks as plain functions, collected in one registry (scikit-learn's parametrize_with_checks style).
+"""Checks as plain functions in one registry, and the one core that runs a check case.
 
 A check is ``func(backend, ctx, **params)``: it raises ``AssertionError`` (or a
-subclass) when the backend breaks the contract and returns nothing or a list of
-:class:`properties.stats.FitResult` it computed. Each check names the bug class
-it guards against and the capabilities it needs. The pytest layer
-(``conformance/test_*.py``) parametrises over :func:`all_cases`; without pytest,
-:func:`run_checks` returns one record per case.
+subclass) when the backend breaks the contract, :class:`NotApplicable` when its
+case does not apply, and records every statistical test it makes with
+``ctx.record(result)``. Each check names the bug class it guards against and the
+capabilities it needs (scikit-learn's ``parametrize_with_checks`` style).
+
+:func:`run_case` is the only place a check runs: under pytest (the thin adapter
+in :mod:`conformance.plugin`), in :func:`run_checks`, in replays, in the
+mutation score and in the benchmarks. It loads the context's profile
+(:mod:`conformance.profiles`), arms the time limit, and turns every outcome into
+a :class:`CheckRecord`, so a check gives the same result however it is run.
+
+Ids (stable; what ``--specdec-xfails`` lines and ``-k`` name):
+
+* a check id is the function name without ``check_``: lowercase words joined by ``_``;
+* a case id names *roles*, never tuned values: lowercase words joined by ``_``, parts
+  joined by ``-`` (``balanced-j0``, ``llama-greedy``, ``top_p``);
+* a test id is ``<check id>`` for a check with one case, else ``<check id>-<case id>``.
+
+Outcomes: ``passed``; ``failed`` (the backend broke the contract); ``error`` (the
+backend raised); ``inconclusive`` (a statistical check whose tests cannot detect
+even a large deviation, e.g. N = 0: never a pass); ``skipped`` (capability not
+claimed, or case not applicable, with the reason).
 """
 from __future__ import annotations
 
+import re
 import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from properties.sampling import BackendError
+from properties.stats import judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
+from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, get_profile, use_profile
 from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
 
-DEFAULT_SEED = 20261129
+STATUSES = ("passed", "failed", "error", "inconclusive", "skipped")
 
-#: Sample-size multiplier per Hypothesis profile name; ``ci`` is sized for the stated power.
-PROFILE_SAMPLE_SCALE = {"dev": 0.1, "default": 1.0, "ci": 1.0, "thorough": 4.0}
+CHECK_ID = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
+CASE_ID = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*(?:-[a-z0-9]+(?:_[a-z0-9]+)*)*")
+
+
+class NotApplicable(Exception):
+    """Raised by a check whose case does not apply (e.g. a stopping position the scenario never reaches)."""
 
 
 @dataclass
 class CheckContext:
-    """What a check needs besides the backend: seed, sample scale, and where results go."""
+    """What a check needs besides the backend: seed, profile, time limit, and where results go."""
 
     seed: int = DEFAULT_SEED
-    profile: str = "ci"
+    profile: str = DEFAULT_PROFILE
     results: list = field(default_factory=list)
     findings: list = field(default_factory=list)  # non-failing observations, e.g. classified numerical flips
     replay: str = ""  # the command that re-runs the current check, shown in failures
@@ -38,7 +63,7 @@ class CheckContext:
 
     @property
     def sample_scale(self) -> float:
-        return PROFILE_SAMPLE_SCALE.get(self.profile, 1.0)
+        return get_profile(self.profile).sample_scale
 
     def seed_for(self, *parts: Any) -> int:
         """A seed that depends only on the base seed and ``parts`` (never on worker or order)."""
@@ -60,7 +85,7 @@ class Check:
 
     @property
     def family(self) -> str:
-        """The module's concept: ``verifier``, ``decoder`` or ``cache`` (one conformance test file each)."""
+        """The module's concept: ``verifier``, ``decoder``, ``cache`` or ``contract`` (one test file each)."""
         return self.func.__module__.rsplit(".", 1)[-1].removesuffix("_checks")
 
     @property
@@ -83,6 +108,7 @@ class CheckCase:
         return self.check.group(self.params) if self.check.group else self.id
 
     def run(self, backend, ctx: CheckContext):
+        """Call the check function itself (no profile, limit or outcome handling: use :func:`run_case`)."""
         __tracebackhide__ = True
         return self.check.func(backend, ctx, **self.params)
 
@@ -102,19 +128,22 @@ def check(
     requires = tuple(requires)
     for flag in requires:
         check_requirement(flag)
+    cases = tuple(cases) if cases is not None else (("", {}),)
 
     def register(func):
         name = func.__name__.removeprefix("check_")
         if name in CHECKS:
             raise ValueError(f"duplicate check name {name!r}")
+        if not CHECK_ID.fullmatch(name):
+            raise ValueError(f"check id {name!r} must be lowercase words joined by '_'")
+        ids = [case_id for case_id, _ in cases]
+        for case_id in ids:
+            if case_id and not CASE_ID.fullmatch(case_id):
+                raise ValueError(f"{name}: case id {case_id!r} must be role names ([a-z0-9_]) joined by '-'")
+        if len(set(ids)) != len(ids) or ("" in ids and len(ids) > 1):
+            raise ValueError(f"{name}: case ids must be unique (and '' only for a single case): {ids}")
         CHECKS[name] = Check(
-            name=name,
-            func=func,
-            guards=guards,
-            requires=requires,
-            cases=tuple(cases) if cases is not None else (("", {}),),
-            group=group,
-            statistical=statistical,
+            name=name, func=func, guards=guards, requires=requires, cases=cases, group=group, statistical=statistical
         )
         return func
 
@@ -122,8 +151,16 @@ def check(
 
 
 def all_cases(names: Iterable[str] | None = None) -> list[CheckCase]:
-    _load_check_modules()
-    selected = CHECKS if names is None else {n: CHECKS[n] for n in names}
+    """Every registered case (or those of the checks ``names``), in registration order."""
+    load_check_modules()
+    if names is None:
+        selected = CHECKS
+    else:
+        names = list(names)
+        unknown = [n for n in names if n not in CHECKS]
+        if unknown:
+            raise KeyError(f"unknown check(s) {unknown}; registered: {sorted(CHECKS)}")
+        selected = {n: CHECKS[n] for n in names}
     return [CheckCase(c, case_id, params) for c in selected.values() for case_id, params in c.cases]
 
 
@@ -131,59 +168,127 @@ def missing_capabilities(case: CheckCase, backend) -> list[str]:
     return [flag for flag in case.check.requires if not backend.capabilities.has(flag)]
 
 
+def skip_reason(missing: list[str], backend) -> str:
+    return f"backend {getattr(backend, 'name', '?')!r} does not claim capability {', '.join(missing)}"
+
+
 @dataclass
 class CheckRecord:
-    """One check case's outcome, as data (for reports and for tests of the harness)."""
+    """One check case's outcome, as data (for the certificate, ``run_checks`` users and the harness's tests).
+
+    ``power`` is ``"full"``, ``"reduced"`` or ``"inconclusive"`` for a statistical check that ran
+    (see :func:`properties.stats.judge_power`), else None. ``error_type``, ``error_source`` and
+    ``traceback`` are set for ``error``: ``error_source`` is ``"backend"`` when the exception came out
+    of a backend call (:class:`properties.sampling.BackendError`), ``"check"`` when nothing attributes
+    it to one (a fault of the check itself, or a backend object raising outside the call helpers).
+    ``exception`` keeps the raised exception (not serialised).
+    """
 
     id: str
     check: str
     guards: str
-    status: str  # "passed" | "failed" | "skipped" | "error"
+    status: str
     message: str = ""
     seconds: float = 0.0
     statistics: list[dict] = field(default_factory=list)
     findings: list[dict] = field(default_factory=list)
+    requires: list[str] = field(default_factory=list)
+    missing_capabilities: list[str] = field(default_factory=list)
+    power: str | None = None
+    error_type: str | None = None
+    error: str | None = None  # "Type: message" of the raised exception itself (what errors are grouped by)
+    error_source: str | None = None
+    traceback: str | None = None
+    exception: BaseException | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def rejects(self) -> bool:
+        """The check rejected the backend: it failed, or the backend raised during it."""
+        return self.status == "failed" or (self.status == "error" and self.error_source == "backend")
+
+    def as_entry(self) -> dict[str, Any]:
+        """The certificate's form of this record (JSON-serialisable)."""
+        return {
+            "check_id": self.id,
+            "check": self.check,
+            "status": self.status,
+            "message": self.message,
+            "guards": self.guards,
+            "requires": list(self.requires),
+            "missing_capabilities": list(self.missing_capabilities),
+            "statistics": list(self.statistics),
+            "findings": list(self.findings),
+            "power": self.power,
+            "error_type": self.error_type,
+            "error": self.error,
+            "error_source": self.error_source,
+            "traceback": self.traceback,
+            "duration": self.seconds,
+        }
+
+
+def _message(exc: BaseException) -> str:
+    notes = getattr(exc, "__notes__", None) or []
+    return "\n".join([str(exc), *notes]) if notes else str(exc)
+
+
+def _backend_exception(exc: BaseException) -> BaseException:
+    return exc.__cause__ if isinstance(exc, BackendError) and exc.__cause__ is not None else exc
 
 
 def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None = None) -> CheckRecord:
-    """Run one case and turn any outcome into a record; never raises.
+    """Run one case under ``ctx``'s profile and time limit and turn any outcome into a record; never raises
+    (``KeyboardInterrupt`` and ``SystemExit`` pass through).
 
-    ``timeout`` (seconds; default ``ctx.timeout``, 0 disables) limits the case's wall-clock
-    time: a backend that does not return gives a "failed" record whose message comes from
-    :class:`conformance.watchdog.BackendTimeout` (see that module for the limitations).
+    ``timeout`` (seconds; default ``ctx.timeout``, 0 disables) limits the case's wall-clock time: a
+    backend that does not return gives a ``failed`` record from
+    :class:`conformance.watchdog.BackendTimeout`.
     """
+    record = CheckRecord(case.id, case.check.name, case.check.guards, "passed", requires=list(case.check.requires))
     missing = missing_capabilities(case, backend)
     if missing:
-        return CheckRecord(case.id, case.check.name, case.check.guards, "skipped", f"backend does not claim {missing}")
+        record.status, record.message, record.missing_capabilities = "skipped", skip_reason(missing, backend), missing
+        return record
     ctx.results, ctx.findings = [], []
     start = time.perf_counter()
     try:
-        with time_limit(ctx.timeout if timeout is None else timeout, case.id):
+        with use_profile(ctx.profile), time_limit(ctx.timeout if timeout is None else timeout, case.id):
             case.run(backend, ctx)
-        status, message = "passed", ""
-    except AssertionError as exc:
-        status, message = "failed", str(exc)
+    except NotApplicable as exc:
+        record.status, record.message = "skipped", f"not applicable: {exc}"
     except NotSupportedError as exc:
-        status, message = "failed", f"backend claims {list(case.check.requires)} but raised NotSupportedError: {exc}"
-    except Exception as exc:  # a misbehaving backend is a named failure, never a crashed harness
-        status, message = "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
-    return CheckRecord(
-        case.id,
-        case.check.name,
-        case.check.guards,
-        status,
-        message,
-        time.perf_counter() - start,
-        [r.as_record() for r in ctx.results],
-        list(ctx.findings),
-    )
+        record.status = "failed"
+        record.message = f"backend claims {list(case.check.requires)} but raised NotSupportedError: {exc}"
+        record.exception = exc
+    except AssertionError as exc:
+        record.status, record.message, record.exception = "failed", _message(exc), exc
+    except Exception as exc:  # a backend that raises is a named error, never a crashed harness
+        raised = _backend_exception(exc)
+        record.status, record.exception = "error", exc
+        record.error_type = type(raised).__name__
+        record.error_source = "backend" if isinstance(exc, BackendError) else "check"
+        record.error = f"{record.error_type}: {raised}"
+        where = f" (in {exc})" if raised is not exc else " (raised inside the check, not by a backend call)"
+        record.message = record.error + where
+        record.traceback = "".join(traceback.format_exception(type(raised), raised, raised.__traceback__))
+    record.seconds = time.perf_counter() - start
+    record.statistics = [r.as_record() for r in ctx.results]
+    record.findings = list(ctx.findings)
+    if case.check.statistical and record.status in ("passed", "failed"):
+        record.power, why = judge_power(record.statistics)
+        if record.status == "passed" and record.power == "inconclusive":
+            record.status, record.message = "inconclusive", why
+    return record
 
 
-def run_checks(backend, ctx: CheckContext | None = None, names: Iterable[str] | None = None) -> list[CheckRecord]:
-    """Run every registered check (or ``names``) on ``backend``: one record per case."""
+def run_checks(
+    backend, ctx: CheckContext | None = None, names: Iterable[str] | None = None, timeout: float | None = None
+) -> list[CheckRecord]:
+    """Run every registered check (or the checks ``names``) on ``backend``: one record per case."""
     ctx = ctx or CheckContext()
-    return [run_case(case, backend, ctx) for case in all_cases(names)]
+    return [run_case(case, backend, ctx, timeout=timeout) for case in all_cases(names)]
 
 
-def _load_check_modules() -> None:
-    from . import cache_checks, contract_checks, decoder_checks, verifier_checks  # noqa: F401  (registers on import)
+def load_check_modules() -> None:
+    """Import the check modules (they register on import)."""
+    from . import cache_checks, contract_checks, decoder_checks, verifier_checks  # noqa: F401

@@ -19,20 +19,19 @@ derandomised: a replay under it reruns the check, not the exact examples).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from .registry import CHECKS, DEFAULT_SEED, CheckCase, CheckContext, CheckRecord, all_cases, run_case
+from .profiles import DEFAULT_SEED, PROFILES
+from .registry import CHECKS, CheckCase, CheckContext, CheckRecord, all_cases, run_case
 from .report import write_atomic
 
 SCHEMA = "specdec-replay/1"
 REQUIRED_KEYS = ("schema", "check", "case", "params", "seed", "profile", "bug_class", "note")
 OPTIONAL_KEYS = ("scenario",)
-PROFILES = ("ci", "dev", "thorough")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE_DIR = os.path.join(ROOT, "fixtures", "replays")
@@ -212,25 +211,9 @@ def save_replay(path, check, case_id, params, seed, profile, bug_class, note, sc
     return replay
 
 
-@contextlib.contextmanager
-def hypothesis_profile(name: str) -> Iterator[None]:
-    """Load Hypothesis profile ``name`` for the duration (the suite's profiles are registered first)."""
-    from hypothesis import settings
-
-    import properties.profiles  # noqa: F401  (registers ci, dev, thorough)
-
-    previous = getattr(settings, "_current_profile", None) or "default"
-    settings.load_profile(name)
-    try:
-        yield
-    finally:
-        settings.load_profile(previous)
-
-
 def run_replay(replay: Replay, backend, timeout: float | None = None) -> CheckRecord:
     """Re-run the replay's case on ``backend`` with its seed and profile; never raises (see ``run_case``)."""
-    with hypothesis_profile(replay.profile):
-        return run_case(replay.case, backend, replay.context(), timeout=timeout)
+    return run_case(replay.case, backend, replay.context(), timeout=timeout)
 
 
 # ----------------------------------------------------------------------------- fixtures from the mutants
@@ -240,15 +223,14 @@ def first_failing_case(mutant, ctx_seed: int = DEFAULT_SEED, profile: str = "ci"
     """The first case of the mutant's first ``must_fail`` check that fails on it."""
     backend = mutant.backend()
     check = mutant.must_fail[0]
-    with hypothesis_profile(profile):
-        for case in all_cases([check]):
-            record = run_case(case, backend, CheckContext(seed=ctx_seed, profile=profile))
-            if record.status == "failed":
-                return case, record
+    for case in all_cases([check]):
+        record = run_case(case, backend, CheckContext(seed=ctx_seed, profile=profile))
+        if record.rejects:
+            return case, record
     raise RuntimeError(f"mutant {mutant.name} fails no case of {check}: cannot make its replay fixture")
 
 
-def fixture_for(mutant, case: CheckCase, module: str, seed: int = DEFAULT_SEED, profile: str = "ci") -> dict:
+def fixture_for(mutant, case: CheckCase, seed: int = DEFAULT_SEED, profile: str = "ci") -> dict:
     from properties.scenarios import STAT_SCENARIOS
 
     rel = f"fixtures/replays/{mutant.name}.json"
@@ -264,27 +246,26 @@ def fixture_for(mutant, case: CheckCase, module: str, seed: int = DEFAULT_SEED, 
         bug_class=mutant.bug.splitlines()[0],
         note=(
             f"Reproduced by the {mutant.name!r} mutant: "
-            f"python -m conformance.replay {rel} --backend fixtures.mutants.{module}:{mutant.name}"
+            f"python -m conformance.replay {rel} --backend {mutant.spec}"
         ),
         scenario=scenario,
     )
 
 
 def regenerate(folder: str = FIXTURE_DIR, names: list[str] | None = None, log=print) -> list[str]:
-    """Rebuild one fixture per verifier and decoder mutant (deterministic: fixed seed, ci profile)."""
-    from fixtures.mutants import decoder, verifier
+    """Rebuild one fixture per mutant of ``fixtures.mutants.MUTANTS`` (deterministic: fixed seed, ci profile)."""
+    from fixtures.mutants import MUTANTS
 
     written = []
-    for module, mutants in (("verifier", verifier.MUTANTS), ("decoder", decoder.MUTANTS)):
-        for name, mutant in mutants.items():
-            if names and name not in names:
-                continue
-            case, record = first_failing_case(mutant)
-            data = fixture_for(mutant, case, module)
-            path = os.path.join(folder, f"{name}.json")
-            save_replay(path, **{("case_id" if k == "case" else k): v for k, v in data.items() if k != "schema"})
-            written.append(path)
-            log(f"{os.path.relpath(path)}: {case.id} ({record.seconds:.1f} s)")
+    for name, mutant in MUTANTS.items():
+        if names and name not in names:
+            continue
+        case, record = first_failing_case(mutant)
+        data = fixture_for(mutant, case)
+        path = os.path.join(folder, f"{name}.json")
+        save_replay(path, **{("case_id" if k == "case" else k): v for k, v in data.items() if k != "schema"})
+        written.append(path)
+        log(f"{os.path.relpath(path)}: {case.id} ({record.seconds:.1f} s)")
     return written
 
 
@@ -292,14 +273,12 @@ def regenerate(folder: str = FIXTURE_DIR, names: list[str] | None = None, log=pr
 
 
 def _load_backend(spec: str | None):
-    import pytest
+    from .backends import BackendLoadError, load_backend, resolve_spec
 
-    from .plugin import DEFAULT_BACKEND, ENV_BACKEND, load_backend
-
-    spec = spec or os.environ.get(ENV_BACKEND) or DEFAULT_BACKEND
+    spec = resolve_spec(spec)
     try:
         return spec, load_backend(spec)
-    except pytest.UsageError as exc:
+    except BackendLoadError as exc:
         raise SystemExit(f"error: {exc}") from None
 
 

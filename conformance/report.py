@@ -1,17 +1,26 @@
-"""The conformance certificate: JSON for machines, Markdown for the person who reads it first.
+"""The certificate and the verdict: one function decides, every output (terminal, JSON, Markdown) prints it.
 
-Plain functions, no pytest state: the plugin collects one entry per conformance
-test item (see :func:`new_entry` / :func:`merge_phase`) and at session end calls
-:func:`build_certificate`, :func:`render_markdown` and :func:`write_atomic`.
+Plain functions, no pytest state. Entries are dicts, one per check case: the plugin
+builds them from the items' phase reports (:func:`new_entry` / :func:`merge_phase`),
+``run_checks`` users from records (:func:`certificate_for_records`); both go
+through :func:`build_certificate`, which computes the verdict once.
 
-``certified`` is true only when no conformance item failed (an unexpectedly
-passing strict xfail counts as failed), the session ran to completion, and at
-least one item passed. Items listed in ``--specdec-xfails`` that fail as
-expected (``xfailed``) do not break certification, but they are listed in the
-certificate (``xfailed`` entries and the ``xfails`` section) and the Markdown
-verdict says "CERTIFIED with N listed exceptions", so a certificate with
-exceptions never reads like a clean one. A run in which nothing passed (every
-item skipped or xfailed) certifies nothing.
+The verdict has three levels, worded the same everywhere (``cert["verdict"]["headline"]``):
+
+* ``CERTIFIED`` -- every claimed check passed, every statistical test at the power it states
+  (:data:`properties.stats.TARGET_POWER` against its alternative);
+* ``CERTIFIED AT REDUCED POWER: detects TV >= x`` -- every claimed check passed, but some
+  statistical tests had fewer samples (e.g. a backend that is not batched, or the ``dev``
+  profile); ``x`` is the largest TV such a test needs to detect a deviation with that power,
+  and the checks that set it are named;
+* ``NOT CERTIFIED`` -- a check failed, raised (``error``), was ``inconclusive`` (too few
+  samples to detect even TV :data:`properties.stats.INCONCLUSIVE_TV`), the session did not
+  complete, or nothing passed.
+
+Listed known failures (``--specdec-xfails``) that fail as expected are ``xfailed``: they do
+not break certification but are named ("with N listed exception(s)"). Errors are grouped by
+exception type and message, with the first traceback kept once. The family-wise false-alarm
+bound is the sum of the per-test alphas (Bonferroni), computed here only.
 """
 from __future__ import annotations
 
@@ -20,17 +29,23 @@ import os
 import tempfile
 from typing import Any, Iterable
 
-SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "skipped", "xfailed")
+SCHEMA_VERSION = 2
+STATUSES = ("passed", "failed", "error", "inconclusive", "skipped", "xfailed")
+CERTIFIED = "CERTIFIED"
+REDUCED = "CERTIFIED AT REDUCED POWER"
+NOT_CERTIFIED = "NOT CERTIFIED"
+#: How many checks the reduced-power headline names.
+NAMED_LIMITS = 3
 
 
-def new_entry(nodeid: str) -> dict[str, Any]:
+def new_entry(nodeid: str | None, check_id: str | None = None) -> dict[str, Any]:
     return {
         "nodeid": nodeid,
-        "check_id": None,
+        "check_id": check_id,
+        "check": None,
         "status": None,
         "phase": None,  # the phase that decided a non-pass status (setup/call/teardown)
-        "message": "",  # first line of the failure message
+        "message": "",
         "skip_reason": None,
         "missing_capabilities": [],
         "xfail_reason": None,
@@ -38,8 +53,30 @@ def new_entry(nodeid: str) -> dict[str, Any]:
         "guards": None,
         "statistics": [],
         "findings": [],  # e.g. greedy divergences classified as numerical flips
+        "power": None,  # full | reduced | inconclusive for a statistical check that ran
+        "error_type": None,
+        "error": None,  # "Type: message" of the exception itself: what errors are grouped by
+        "error_source": None,  # "backend" (raised by a backend call) or "check"
+        "traceback": None,
         "duration": 0.0,
     }
+
+
+_RECORD_FIELDS = ("check", "message", "guards", "requires", "missing_capabilities", "statistics", "findings",
+                  "power", "error_type", "error", "error_source", "traceback")
+#: Statuses a phase has already decided: a later phase does not change them.
+_DECIDED = ("failed", "error", "inconclusive", "xfailed", "skipped")
+
+
+def entry_from_record(record: dict[str, Any], nodeid: str | None = None) -> dict[str, Any]:
+    """A certificate entry from a :meth:`conformance.registry.CheckRecord.as_entry` dict (no pytest)."""
+    entry = new_entry(nodeid, record["check_id"])
+    entry.update({k: record[k] for k in _RECORD_FIELDS}, status=record["status"], duration=record["duration"])
+    if record["status"] != "passed":
+        entry["phase"] = "call"
+    if record["status"] == "skipped":
+        entry["skip_reason"] = record["message"]
+    return entry
 
 
 def merge_phase(
@@ -52,26 +89,31 @@ def merge_phase(
     longrepr_message: str = "",
     wasxfail: str | None = None,
 ) -> None:
-    """Fold one phase report (setup / call / teardown) into the item's entry."""
+    """Fold one pytest phase report (setup / call / teardown) into the item's entry.
+
+    The call phase carries the core's record (``specdec_record``, see the plugin's adapter): its
+    status wins, except where pytest knows better (an expected failure is ``xfailed``, a strict
+    xfail that passed is ``failed``, a failing fixture is an ``error``). A non-pass outcome of an
+    earlier phase is final.
+    """
     entry["duration"] += float(duration or 0.0)
-    if "specdec_check" in props:
-        entry["check_id"] = props["specdec_check"]
-    if "specdec_requires" in props:
+    if "specdec_requires" in props and not entry["requires"]:
         entry["requires"] = list(props["specdec_requires"])
-    if "specdec_guards" in props:
-        entry["guards"] = props["specdec_guards"]
-    if "specdec_statistics" in props:
-        entry["statistics"] = list(props["specdec_statistics"])
-    if "specdec_findings" in props:
-        entry["findings"] = list(props["specdec_findings"])
-    if entry["status"] == "failed":
-        return  # a failure in any phase is final
+    record = props.get("specdec_record") if when == "call" else None
+    if record is not None:
+        entry.update({k: record[k] for k in _RECORD_FIELDS})
+    if entry["status"] in _DECIDED:
+        return
     if outcome == "failed":
-        entry.update(status="failed", phase=when, message=longrepr_message)
+        if record is not None and record["status"] in ("failed", "error", "inconclusive"):
+            entry.update(status=record["status"], phase=when)
+        else:  # a failing fixture, or a strict xfail that passed
+            entry.update(status="failed" if when == "call" else "error", phase=when, message=longrepr_message)
     elif outcome == "skipped" and wasxfail is not None:
-        entry.update(status="xfailed", phase=when, xfail_reason=wasxfail, message=longrepr_message)
+        entry.update(status="xfailed", phase=when, xfail_reason=wasxfail, message=longrepr_message or entry["message"])
     elif outcome == "skipped":
-        entry.update(status="skipped", phase=when, skip_reason=longrepr_message)
+        reason = record["message"] if record is not None else longrepr_message
+        entry.update(status="skipped", phase=when, skip_reason=reason)
     elif outcome == "passed" and when == "call":
         entry["status"] = "passed"
 
@@ -102,6 +144,65 @@ def first_line(text: Any) -> str:
     return ""
 
 
+# ----------------------------------------------------------------------------- the verdict
+
+
+def _entry_detects(entry: dict[str, Any]) -> float:
+    values = [s.get("detects") for s in entry["statistics"]]
+    return max((v for v in values if v is not None), default=0.0)
+
+
+def group_errors(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Errors grouped by the exception (type and message), largest group first."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for e in entries:
+        if e["status"] != "error":
+            continue
+        key = (e.get("error_type") or "error", first_line(e.get("error") or e["message"]), e.get("error_source"))
+        group = groups.setdefault(
+            key, {"error_type": key[0], "message": key[1], "source": key[2], "count": 0, "checks": [],
+                  "traceback": e.get("traceback")},
+        )
+        group["count"] += 1
+        group["checks"].append(e["check_id"] or e["nodeid"])
+        group["traceback"] = group["traceback"] or e.get("traceback")
+    return sorted(groups.values(), key=lambda g: -g["count"])
+
+
+def decide_verdict(entries: list[dict[str, Any]], totals: dict[str, int], *, spec: str, complete: bool,
+                   exitstatus: int | None, backend_error: str | None) -> dict[str, Any]:
+    """The verdict: level, headline (the same words in every output) and the sentence after it."""
+    skipped = f"{totals['skipped']} skipped (unclaimed capabilities or cases that do not apply)"
+    if totals["xfailed"]:
+        skipped += f", with {totals['xfailed']} listed exception(s) (xfail)"
+    limits: list[dict[str, Any]] = []
+    if not complete:
+        level, headline = NOT_CERTIFIED, f"{NOT_CERTIFIED}: the session did not complete"
+        detail = f"exit status {exitstatus}" + (f"; backend: {backend_error}" if backend_error else "")
+    elif totals["failed"] or totals["error"] or totals["inconclusive"]:
+        parts = [f"{totals[s]} {s}" for s in ("failed", "error", "inconclusive") if totals[s]]
+        level, headline = NOT_CERTIFIED, f"{NOT_CERTIFIED}: {', '.join(parts)}"
+        detail = f"`{spec}` did not pass {totals['failed'] + totals['error'] + totals['inconclusive']} conformance check(s) it claims"
+    elif totals["passed"] == 0:
+        level, headline = NOT_CERTIFIED, f"{NOT_CERTIFIED}: no conformance check passed"
+        detail = f"`{spec}`: {skipped}"
+    else:
+        reduced = [e for e in entries if e["status"] == "passed" and e.get("power") == "reduced"]
+        detail = f"`{spec}` passed all {totals['passed']} conformance checks it claims; {skipped}"
+        if reduced:
+            ranked = sorted(reduced, key=_entry_detects, reverse=True)
+            x = _entry_detects(ranked[0])
+            limits = [{"check_id": e["check_id"], "detects": _entry_detects(e)} for e in ranked]
+            named = ", ".join(f"{lim['check_id']} ({lim['detects']:.3g})" for lim in limits[:NAMED_LIMITS])
+            more = f" and {len(limits) - NAMED_LIMITS} more" if len(limits) > NAMED_LIMITS else ""
+            level, headline = REDUCED, f"{REDUCED}: detects TV >= {x:.3g}"
+            detail += f"; too few samples for full power in {len(limits)} check(s), the weakest: {named}{more}"
+        else:
+            level, headline = CERTIFIED, CERTIFIED
+            detail += "; every statistical test at its stated power"
+    return {"level": level, "headline": headline, "detail": detail, "reduced_power": limits}
+
+
 def build_certificate(
     entries: Iterable[dict[str, Any]],
     *,
@@ -110,29 +211,35 @@ def build_certificate(
     backend: dict[str, Any] | None,
     profile: str,
     seed: int,
-    exitstatus: int,
+    exitstatus: int | None,
     xfails: Iterable[tuple[str, str]] = (),
     backend_error: str | None = None,
 ) -> dict[str, Any]:
-    entries = sorted(entries, key=lambda e: e["nodeid"])
+    """The certificate: every entry, totals, grouped errors, the family-wise bound and the verdict.
+
+    ``exitstatus`` is pytest's (0 or 1 mean the session ran to its end), or None outside pytest.
+    """
+    entries = sorted(entries, key=lambda e: (e["check_id"] or "", e["nodeid"] or ""))
     claimed = (backend or {}).get("capabilities") or {}
     for e in entries:
         if e["status"] is None:  # no phase decided it (e.g. interrupted mid-item)
-            e["status"] = "failed"
+            e["status"] = "error"
             e["message"] = e["message"] or "no outcome recorded"
-        if e["status"] == "skipped" and e["requires"] and claimed:
+        if e["status"] == "skipped" and e["requires"] and claimed and not e["missing_capabilities"]:
             e["missing_capabilities"] = [flag for flag in e["requires"] if not claimed.get(flag, False)]
     totals = {s: sum(1 for e in entries if e["status"] == s) for s in STATUSES}
     totals["total"] = len(entries)
     stats = [s for e in entries for s in e["statistics"]]
-    complete = exitstatus in (0, 1) and backend_error is None  # OK or TESTS_FAILED: the session ran to its end
-    certified = complete and totals["failed"] == 0 and totals["passed"] > 0
+    complete = (exitstatus is None or exitstatus in (0, 1)) and backend_error is None
+    verdict = decide_verdict(entries, totals, spec=backend_spec, complete=complete, exitstatus=exitstatus,
+                             backend_error=backend_error)
     return {
         "schema_version": SCHEMA_VERSION,
         "suite_version": suite_version,
-        "certified": certified,
+        "certified": verdict["level"] != NOT_CERTIFIED,
+        "verdict": verdict,
         "complete": complete,
-        "exitstatus": int(exitstatus),
+        "exitstatus": exitstatus,
         "backend_spec": backend_spec,
         "backend": backend,
         "backend_error": backend_error,
@@ -141,75 +248,131 @@ def build_certificate(
         "totals": totals,
         "statistical_tests": len(stats),
         "family_wise_alpha_bound": sum((float(s.get("alpha", 0.0)) for s in stats), 0.0),
-        "xfails": [{"prefix": p, "reason": r} for p, r in xfails],
+        "errors": group_errors(entries),
+        "xfails": [{"line": p, "reason": r} for p, r in xfails],
         "items": entries,
     }
+
+
+def certificate_for_records(records, *, backend, backend_spec: str = "", profile: str = "ci", seed: int | None = None) -> dict:
+    """The certificate of :func:`conformance.run_checks` records (no pytest): the same verdict as the plugin's."""
+    import specdec_ref
+
+    from .profiles import DEFAULT_SEED
+
+    return build_certificate(
+        [entry_from_record(r.as_entry()) for r in records],
+        suite_version=specdec_ref.__version__,
+        backend_spec=backend_spec or getattr(backend, "name", "?"),
+        backend=backend_info(backend),
+        profile=profile,
+        seed=DEFAULT_SEED if seed is None else seed,
+        exitstatus=None,
+    )
+
+
+def backend_info(backend) -> dict[str, Any]:
+    return {
+        "name": getattr(backend, "name", None),
+        "version": getattr(backend, "version", None),
+        "capabilities": backend.capabilities.as_dict(),
+    }
+
+
+def statistics_line(cert: dict[str, Any]) -> str:
+    if not cert["statistical_tests"]:
+        return "no statistical tests ran"
+    alphas = [s.get("alpha", 0.0) for e in cert["items"] for s in e["statistics"]]
+    return (
+        f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}: family-wise "
+        f"false-alarm probability <= {cert['family_wise_alpha_bound']:.2g} (Bonferroni: the sum of the per-test alphas)"
+    )
+
+
+def verdict_lines(cert: dict[str, Any], *, tracebacks: bool = True) -> list[str]:
+    """The verdict as the terminal prints it (the Markdown header uses the same headline and detail)."""
+    v = cert["verdict"]
+    lines = [statistics_line(cert), f"{v['headline']}: {v['detail']}"]
+    for status in ("failed", "inconclusive"):
+        for e in (e for e in cert["items"] if e["status"] == status):
+            lines.append(f"  {status.upper()} {e['check_id'] or e['nodeid']}: {first_line(e['message'])}")
+    for group in cert["errors"]:
+        names = ", ".join(group["checks"][:6]) + (f" and {group['count'] - 6} more" if group["count"] > 6 else "")
+        who = "the check itself raised" if group.get("source") == "check" else "the backend raised"
+        lines.append(f"  ERROR in {group['count']} check(s), {who} {group['message']}: {names}")
+        if tracebacks and group.get("traceback"):
+            lines.append("  first traceback:")
+            lines += ["    " + line for line in group["traceback"].rstrip().splitlines()]
+    return lines
+
+
+# ----------------------------------------------------------------------------- Markdown
 
 
 def _cell(text: Any) -> str:
     return str(text if text is not None else "").replace("|", "\\|").replace("\n", " ")
 
 
+def _fmt(x: Any) -> str:
+    return f"{x:.4g}" if isinstance(x, float) else _cell(x)
+
+
+def _name(e: dict[str, Any]) -> str:
+    return f"`{_cell(e['check_id'] or e['nodeid'])}`"
+
+
+def _table(title: str, header: tuple[str, ...], rows: list[tuple]) -> list[str]:
+    """A Markdown section with one table, or nothing when there are no rows."""
+    if not rows:
+        return []
+    lines = ["", f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
 def render_markdown(cert: dict[str, Any]) -> str:
     t = cert["totals"]
     backend = cert.get("backend") or {}
-    if cert["certified"]:
-        verdict = f"**CERTIFIED**: `{cert['backend_spec']}` passed all {t['passed']} conformance checks it claims"
-        if t["xfailed"]:
-            verdict += f", with {t['xfailed']} listed exception(s) (xfail)"
-    elif not cert["complete"]:
-        verdict = f"**NOT CERTIFIED**: the session did not complete (exit status {cert['exitstatus']})"
-        if cert.get("backend_error"):
-            verdict += f"; backend: {cert['backend_error']}"
-    elif t["failed"]:
-        verdict = f"**NOT CERTIFIED**: `{cert['backend_spec']}` failed {t['failed']} conformance check(s)"
-    else:
-        verdict = f"**NOT CERTIFIED**: no conformance check passed for `{cert['backend_spec']}`"
+    v = cert["verdict"]
     lines = [
         "# specdec conformance certificate",
         "",
-        verdict,
+        f"**{v['headline']}**: {v['detail']}",
         "",
         f"- backend: {backend.get('name', '?')} {backend.get('version', '?')} (`{cert['backend_spec']}`)",
         f"- suite version: {cert['suite_version']}, hypothesis profile: {cert['hypothesis_profile']}, base seed: {cert['seed']}",
-        f"- items: {t['total']} — {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped, {t['xfailed']} xfailed",
-        f"- statistical tests: {cert['statistical_tests']}, family-wise false-alarm bound (sum of alphas): "
-        f"{cert['family_wise_alpha_bound']:.3g}",
+        f"- items: {t['total']} — " + ", ".join(f"{t[s]} {s}" for s in STATUSES),
+        f"- {statistics_line(cert)}",
     ]
-    failed = [e for e in cert["items"] if e["status"] == "failed"]
-    if failed:
-        lines += ["", "## Failed checks", "", "| check | phase | message |", "|---|---|---|"]
-        lines += [f"| `{_cell(e['check_id'] or e['nodeid'])}` | {e['phase']} | {_cell(e['message'])} |" for e in failed]
-    xfailed = [e for e in cert["items"] if e["status"] == "xfailed"]
-    if xfailed:
-        lines += ["", "## Listed exceptions (xfailed)", "", "| check | reason |", "|---|---|"]
-        lines += [f"| `{_cell(e['check_id'] or e['nodeid'])}` | {_cell(e['xfail_reason'])} |" for e in xfailed]
-    skipped = [e for e in cert["items"] if e["status"] == "skipped"]
-    if skipped:
-        lines += ["", "## Skipped", "", "| check | reason |", "|---|---|"]
-        lines += [f"| `{_cell(e['check_id'] or e['nodeid'])}` | {_cell(e['skip_reason'])} |" for e in skipped]
-    stat_rows = [(e, s) for e in cert["items"] for s in e["statistics"]]
-    if stat_rows:
-        lines += ["", "## Statistical checks", "", "| check | status | N | power | TV | p-value | alpha |", "|---|---|---|---|---|---|---|"]
-        for e, s in stat_rows:
-            lines.append(
-                f"| `{_cell(e['check_id'] or e['nodeid'])}` | {e['status']} | {s.get('n', '')} | {_fmt(s.get('power'))} "
-                f"| {_fmt(s.get('tv'))} | {_fmt(s.get('p_value'))} | {_fmt(s.get('alpha'))} |"
-            )
-    flips = [(e, f) for e in cert["items"] for f in e.get("findings", []) if f.get("kind") == "numerical_flip"]
-    if flips:
-        lines += ["", "## Greedy divergences classified as numerical flips", "",
-                  "| check | where | tokens (spec / AR) | top-1/top-2 gap | tolerance |", "|---|---|---|---|---|"]
-        for e, f in flips:
-            lines.append(
-                f"| `{_cell(e['check_id'] or e['nodeid'])}` | {_cell(f.get('where'))} | {f.get('token_a')} / {f.get('token_b')} "
-                f"| {_fmt(f.get('gap_top1_top2'))} | {_fmt(f.get('tolerance'))} |"
-            )
+    items = cert["items"]
+    lines += _table("Checks at reduced power", ("check", "detects TV >="),
+                    [(f"`{_cell(lim['check_id'])}`", _fmt(lim["detects"])) for lim in v["reduced_power"]])
+    for status, title in (("failed", "Failed checks"), ("inconclusive", "Inconclusive checks (too few samples)")):
+        lines += _table(title, ("check", "phase", "message"),
+                        [(_name(e), e["phase"], _cell(first_line(e["message"]))) for e in items if e["status"] == status])
+    if cert["errors"]:
+        lines += ["", "## Errors (the backend raised), grouped", ""]
+        for group in cert["errors"]:
+            lines += [f"**{_cell(group['message'])}** in {group['count']} check(s): "
+                      + ", ".join(f"`{c}`" for c in group["checks"]), ""]
+            if group.get("traceback"):
+                lines += ["```", group["traceback"].rstrip(), "```", ""]
+    lines += _table("Listed exceptions (xfailed)", ("check", "reason"),
+                    [(_name(e), _cell(e["xfail_reason"])) for e in items if e["status"] == "xfailed"])
+    lines += _table("Skipped", ("check", "reason"), [(_name(e), _cell(e["skip_reason"])) for e in items if e["status"] == "skipped"])
+    lines += _table(
+        "Statistical checks", ("check", "status", "N", "power", "TV", "detects TV >=", "p-value", "alpha"),
+        [(_name(e), e["status"], s.get("n", ""), *(_fmt(s.get(key)) for key in ("power", "tv", "detects", "p_value", "alpha")))
+         for e in items for s in e["statistics"]],
+    )
+    lines += _table(
+        "Greedy divergences classified as numerical flips", ("check", "where", "tokens (spec / AR)", "top-1/top-2 gap", "tolerance"),
+        [(_name(e), _cell(f.get("where")), f"{f.get('token_a')} / {f.get('token_b')}", _fmt(f.get("gap_top1_top2")), _fmt(f.get("tolerance")))
+         for e in items for f in e.get("findings", []) if f.get("kind") == "numerical_flip"],
+    )
     return "\n".join(lines) + "\n"
 
 
-def _fmt(x: Any) -> str:
-    return f"{x:.4g}" if isinstance(x, float) else _cell(x)
+# ----------------------------------------------------------------------------- files
 
 
 def markdown_path(path: str) -> str:
@@ -240,23 +403,6 @@ def write_atomic(path: str, text: str) -> None:
 def write_certificate(path: str, cert: dict[str, Any]) -> str:
     """Write the JSON certificate at ``path`` and the Markdown summary next to it; return the Markdown path."""
     md = markdown_path(path)
-    write_atomic(path, json.dumps(cert, indent=2, sort_keys=False, default=str) + "\n")
+    write_atomic(path, json.dumps(cert, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
     write_atomic(md, render_markdown(cert))
     return md
-
-
-def parse_xfails(text: str, source: str = "xfails file") -> list[tuple[str, str]]:
-    """``<test-id prefix> <reason...>`` per line; blank lines and ``#`` comments ignored.
-
-    Raises ``ValueError`` naming the line number of a line without a reason.
-    """
-    entries = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        parts = line.split(None, 1)
-        if len(parts) < 2 or not parts[1].strip():
-            raise ValueError(f"{source}:{lineno}: expected '<test-id prefix> <reason>', got {raw!r}")
-        entries.append((parts[0], parts[1].strip()))
-    return entries

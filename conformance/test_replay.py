@@ -19,12 +19,13 @@ def pytest_generate_tests(metafunc):
 
 
 def test_replay(case, request, specdec_backend, pytestconfig):
-    from conformance.replay import hypothesis_profile
-
     replay = pytestconfig._specdec_replay
     command = (
         f"pytest conformance/ --specdec-replay={pytestconfig.getoption('specdec_replay')} "
         f"--specdec-backend={backend_spec(pytestconfig)}"
     )
-    with hypothesis_profile(replay.profile):
-        run_case_in_pytest(request, case, specdec_backend, replay.context(command))
+    ctx = replay.context(command)
+    timeout = pytestconfig.getoption("specdec_timeout", None)
+    if timeout is not None:
+        ctx.timeout = timeout
+    run_case_in_pytest(request, case, specdec_backend, ctx)

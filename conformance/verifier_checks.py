@@ -2,14 +2,14 @@
 
 Statistical checks share one large sample per scenario (memoised per process;
 pytest-xdist's ``loadgroup`` keeps a scenario's checks on one worker). Sample
-sizes are computed, not chosen: the smallest N that gives every check on the
-scenario :data:`properties.stats.TARGET_POWER` against TV
-:data:`properties.stats.TV` at :data:`properties.stats.ALPHA`.
+sizes are computed, not chosen (:mod:`properties.sample_size`): the smallest N
+that gives every check on the scenario :data:`properties.stats.TARGET_POWER`
+against TV :data:`properties.stats.TV` at :data:`properties.stats.ALPHA`.
+Every check calls ``verify`` through :func:`properties.sampling.verify_rows`,
+so a backend that does not claim ``batched`` gets one B = 1 call per row.
 """
 from __future__ import annotations
 
-import functools
-import math
 import zlib
 
 import numpy as np
@@ -18,9 +18,18 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from properties import exact
-from properties.sampling import BlockCounts, check_block_output, count_blocks, draw_drafts, is_batched, verify_rows
+from properties.sample_size import (
+    GENERATED_BLOCKS,
+    GENERATED_TV,
+    NON_BATCHED_GENERATED_BLOCKS,
+    required_blocks,
+    samples_needed,
+    scaled_blocks,
+    with_margin,
+)
+from properties.sampling import BlockCounts, count_blocks, draw_drafts, is_batched, verify_rows
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario
-from properties.stats import ALPHA, assert_fits, samples_for_power
+from properties.stats import ALPHA, assert_fits
 from properties.strategies import (
     Block,
     distribution_pairs,
@@ -32,41 +41,9 @@ from properties.strategies import (
     seeds,
 )
 
-from .registry import CheckContext, check
-
-#: Events rarer than this do not drive the sample size; their checks still run and state their power.
-MIN_EVENT_PROB = 0.1
-#: Headroom over the computed N, so random fluctuation of a conditional count keeps the power.
-SAMPLE_MARGIN = 1.1
+from .registry import CheckContext, NotApplicable, check
 
 BATCH_FILLER = balanced_scenario(seed=7)
-
-#: Block budget per scenario for a verifier that does not claim ``batched`` (one Python call per
-#: block): its sample is ``min(required_blocks(...), NON_BATCHED_BLOCKS)``. Alpha is unchanged; the
-#: lower power at this N is stated in every result (and the verdict's smallest-power line).
-NON_BATCHED_BLOCKS = 100_000
-
-
-@functools.lru_cache(maxsize=None)
-def _samples_for_df(df: int) -> int:
-    return samples_for_power(df)
-
-
-def _needed(law: np.ndarray, event_prob: float) -> float:
-    if event_prob < MIN_EVENT_PROB:
-        return 0.0
-    return _samples_for_df(max(int(np.count_nonzero(law)) - 1, 0)) / event_prob
-
-
-def required_blocks(scenario: Scenario) -> int:
-    """Smallest block count giving every statistical check on ``scenario`` the target power."""
-    p, q, k = scenario.target, scenario.draft, scenario.k
-    reach, law = exact.reach_probs(p, q), exact.length_law(p, q)
-    needs = [_needed(law, 1.0)]
-    needs += [_needed(exact.emitted_law(p, j), reach[j]) for j in range(k + 1)]
-    needs += [_needed(exact.step_law(p, q, j), reach[j]) for j in range(k)]
-    needs += [_needed(exact.residual_law(p, q, j), law[j]) for j in range(k) if law[j] > 0]
-    return math.ceil(max(needs) * SAMPLE_MARGIN)
 
 
 _SAMPLES: dict[tuple, tuple[object, BlockCounts]] = {}
@@ -77,10 +54,7 @@ def scenario_counts(
 ) -> BlockCounts:
     """The shared sample of scenario ``name`` for this backend (computed once per process)."""
     scenario = STAT_SCENARIOS[name]
-    wanted = blocks or required_blocks(scenario)
-    if not is_batched(backend):
-        wanted = min(wanted, NON_BATCHED_BLOCKS)
-    n = math.ceil(wanted * ctx.sample_scale)
+    n = scaled_blocks(blocks or required_blocks(scenario), batched=is_batched(backend), scale=ctx.sample_scale)
     seed = ctx.seed_for("scenario", name, batch_filler)
     key = (id(backend), name, n, seed, batch_filler)
     if key not in _SAMPLES:
@@ -108,18 +82,29 @@ def _group(params: dict) -> str:
     return f"verifier-sample-{params['scenario']}"
 
 
-def _position_cases(include_bonus: bool, only_reachable_stop: bool = False):
+def _position_cases(include_bonus: bool):
+    """One case per scenario and position (ids ``<scenario>-j<position>``); a position the
+    scenario cannot test is skipped by the check with its reason, never dropped from the list."""
     for name, sc in STAT_SCENARIOS.items():
-        law = exact.length_law(sc.target, sc.draft)
-        reach = exact.reach_probs(sc.target, sc.draft)
         for j in range(sc.k + 1 if include_bonus else sc.k):
-            if reach[j] == 0 or (only_reachable_stop and law[j] == 0):
-                continue
             yield f"{name}-j{j}", {"scenario": name, "j": j}
+
+
+def _require_position(sc: Scenario, j: int, *, stop: bool = False) -> None:
+    """NotApplicable when the scenario never reaches position ``j`` (or, with ``stop``, never stops there)."""
+    if exact.reach_probs(sc.target, sc.draft)[j] == 0:
+        raise NotApplicable(f"scenario {sc.name!r} never reaches position {j} (a draft before it is always rejected)")
+    if stop and exact.length_law(sc.target, sc.draft)[j] == 0:
+        raise NotApplicable(f"scenario {sc.name!r} never stops at position {j} (its draft there is always accepted)")
 
 
 def _token_labels(vocab: int) -> list[str]:
     return [f"token {x}" for x in range(vocab)]
+
+
+def _step_labels(vocab: int) -> list[str]:
+    """Cells of BlockCounts.steps[j]: rejected and replaced by x, then accepted draft x."""
+    return [f"reject->{x}" for x in range(vocab)] + [f"accept {x}" for x in range(vocab)]
 
 
 # ----------------------------------------------------------------------------- statistical
@@ -148,8 +133,9 @@ def check_sampling_first_token_follows_row0(backend, ctx: CheckContext, scenario
 )
 def check_sampling_token_at_j_follows_row_j(backend, ctx: CheckContext, scenario: str, j: int):
     """Given d_1..d_j accepted, the token emitted at position j follows target row j."""
-    counts = scenario_counts(backend, ctx, scenario)
     sc = STAT_SCENARIOS[scenario]
+    _require_position(sc, j)
+    counts = scenario_counts(backend, ctx, scenario)
     _fit(
         ctx,
         counts,
@@ -163,14 +149,15 @@ def check_sampling_token_at_j_follows_row_j(backend, ctx: CheckContext, scenario
 @check(
     guards="resampling from p after a rejection, residual [q-p]_+, residual not clamped or not renormalised",
     requires=("verifier", "sampling"),
-    cases=list(_position_cases(include_bonus=False, only_reachable_stop=True)),
+    cases=list(_position_cases(include_bonus=False)),
     group=_group,
     statistical=True,
 )
 def check_sampling_residual_at_j(backend, ctx: CheckContext, scenario: str, j: int):
     """Given the block stopped at j (d_{j+1} rejected), the replacement follows normalised [p_j - q_j]_+."""
-    counts = scenario_counts(backend, ctx, scenario)
     sc = STAT_SCENARIOS[scenario]
+    _require_position(sc, j, stop=True)
+    counts = scenario_counts(backend, ctx, scenario)
     _fit(
         ctx,
         counts,
@@ -190,9 +177,10 @@ def check_sampling_residual_at_j(backend, ctx: CheckContext, scenario: str, j: i
 )
 def check_sampling_accept_and_token_at_j(backend, ctx: CheckContext, scenario: str, j: int):
     """At a reached position j, (accepted?, token) has law min(p_j, q_j) if accepted, [p_j - q_j]_+ if not."""
-    counts = scenario_counts(backend, ctx, scenario)
     sc = STAT_SCENARIOS[scenario]
-    labels = [f"reject->{x}" for x in range(sc.vocab)] + [f"accept {x}" for x in range(sc.vocab)]
+    _require_position(sc, j)
+    counts = scenario_counts(backend, ctx, scenario)
+    labels = _step_labels(sc.vocab)
     _fit(
         ctx,
         counts,
@@ -247,18 +235,11 @@ def check_sampling_accepted_length_law(backend, ctx: CheckContext, scenario: str
 def check_sampling_batch_invariance(backend, ctx: CheckContext, scenario: str):
     """Rows of the scenario interleaved with other rows in one batch keep the scenario's exact laws."""
     sc = STAT_SCENARIOS[scenario]
-    needed = max(_needed(exact.length_law(sc.target, sc.draft), 1.0), _needed(exact.emitted_law(sc.target, 0), 1.0))
-    counts = scenario_counts(backend, ctx, scenario, batch_filler=True, blocks=math.ceil(needed * SAMPLE_MARGIN))
+    needed = max(samples_needed(exact.length_law(sc.target, sc.draft), 1.0), samples_needed(exact.emitted_law(sc.target, 0), 1.0))
+    counts = scenario_counts(backend, ctx, scenario, batch_filler=True, blocks=with_margin(needed))
     what = "in a batch interleaved with other rows: "
     _fit(ctx, counts, counts.length, exact.length_law(sc.target, sc.draft), what + "accepted length m", [f"m={j}" for j in range(sc.k + 1)])
     _fit(ctx, counts, counts.emitted(0), exact.emitted_law(sc.target, 0), what + "first emitted token", _token_labels(sc.vocab))
-
-
-#: Per-example sample size and alternative of the Hypothesis-driven statistical check.
-GENERATED_BLOCKS = 60_000
-GENERATED_TV = 0.03
-#: Per-example block budget of that check for a verifier that does not claim ``batched`` (power stated).
-NON_BATCHED_GENERATED_BLOCKS = 2_000
 
 
 @check(
@@ -284,14 +265,16 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
         note(f"scenario: {sc.describe()}, draft relation {relation}, seed {seed}")
         note(f"target rows: {target.tolist()}")
         note(f"draft rows: {draft.tolist()}")
-        blocks = GENERATED_BLOCKS if is_batched(backend) else min(GENERATED_BLOCKS, NON_BATCHED_GENERATED_BLOCKS)
-        counts = count_blocks(backend, sc, math.ceil(blocks * ctx.sample_scale), seed)
+        blocks = scaled_blocks(GENERATED_BLOCKS, batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_GENERATED_BLOCKS)
+        counts = count_blocks(backend, sc, blocks, seed)
         kw = dict(alpha=alpha, tv=GENERATED_TV, seed=seed, replay=ctx.replay)
-        labels = [f"m={j}" for j in range(sc.k + 1)]
-        ctx.record(assert_fits(counts.length, exact.length_law(target, draft), what="accepted length m", labels=labels, **kw))
-        ctx.record(assert_fits(counts.emitted(0), exact.emitted_law(target, 0), what="first emitted token", **kw))
+        length_labels = [f"m={j}" for j in range(sc.k + 1)]
+        ctx.record(assert_fits(counts.length, exact.length_law(target, draft), what="accepted length m", labels=length_labels, **kw))
+        ctx.record(
+            assert_fits(counts.emitted(0), exact.emitted_law(target, 0), what="first emitted token", labels=_token_labels(sc.vocab), **kw)
+        )
         step = exact.step_law(target, draft, 0)
-        ctx.record(assert_fits(counts.steps[0], step, what="(accepted?, token) at position 0", **kw))
+        ctx.record(assert_fits(counts.steps[0], step, what="(accepted?, token) at position 0", labels=_step_labels(sc.vocab), **kw))
 
     generated()
 
@@ -300,9 +283,12 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
 
 
 def _call(backend, block: Block, generator=None, where: str = ""):
+    """``verify`` on the block (one B = 1 call per row for a non-batched backend), output structure-checked."""
     __tracebackhide__ = True
-    out = backend.verify(block.draft_tokens, block.draft_probs, block.target_probs, generator=generator)
-    return check_block_output(block.draft_tokens, out, vocab=block.vocab, where=where or block.describe())
+    return verify_rows(
+        backend, block.draft_tokens, block.draft_probs, block.target_probs,
+        generator=generator, where=where or block.describe(), vocab=block.vocab,
+    )
 
 
 @check(
@@ -460,14 +446,7 @@ def _seeded_run(backend, seed: int, batch: int = 4096):
     draft = torch.tensor(sc.draft, dtype=torch.float32)
     drafts = draw_drafts(draft, batch, torch.Generator().manual_seed(12345))
     block = Block(drafts, draft.expand(batch, -1, -1), torch.tensor(sc.target, dtype=torch.float32).expand(batch, -1, -1), "seeded")
-    where = f"balanced scenario, generator seed {seed}"
-    if is_batched(backend):
-        return _call(backend, block, torch.Generator().manual_seed(seed), where=where)
-    # not batched: one B=1 call per row, the generator threaded through them in row order
-    return verify_rows(
-        backend, block.draft_tokens, block.draft_probs, block.target_probs,
-        generator=torch.Generator().manual_seed(seed), where=where, vocab=block.vocab,
-    )
+    return _call(backend, block, torch.Generator().manual_seed(seed), where=f"balanced scenario, generator seed {seed}")
 
 
 @check(guards="seeds ignored: results that differ for the same generator seed, or do not change with it", requires=("verifier", "sampling"))

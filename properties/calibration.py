@@ -37,13 +37,18 @@ def scenario_tests(counts: BlockCounts, name: str = "balanced") -> list[tuple[st
     return tests
 
 
+def _cell_labels(expected: np.ndarray) -> list[str]:
+    return [f"cell {i}" for i in range(len(expected))]
+
+
 def false_alarms(backend, *, seeds: int = 200, blocks: int = 100_000, scenario: str = "balanced", first_seed: int = 10_000):
     """p-values of every scenario test over ``seeds`` independent samples of a correct backend."""
     pvalues: dict[str, list[float]] = {}
     for seed in range(first_seed, first_seed + seeds):
         counts = count_blocks(backend, STAT_SCENARIOS[scenario], blocks, seed)
         for test, observed, expected in scenario_tests(counts, scenario):
-            pvalues.setdefault(test, []).append(goodness_of_fit(observed, expected, what=test).p_value)
+            fit = goodness_of_fit(observed, expected, what=test, labels=_cell_labels(expected))
+            pvalues.setdefault(test, []).append(fit.p_value)
     return {test: np.asarray(v) for test, v in pvalues.items()}
 
 
@@ -105,7 +110,7 @@ def power_table(n: int, *, tvs=(0.001, 0.003, 0.01), repeats: int = 200, seed: i
         ):
             detected, stated = 0, None
             for _ in range(repeats):
-                result = goodness_of_fit(rng.multinomial(n, law), p, what="first token", tv=tv)
+                result = goodness_of_fit(rng.multinomial(n, law), p, what="first token", labels=_cell_labels(p), tv=tv)
                 detected += not result.passed
                 stated = result.power
             rows.append(
@@ -115,8 +120,9 @@ def power_table(n: int, *, tvs=(0.001, 0.003, 0.01), repeats: int = 200, seed: i
 
 
 def main(argv=None) -> None:
-    from conformance.verifier_checks import required_blocks
     from specdec_ref.backend import reference_backend
+
+    from .sample_size import required_blocks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200)

@@ -24,6 +24,25 @@ class BackendOutputError(AssertionError):
     """The backend returned something that breaks the verifier contract's structure."""
 
 
+class BackendError(Exception):
+    """The backend raised while the suite called it; ``__cause__`` is the backend's own exception.
+
+    Raised by the helpers that call a backend (``verify_rows`` here, the decoder checks' ``_decode``),
+    so a check's outcome can tell "the backend raised" from a fault of the check itself.
+    """
+
+
+def call_backend(method, *args, what: str, **kwargs):
+    """``method(*args, **kwargs)``; any exception but an assertion becomes a :class:`BackendError` naming ``what``."""
+    __tracebackhide__ = True
+    try:
+        return method(*args, **kwargs)
+    except AssertionError:
+        raise  # the suite's own assertions (e.g. a per-round hook) stay failures
+    except Exception as exc:
+        raise BackendError(f"{what} raised") from exc
+
+
 @dataclass
 class BlockCounts:
     """Counts over ``n`` verified blocks of one scenario.
@@ -125,7 +144,7 @@ def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, 
     """
     __tracebackhide__ = True
     if is_batched(backend):
-        out = backend.verify(draft_tokens, draft_probs, target_probs, generator=generator)
+        out = call_backend(backend.verify, draft_tokens, draft_probs, target_probs, generator=generator, what=f"verify() ({where})")
         return check_block_output(draft_tokens, out, vocab=vocab, where=where)
     batch, k = draft_tokens.shape
     m = torch.empty(batch, dtype=torch.long)
@@ -133,8 +152,9 @@ def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, 
     for i in range(batch):
         dt = draft_tokens[i : i + 1]
         dp = None if draft_probs is None else draft_probs[i : i + 1]
-        out = backend.verify(dt, dp, target_probs[i : i + 1], generator=generator)
-        mi, ti = check_block_output(dt, out, vocab=vocab, where=f"{where} (row {i}, one B=1 call per row)")
+        row_where = f"{where} (row {i}, one B=1 call per row)"
+        out = call_backend(backend.verify, dt, dp, target_probs[i : i + 1], generator=generator, what=f"verify() ({row_where})")
+        mi, ti = check_block_output(dt, out, vocab=vocab, where=row_where)
         m[i], tokens[i] = mi[0], ti[0]
     return m, tokens
 

@@ -29,8 +29,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import functools
+
 import numpy as np
-from scipy import stats
+from scipy import optimize, stats
 
 #: Per-test false-alarm probability of every statistical check.
 ALPHA = 1e-6
@@ -40,6 +42,9 @@ TV = 0.003
 TARGET_POWER = 0.99
 #: Cells with a smaller expected count are pooled into one.
 MIN_EXPECTED = 20.0
+#: A test that cannot detect a law this far (in TV, or a rate shift) from the exact one with
+#: :data:`TARGET_POWER` is *inconclusive*: it would pass a backend that moves half the mass.
+INCONCLUSIVE_TV = 0.5
 
 
 def power_against_tv(n: float, df: int, alpha: float, tv: float) -> float:
@@ -52,6 +57,53 @@ def power_against_tv(n: float, df: int, alpha: float, tv: float) -> float:
         return float(-math.expm1(n * math.log1p(-min(tv, 1.0))))
     critical = stats.chi2.isf(alpha, df)
     return float(stats.ncx2.sf(critical, df, 4.0 * n * tv * tv))
+
+
+@functools.lru_cache(maxsize=None)
+def _noncentrality_for_power(df: int, alpha: float, power: float) -> float:
+    """Smallest noncentrality at which the level-``alpha`` chi-square test on ``df`` df has ``power``."""
+    critical = stats.chi2.isf(alpha, df)
+    hi = 1.0
+    while stats.ncx2.sf(critical, df, hi) < power:
+        hi *= 2.0
+    return float(optimize.brentq(lambda lam: stats.ncx2.sf(critical, df, lam) - power, 0.0, hi, xtol=1e-10))
+
+
+def detectable_tv(n: float, df: int, alpha: float, *, pooled_mass: float = 0.0, power: float = TARGET_POWER) -> float:
+    """Smallest TV that :func:`power_against_tv` detects with ``power`` (``inf`` for N = 0): the inverse of it."""
+    if n <= 0:
+        return math.inf
+    if df <= 0:
+        return pooled_mass - math.expm1(math.log1p(-power) / n)
+    return pooled_mass + math.sqrt(_noncentrality_for_power(df, alpha, power) / (4.0 * n))
+
+
+def _finite_or_none(x: float) -> float | None:
+    """Records are JSON: a TV no sample size can detect (N = 0) is ``None``, not ``inf``."""
+    return float(x) if math.isfinite(x) else None
+
+
+def judge_power(records: Sequence[dict]) -> tuple[str, str]:
+    """``("full" | "reduced" | "inconclusive", why)`` for the statistical records one check made.
+
+    *full*: every test has :data:`TARGET_POWER` against the alternative it states. *reduced*: some
+    test has less, but each still detects TV (or rate shift) :data:`INCONCLUSIVE_TV` with that power.
+    *inconclusive*: no test at all, or one that cannot (N = 0 included). ``records`` are
+    :meth:`FitResult.as_record` / :meth:`BernoulliTotalResult.as_record` dicts.
+    """
+    if not records:
+        return "inconclusive", "the check made no statistical test"
+    level, why = "full", ""
+    for r in records:
+        if r["detects"] is None or not r["detects"] <= INCONCLUSIVE_TV:
+            detects = "none" if r["detects"] is None else f"{r['detects']:.3g}"
+            return "inconclusive", (
+                f"inconclusive: {r['what']}: N={r['n']} samples cannot detect even TV {INCONCLUSIVE_TV:g} "
+                f"(smallest TV detected with power {TARGET_POWER:g}: {detects}); too few samples, not a pass"
+            )
+        if r["power"] < TARGET_POWER and level == "full":
+            level, why = "reduced", f"{r['what']}: detects TV >= {r['detects']:.3g} (power {r['power']:.4f} at TV {r['tv']:g})"
+    return level, why
 
 
 def samples_for_power(df: int, *, alpha: float = ALPHA, tv: float = TV, power: float = TARGET_POWER) -> int:
@@ -92,6 +144,11 @@ class FitResult:
     @property
     def passed(self) -> bool:
         return not self.impossible and self.p_value > self.alpha
+
+    @property
+    def detects(self) -> float:
+        """The smallest TV this test detects with :data:`TARGET_POWER`."""
+        return detectable_tv(self.n, self.df, self.alpha, pooled_mass=self.pooled_mass)
 
     def headline(self) -> str:
         verdict = "consistent with" if self.passed else "NOT consistent with"
@@ -140,6 +197,7 @@ class FitResult:
             "alpha": self.alpha,
             "tv": self.tv,
             "power": self.power,
+            "detects": _finite_or_none(self.detects),
             "statistic": self.statistic,
             "df": self.df,
             "p_value": self.p_value,
@@ -155,9 +213,9 @@ def goodness_of_fit(
     expected: Sequence[float] | np.ndarray,
     *,
     what: str,
+    labels: Sequence[str],
     alpha: float = ALPHA,
     tv: float = TV,
-    labels: Sequence[str] | None = None,
     seed: int | None = None,
     replay: str | None = None,
     min_expected: float = MIN_EXPECTED,
@@ -173,7 +231,9 @@ def goodness_of_fit(
     if not 0.999 < total < 1.001:
         raise ValueError(f"expected probabilities must sum to 1, got {total!r}")
     expected = expected / total
-    labels = [str(x) for x in (labels if labels is not None else range(len(observed)))]
+    labels = [str(x) for x in labels]
+    if len(labels) != len(observed):
+        raise ValueError(f"{what}: {len(labels)} labels for {len(observed)} cells: every cell needs a label")
     n = int(observed.sum())
     impossible = [(labels[i], int(observed[i])) for i in np.flatnonzero((expected == 0) & (observed > 0))]
 
@@ -253,6 +313,7 @@ class BernoulliTotalResult:
     shift: float
     power: float
     p_value: float
+    detects: float = math.inf  # the rate shift detected with TARGET_POWER
 
     @property
     def passed(self) -> bool:
@@ -274,6 +335,7 @@ class BernoulliTotalResult:
             "alpha": self.alpha,
             "tv": self.shift,
             "power": self.power,
+            "detects": _finite_or_none(self.detects),
             "statistic": self.z,
             "df": 1,
             "p_value": self.p_value,
@@ -300,11 +362,12 @@ def assert_bernoulli_total(
     z = (observed - expected) / std if std > 0 else (0.0 if observed == expected else math.copysign(math.inf, observed - expected))
     p_value = float(2 * stats.norm.sf(abs(z)))
     crit = stats.norm.isf(alpha / 2)
+    detects = float((crit + stats.norm.isf(1 - TARGET_POWER)) * std / n) if n else math.inf
     if shift is None:
-        shift = float((crit + stats.norm.isf(1 - TARGET_POWER)) * std / n) if n else math.inf
+        shift = detects
     delta = shift * n / std if std > 0 else math.inf
-    power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta))
-    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value)
+    power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta)) if n else 0.0
+    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects)
     if not result.passed:
         raise AssertionError(result.report())
     return result

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conformance.registry import DEFAULT_SEED
+from conformance.profiles import DEFAULT_SEED
 from conformance.replay import (
     FIXTURE_DIR,
     SCHEMA,
@@ -16,14 +16,11 @@ from conformance.replay import (
     run_replay,
     save_replay,
 )
-from fixtures.mutants.decoder import MUTANTS as DECODER_MUTANTS
-from fixtures.mutants.verifier import MUTANTS as VERIFIER_MUTANTS
+from fixtures.mutants import MUTANTS as ALL_MUTANTS
 from properties.scenarios import STAT_SCENARIOS
 from specdec_ref.backend import reference_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODULE = {**{n: "verifier" for n in VERIFIER_MUTANTS}, **{n: "decoder" for n in DECODER_MUTANTS}}
-ALL_MUTANTS = {**VERIFIER_MUTANTS, **DECODER_MUTANTS}
 
 #: Fixtures actually replayed here: deterministic checks (well under a second) and one statistical one.
 CHEAP = ["bonus_missing", "global_rng", "fixed_seed", "greedy_against_previous_row", "crop_zero_no_op"]
@@ -47,11 +44,11 @@ def test_fixture_loads_and_is_what_the_generator_writes(name):
     assert replay.check == mutant.must_fail[0]
     assert replay.case.check.name == replay.check and replay.case.case_id == replay.case_id
     assert replay.bug_class == mutant.bug.splitlines()[0]
-    assert name in replay.note and f"fixtures.mutants.{MODULE[name]}:{name}" in replay.note
+    assert name in replay.note and mutant.spec in replay.note
     assert (replay.seed, replay.profile) == (DEFAULT_SEED, "ci")
     stat_verifier = replay.case.check.statistical and replay.case.check.family == "verifier"
     assert (replay.scenario is not None) == (stat_verifier and "scenario" in replay.params)
-    expected = json.dumps(fixture_for(mutant, replay.case, MODULE[name]), indent=2) + "\n"
+    expected = json.dumps(fixture_for(mutant, replay.case), indent=2) + "\n"
     with open(fixture_path(name), encoding="utf-8") as fh:
         assert fh.read() == expected, "hand-edited? rebuild with python -m conformance.replay --regenerate"
 

@@ -4,15 +4,18 @@ import math
 import numpy as np
 import pytest
 
-from conformance.verifier_checks import required_blocks
 from properties import exact
+from properties.sample_size import required_blocks
 from properties.scenarios import STAT_SCENARIOS, balanced_scenario, mix_for_acceptance
 from properties.stats import (
     ALPHA,
     TARGET_POWER,
     TV,
+    assert_bernoulli_total,
     assert_fits,
+    detectable_tv,
     goodness_of_fit,
+    judge_power,
     power_against_tv,
     samples_for_power,
 )
@@ -30,30 +33,31 @@ def test_single_cell_power_is_the_chance_of_one_impossible_sample():
 
 
 def test_impossible_outcome_fails_with_p_zero():
-    result = goodness_of_fit([10, 0, 1], [0.5, 0.5, 0.0], what="x")
-    assert not result.passed and result.p_value == 0.0 and result.impossible == [("2", 1)]
+    result = goodness_of_fit([10, 0, 1], [0.5, 0.5, 0.0], what="x", labels=["a", "b", "c"])
+    assert not result.passed and result.p_value == 0.0 and result.impossible == [("c", 1)]
     assert "impossible outcomes" in result.report()
 
 
 def test_small_cells_are_pooled_and_power_discounted():
     expected = np.array([0.5, 0.5 - 2e-6, 1e-6, 1e-6])
-    result = goodness_of_fit([500_000, 500_000, 1, 3], expected, what="x")
+    result = goodness_of_fit([500_000, 500_000, 1, 3], expected, what="x", labels=["0", "1", "2", "3"])
     assert result.pooled == ["2", "3"] and result.df == 1
     assert result.power == pytest.approx(power_against_tv(result.n, 1, ALPHA, TV - 2e-6))
 
 
 def test_failure_message_states_n_alpha_power_and_every_cell():
     with pytest.raises(AssertionError) as info:
-        assert_fits([600, 400], [0.5, 0.5], what="coin", seed=7, replay="pytest -k coin")
+        assert_fits([600, 400], [0.5, 0.5], what="coin", labels=["heads", "tails"], seed=7, replay="pytest -k coin")
     text = str(info.value)
-    for fragment in ("coin", "N=1000", "alpha=1e-06", "power", "TV >= 0.003", "observed", "expected", "seed: 7", "replay: pytest -k coin"):
+    for fragment in ("coin", "N=1000", "alpha=1e-06", "power", "TV >= 0.003", "observed", "expected", "seed: 7",
+                     "replay: pytest -k coin", "heads", "tails"):
         assert fragment in text
 
 
 def test_passing_result_is_a_record():
     rng = np.random.default_rng(0)
     p = np.full(8, 1 / 8)
-    result = assert_fits(rng.multinomial(100_000, p), p, what="uniform")
+    result = assert_fits(rng.multinomial(100_000, p), p, what="uniform", labels=[f"token {i}" for i in range(8)])
     record = result.as_record()
     assert record["passed"] and record["n"] == 100_000 and record["alpha"] == ALPHA and 0 < record["power"] < 1
 
@@ -61,7 +65,7 @@ def test_passing_result_is_a_record():
 @pytest.mark.parametrize("bad", [([1, 2], [0.5]), ([1, 2], [0.5, 0.6]), ([1, 2], [1.5, -0.5]), ([1, 2], [np.nan, 1.0])])
 def test_bad_expected_distributions_are_rejected(bad):
     with pytest.raises(ValueError):
-        goodness_of_fit(*bad, what="x")
+        goodness_of_fit(*bad, what="x", labels=["a", "b"][: len(bad[0])])
 
 
 def test_ci_sample_sizes_reach_the_target_power_for_every_sizing_event():
@@ -105,3 +109,43 @@ def test_exact_laws_are_consistent():
         v = sc.vocab
         assert np.allclose(step[:v] + step[v:], exact.emitted_law(sc.target, j))
     assert math.isclose(exact.length_law(sc.target, sc.draft).sum(), 1.0)
+
+
+def test_every_cell_needs_a_label():
+    with pytest.raises(TypeError):
+        goodness_of_fit([1, 2], [0.5, 0.5], what="x")  # labels are required
+    with pytest.raises(ValueError, match="every cell needs a label"):
+        goodness_of_fit([1, 2], [0.5, 0.5], what="x", labels=["only one"])
+
+
+def test_detectable_tv_inverts_the_power():
+    for n, df in ((12_346_775, 15), (100_000, 3), (2_000, 10), (50, 0)):
+        tv = detectable_tv(n, df, ALPHA)
+        assert power_against_tv(n, df, ALPHA, tv) == pytest.approx(TARGET_POWER, abs=1e-6)
+    assert detectable_tv(0, 4, ALPHA) == math.inf
+    assert detectable_tv(10_000, 4, ALPHA, pooled_mass=0.01) == pytest.approx(0.01 + detectable_tv(10_000, 4, ALPHA))
+
+
+def _record(n, df=4, tv=TV, alpha=ALPHA):
+    counts = np.full(df + 1, n // (df + 1))
+    counts[0] += n - counts.sum()
+    return goodness_of_fit(counts, np.full(df + 1, 1 / (df + 1)), what=f"N={n}", labels=[str(i) for i in range(df + 1)],
+                           tv=tv, alpha=alpha).as_record()
+
+
+def test_judge_power_full_reduced_inconclusive():
+    assert judge_power([_record(10_000_000)])[0] == "full"
+    level, why = judge_power([_record(10_000_000), _record(50_000)])
+    assert level == "reduced" and "N=50000" in why and "detects TV >=" in why
+    level, why = judge_power([_record(10_000_000), _record(0)])
+    assert level == "inconclusive" and "N=0" in why and "not a pass" in why
+    assert judge_power([_record(40)])[0] == "inconclusive"  # cannot detect even TV 0.5
+    assert judge_power([])[0] == "inconclusive"
+
+
+def test_bernoulli_total_states_what_it_detects():
+    result = assert_bernoulli_total(50, [0.5] * 100, what="coin flips")
+    record = result.as_record()
+    assert record["detects"] == pytest.approx(record["tv"]) and record["power"] == pytest.approx(TARGET_POWER)
+    empty = assert_bernoulli_total(0, [], what="nothing judged").as_record()
+    assert empty["detects"] is None and judge_power([empty])[0] == "inconclusive"

@@ -1,0 +1,80 @@
+"""The suite's run settings, defined once: profiles (Hypothesis settings + sample scale) and the base seed.
+
+A profile is what ``--hypothesis-profile`` names: ``ci`` (the default; derandomised, sized for
+the stated power), ``dev`` (ten times fewer samples and examples, lower power stated in every
+result) and ``thorough`` (four times the samples, 600 examples, not derandomised). Every way of
+running a check (pytest, :func:`conformance.run_checks`, replays, the mutation score, the
+benchmarks) runs it under :func:`use_profile` of the context's profile, so a check gives the
+same result however it is run.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterator
+
+from hypothesis import HealthCheck, settings
+
+#: The base seed of every check (``--specdec-seed`` overrides it); each case derives its own from it.
+DEFAULT_SEED = 20261129
+#: The profile used when none is named.
+DEFAULT_PROFILE = "ci"
+
+_COMMON = dict(
+    deadline=None,
+    report_multiple_bugs=False,  # one failure per check, shown in full
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One row of the profile table: Hypothesis settings and the multiplier of every statistical sample size."""
+
+    name: str
+    sample_scale: float
+    hypothesis: dict
+
+    @property
+    def derandomized(self) -> bool:
+        return bool(self.hypothesis.get("derandomize", False))
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile("ci", 1.0, dict(max_examples=60, derandomize=True, print_blob=True, **_COMMON)),
+        Profile("dev", 0.1, dict(max_examples=20, derandomize=True, **_COMMON)),
+        Profile("thorough", 4.0, dict(max_examples=600, derandomize=False, print_blob=True, **_COMMON)),
+    )
+}
+
+for _profile in PROFILES.values():
+    settings.register_profile(_profile.name, **_profile.hypothesis)
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called ``name``; ``ValueError`` naming the known ones otherwise."""
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; known: {', '.join(PROFILES)}") from None
+
+
+def current_profile_name() -> str:
+    """The suite profile Hypothesis has loaded (``ci`` when it runs another one)."""
+    name = getattr(settings, "_current_profile", None)
+    return name if name in PROFILES else DEFAULT_PROFILE
+
+
+@contextlib.contextmanager
+def use_profile(name: str) -> Iterator[Profile]:
+    """Load the suite profile ``name`` into Hypothesis for the duration, then restore the previous one."""
+    profile = get_profile(name)
+    previous = getattr(settings, "_current_profile", None) or "default"
+    settings.load_profile(profile.name)
+    try:
+        yield profile
+    finally:
+        settings.load_profile(previous)

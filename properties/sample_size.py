@@ -1,0 +1,70 @@
+"""How many samples each statistical check draws: computed from the power it must state, not chosen.
+
+The policy, in one place (it serves :mod:`properties.stats`):
+
+* a verifier scenario's sample is the smallest block count giving *every* test made on it
+  :data:`~properties.stats.TARGET_POWER` against TV :data:`~properties.stats.TV` at
+  :data:`~properties.stats.ALPHA` (:func:`required_blocks`), times :data:`SAMPLE_MARGIN`;
+* events rarer than :data:`MIN_EVENT_PROB` do not drive it (their tests still run and state
+  their power);
+* a backend that does not claim ``batched`` answers one Python call per block, so its sample is
+  capped (:data:`NON_BATCHED_BLOCKS`, :data:`NON_BATCHED_GENERATED_BLOCKS`); alpha is unchanged
+  and the lower power is stated in every result (and in the verdict);
+* the profile scales every sample (``ci`` 1, ``dev`` 0.1, ``thorough`` 4; see ``conformance.profiles``).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from . import exact
+from .scenarios import Scenario
+from .stats import samples_for_power
+
+#: Events rarer than this do not drive the sample size; their checks still run and state their power.
+MIN_EVENT_PROB = 0.1
+#: Headroom over the computed N, so random fluctuation of a conditional count keeps the power.
+SAMPLE_MARGIN = 1.1
+#: Block budget per scenario for a verifier that does not claim ``batched``.
+NON_BATCHED_BLOCKS = 100_000
+#: Per-example sample size and alternative of the Hypothesis-driven generated-distributions check.
+GENERATED_BLOCKS = 60_000
+GENERATED_TV = 0.03
+#: Per-example block budget of that check for a verifier that does not claim ``batched``.
+NON_BATCHED_GENERATED_BLOCKS = 2_000
+
+
+@functools.lru_cache(maxsize=None)
+def _samples_for_df(df: int) -> int:
+    return samples_for_power(df)
+
+
+def samples_needed(law: np.ndarray, event_prob: float) -> float:
+    """Blocks needed for a test of ``law`` on an event of probability ``event_prob`` (0 for rare events)."""
+    if event_prob < MIN_EVENT_PROB:
+        return 0.0
+    return _samples_for_df(max(int(np.count_nonzero(law)) - 1, 0)) / event_prob
+
+
+def required_blocks(scenario: Scenario) -> int:
+    """Smallest block count giving every statistical check on ``scenario`` the target power."""
+    p, q, k = scenario.target, scenario.draft, scenario.k
+    reach, law = exact.reach_probs(p, q), exact.length_law(p, q)
+    needs = [samples_needed(law, 1.0)]
+    needs += [samples_needed(exact.emitted_law(p, j), reach[j]) for j in range(k + 1)]
+    needs += [samples_needed(exact.step_law(p, q, j), reach[j]) for j in range(k)]
+    needs += [samples_needed(exact.residual_law(p, q, j), law[j]) for j in range(k) if law[j] > 0]
+    return with_margin(max(needs))
+
+
+def with_margin(needed: float) -> int:
+    return math.ceil(needed * SAMPLE_MARGIN)
+
+
+def scaled_blocks(wanted: int, *, batched: bool, scale: float, cap: int = NON_BATCHED_BLOCKS) -> int:
+    """The block count to draw: ``wanted`` (capped at ``cap`` for a non-batched backend) times the profile's scale."""
+    if not batched:
+        wanted = min(wanted, cap)
+    return math.ceil(wanted * scale)
