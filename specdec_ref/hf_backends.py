@@ -20,15 +20,19 @@ What the adapters add on top of transformers, stated so the verdict can be read 
   *does* depend on (and advance) the global RNG. With ``generator=None`` the adapters call
   transformers on the global RNG directly, as it is.
 * **Logits.** ``_speculative_sampling`` takes logits; the contract hands probabilities. The adapter
-  passes ``log(probs)`` in float32 (zeros become ``-inf``, which its softmax maps back to 0), so
-  transformers sees ``softmax(log p)``, equal to ``p`` up to float32 rounding.
+  passes ``log(probs)`` in float64 (zeros become ``-inf``, which its softmax maps back to 0), so
+  transformers computes in float64 and sees ``softmax(log p) = p / sum(p)`` to float64 rounding:
+  rows with ``p == q`` give ratios of exactly 1, and distinct float32 probabilities keep distinct
+  logits (in float32, ``log`` maps about a third of adjacent float32 values to one logit, which
+  turned near-ties into exact ties for the greedy argmax).
 * **Batch.** transformers' verifier is batch 1 (``squeeze(0, 1)``, ``n_matches`` summed over the
   batch); :class:`HFVerifierBackend` claims ``batched=False`` and, if handed B > 1 anyway, loops rows.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import time
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -40,6 +44,10 @@ __all__ = [
     "HFCacheBackend",
     "HFDynamicCache",
     "HFAssistedDecoderBackend",
+    "ForwardProbe",
+    "hf_assisted_drafts",
+    "hf_sampling_options",
+    "pinned_draft_length",
     "hf_verifier",
     "hf_cache",
     "hf_assisted_decoder",
@@ -91,7 +99,12 @@ def hf_greedy_select(candidate_input_ids: torch.Tensor, cur_len: int, new_logits
 
 
 def _logits(probs: torch.Tensor) -> torch.Tensor:
-    return probs.to(torch.float32).log()
+    """Logits whose softmax is ``probs / probs.sum(-1)`` to float64 rounding (zeros -> ``-inf`` -> 0).
+
+    float64, not float32: transformers then computes its softmax, ratios and residual in float64,
+    so identical rows stay identical and distinct probabilities keep distinct logits.
+    """
+    return probs.to(torch.float64).log()
 
 
 class HFVerifierBackend:
@@ -102,7 +115,6 @@ class HFVerifierBackend:
         verifier=True,
         greedy=True,
         sampling=True,
-        batched=False,
         dtypes=("float32",),
         devices=("cpu",),
         extra={"global_rng": "transformers samples from the global torch RNG; the adapter seeds it from `generator` inside fork_rng"},
@@ -158,7 +170,7 @@ class HFDynamicCache(ModelCache):
 
 class HFCacheBackend:
     name = "transformers.DynamicCache"
-    capabilities = Capabilities(verifier=False, greedy=False, sampling=False, batched=False, cache=True)
+    capabilities = Capabilities(cache=True, dtypes=("float32",), devices=("cpu",))
 
     def __init__(self):
         self.version = transformers_version()
@@ -174,15 +186,78 @@ def hf_cache() -> HFCacheBackend:
 # ----------------------------------------------------------------------------- decoder
 
 
+class ForwardProbe:
+    """Forward calls of one transformers model: (input length, cache length) per call, wall seconds inside them.
+
+    A pre/post hook pair on the top-level module (about a microsecond per call against a forward of
+    a few hundred). It sees the calls that go through the module (transformers ``generate``,
+    ``ModelCache``), not the lean static forward of ``StaticModelCache``, which uses the weights
+    directly. The cache length (``cache.get_seq_length()``) lets :func:`hf_assisted_drafts` recover
+    how many tokens transformers' assisted generation drafted each round. Call :meth:`remove` when done.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.reset()
+        self._t0 = 0.0
+        self._handles = [
+            model.register_forward_pre_hook(self._pre, with_kwargs=True),
+            model.register_forward_hook(self._post),
+        ]
+
+    def reset(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.seconds = 0.0
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("cache")
+        self.calls.append((0 if ids is None else int(ids.shape[-1]), 0 if cache is None else int(cache.get_seq_length())))
+        self._t0 = time.perf_counter()
+
+    def _post(self, module, args, output):
+        self.seconds += time.perf_counter() - self._t0
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def hf_assisted_drafts(target_calls: Sequence[tuple[int, int]], prompt_len: int) -> list[tuple[int, int]]:
+    """(drafted, cur_len) per round of transformers' assisted generation, from the target's forward calls.
+
+    Round ``r`` is target call ``r`` (:attr:`ForwardProbe.calls`): the first feeds prompt + candidates
+    on an empty cache, later ones ``[last token, candidates]`` on a cache of ``cur_len - 1`` tokens
+    (``cur_len`` = committed length the round starts from). The expected draft is
+    ``min(k, max_length - cur_len - 1)``, as in ``AssistedCandidateGenerator._calculate_new_tokens``.
+    """
+    out = []
+    for inputs, cached in target_calls:
+        cur_len = prompt_len if cached == 0 else cached + 1
+        out.append((cached + inputs - cur_len, cur_len))
+    return out
+
+
+def hf_sampling_options(sampling) -> dict[str, Any]:
+    """``GenerationConfig`` options for a :class:`specdec_ref.warp.SamplingConfig`.
+
+    Greedy: ``do_sample=False``. Sampling: ``top_k=None`` / ``top_p=None`` become 0 / 1.0, because
+    unset transformers would apply its own default ``top_k=50``.
+    """
+    if sampling.greedy:
+        return dict(do_sample=False)
+    return dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
+
+
 @contextlib.contextmanager
 def pinned_draft_length(draft, k: int) -> Iterator[None]:
     """Pin transformers' draft length to ``k`` every round (restored afterwards).
 
     transformers 5.24's ``AssistedCandidateGenerator`` reads ``num_assistant_tokens``,
     ``num_assistant_tokens_schedule`` and ``assistant_confidence_threshold`` from the *draft* model's
-    own ``generation_config`` (unset: 20 tokens, heuristic schedule, 0.4 confidence early stop), as
-    ``specdec_ref.bench`` notes; its pin is inline code in ``bench._decoder_call``, not an importable
-    helper, so the same three settings are applied here.
+    own ``generation_config``, not from the one passed to ``generate`` (where they are silently
+    ignored; unset they default to 20 tokens, a heuristic schedule and a 0.4 confidence early stop).
+    A threshold of 0 adds no ``ConfidenceCriteria`` and skips the (sklearn) threshold adaptation:
+    k drafts every round.
     """
     pin = dict(num_assistant_tokens=k, num_assistant_tokens_schedule="constant", assistant_confidence_threshold=0.0)
     config = draft.generation_config
@@ -203,8 +278,8 @@ def pinned_draft_length(draft, k: int) -> Iterator[None]:
 class HFAssistedDecoderBackend:
     """``target.generate(prompt, assistant_model=draft)`` behind the decoder contract (batch 1).
 
-    ``rounds`` are reconstructed from forward hooks on the target (``specdec_ref.bench._ForwardProbe`` /
-    ``hf_assisted_drafts``): round r is target call r; it drafted ``cached + inputs - cur_len`` tokens
+    ``rounds`` are reconstructed from forward hooks on the target (:class:`ForwardProbe` /
+    :func:`hf_assisted_drafts`): round r is target call r; it drafted ``cached + inputs - cur_len`` tokens
     and committed ``next cur_len - cur_len`` (the final length for the last round), of which all but one
     are accepted drafts. Cache lengths in the records are not observed (set to -1) and ``on_round`` is
     never called: this backend does not claim ``cache``.
@@ -212,15 +287,13 @@ class HFAssistedDecoderBackend:
 
     name = "transformers.generate(assistant_model=...)"
     capabilities = Capabilities(
-        verifier=False,
         greedy=True,
         sampling=True,
-        batched=False,
-        cache=False,
         decoder=True,
         top_k=True,
         top_p=True,
         dtypes=("float32", "bfloat16"),
+        devices=("cpu",),
         extra={"global_rng": "transformers samples from the global torch RNG; the adapter seeds it from `generator` inside fork_rng"},
     )
 
@@ -231,7 +304,6 @@ class HFAssistedDecoderBackend:
     def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
         from transformers import GenerationConfig
 
-        from .bench import _ForwardProbe, hf_assisted_drafts
         from .decode import DecodeResult, RoundRecord, _truncate, _validate_decode_args
 
         if self.validate:
@@ -239,15 +311,13 @@ class HFAssistedDecoderBackend:
         prompt_len = prompt.shape[1]
         if max_new_tokens == 0:
             return DecodeResult(tokens=[], prompt_len=prompt_len, finished_by="max_new_tokens")
-        options = dict(max_new_tokens=max_new_tokens, eos_token_id=eos_id, pad_token_id=0 if eos_id is None else eos_id)
-        if sampling.greedy:
-            options.update(do_sample=False)
-        else:  # top_k=None would make transformers apply its default top_k=50
-            options.update(
-                do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0
-            )
-        config = GenerationConfig(**options)
-        probes = {"target": _ForwardProbe(target), "draft": _ForwardProbe(draft)}
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_id,
+            pad_token_id=0 if eos_id is None else eos_id,
+            **hf_sampling_options(sampling),
+        )
+        probes = {"target": ForwardProbe(target), "draft": ForwardProbe(draft)}
         try:
             with pinned_draft_length(draft, k), seeded_global_rng(generator), torch.no_grad():
                 out = target.generate(

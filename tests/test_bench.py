@@ -1,18 +1,28 @@
-"""Smoke test of ``specdec-bench``: tiny settings, output structure only (never a timing)."""
+"""Smoke test of ``specdec-bench`` (the ``bench`` package): tiny settings, output structure only (never a timing).
+
+Also the import direction of the project: reference (``specdec_ref``) -> suite (``properties``,
+``conformance``, ``fixtures``) -> tools (``bench``), never backwards.
+"""
 from __future__ import annotations
 
+import ast
 import io
 import json
+import pathlib
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from specdec_ref import bench
+from bench import cli
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def _run(argv: list[str]) -> tuple[int, str]:
     out = io.StringIO()
-    status = bench.main(argv, out=out)
+    status = cli.main(argv, out=out)
     return status, out.getvalue()
 
 
@@ -110,9 +120,40 @@ def test_unknown_check_name_is_a_clear_error():
         _run(["checks", "--names", "no_such_check"])
 
 
+def test_checks_accepts_a_registered_backend_name(tmp_path):
+    """``--backend hf-verifier`` (an entry-point name, not module:factory) loads through conformance.backends."""
+    path = tmp_path / "checks.json"
+    status, text = _run(
+        ["checks", "--backend", "hf-verifier", "--profile", "dev", "--names", "structure_greedy",
+         "sampling_p_equals_q_accepts_all", "decoder_rejects_bad_input", "--json", str(path)]
+    )  # fmt: skip
+    assert status == 0, text
+    rows = json.loads(path.read_text())["rows"]
+    assert {r["check"]: r["status"] for r in rows} == {
+        "structure_greedy": "passed",
+        "sampling_p_equals_q_accepts_all": "passed",
+        "decoder_rejects_bad_input": "skipped",  # hf_verifier does not claim decoder
+    }
+    assert "conformance checks on hf-verifier" in text
+
+
+def test_checks_unloadable_backend_is_a_clear_error():
+    with pytest.raises(SystemExit, match=r"^error: backend 'no-such-backend' is neither"):
+        _run(["checks", "--backend", "no-such-backend", "--names", "structure_greedy"])
+    with pytest.raises(SystemExit, match=r"^error: backend 'specdec_ref.backend:nope'"):
+        _run(["checks", "--backend", "specdec_ref.backend:nope", "--names", "structure_greedy"])
+
+
+def test_python_dash_m_bench_runs_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder"))
+
+
 def test_every_subcommand_has_its_own_parser_and_json_option():
-    parser = bench.build_parser()
-    for name in bench.SUBCOMMANDS:
+    parser = cli.build_parser()
+    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder"}
+    for name in cli.SUBCOMMANDS:
         args = parser.parse_args([name, "--json", "x.json"])
         assert args.command == name and args.json == "x.json"
 
@@ -160,3 +201,56 @@ def test_decoder_rows_table_and_json(tmp_path):
         assert header in text
     assert "goal (our speculative decoder >= 2x" in text and "at our best k=2" in text
     assert "every output equals AR token for token" in text
+
+
+# ----------------------------------------------------------------------------- import direction
+
+#: package -> the top-level packages it must never import (reference -> suite -> tools).
+FORBIDDEN_IMPORTS = {
+    "specdec_ref": {"properties", "conformance", "fixtures", "bench"},
+    "properties": {"bench"},
+    "conformance": {"bench"},
+    "fixtures": {"bench"},
+}
+
+
+def imported_packages(path: pathlib.Path, package: str) -> set[tuple[int, str]]:
+    """(line, top-level package) of every import in ``path``, module-level or inside functions.
+
+    Relative imports are resolved against ``package`` (they stay inside it, so they never count);
+    ``importlib.import_module("x...")`` with a literal name counts too.
+    """
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {(node.lineno, alias.name.split(".")[0]) for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            found.add((node.lineno, package if node.level else (node.module or "").split(".")[0]))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            found.add((node.lineno, node.args[0].value.split(".")[0]))
+    return found
+
+
+def test_imports_run_one_way_reference_then_suite_then_tools():
+    violations = []
+    for package, forbidden in FORBIDDEN_IMPORTS.items():
+        files = sorted((ROOT / package).rglob("*.py"))
+        assert files, f"no Python files under {package}/"
+        for path in files:
+            for line, name in sorted(imported_packages(path, package)):
+                if name in forbidden:
+                    violations.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert not violations, "imports must run specdec_ref -> properties/conformance/fixtures -> bench:\n" + "\n".join(violations)
+
+
+def test_import_direction_checker_sees_function_level_and_relative_imports(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text("import os.path\nfrom . import sibling\ndef f():\n    from bench.kit import Column\n    importlib.import_module('conformance.registry')\n")
+    assert imported_packages(path, "specdec_ref") == {(1, "os"), (2, "specdec_ref"), (4, "bench"), (5, "conformance")}

@@ -9,8 +9,11 @@ import torch
 from properties.stateful_cache import compare_kv, fresh_prefill
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.hf_backends import (
+    ForwardProbe,
     HFDynamicCache,
+    _logits,
     hf_assisted_decoder,
+    hf_assisted_drafts,
     hf_cache,
     hf_greedy_select,
     hf_verifier,
@@ -82,6 +85,82 @@ def test_verifier_greedy_equals_reference_argmax():
     rm, rt = verify_block(drafts, None, p)
     assert torch.equal(m, rm) and torch.equal(tokens, rt)
     assert (m[::2] == 3).all()
+
+
+def _equal_rows(vocab, k, seed):
+    """Target rows (k+1, V) in float32 with zeros and tiny masses; the draft rows are exactly the first k."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(k + 1, vocab, generator=g, dtype=torch.float64) * 4
+    logits[torch.rand(k + 1, vocab, generator=g) < 0.3] = -float("inf")
+    logits[:, 0] = 3.0  # every row keeps some mass
+    logits[:, 1] = -18.0  # a tiny one (~1e-9)
+    target = torch.softmax(logits, -1).to(torch.float32)
+    return target[:k].clone(), target
+
+
+@pytest.mark.parametrize("vocab,k", [(2, 1), (7, 4), (33, 8), (1000, 3)])
+def test_verifier_p_equals_q_never_rejects_and_residual_is_zero(vocab, k):
+    """With draft rows equal to the target rows, transformers sees ratios of exactly 1: no rejection, no residual."""
+    q, p = _equal_rows(vocab, k, seed=vocab * 31 + k)
+    # what _speculative_sampling computes from the adapter's logits
+    seen_q, seen_p = _logits(q[None]).softmax(-1), _logits(p[None]).softmax(-1)
+    assert torch.equal(seen_p[:, :k], seen_q), "transformers must see p == q row for row"
+    assert torch.equal(torch.clamp(seen_p[:, :k] - seen_q, min=0), torch.zeros_like(seen_q)), "the residual of p == q must be exactly 0"
+    batch = 256
+    g = torch.Generator().manual_seed(k)
+    drafts = torch.multinomial(q, batch, replacement=True, generator=g).T.contiguous()
+    m, tokens = hf_verifier().verify(drafts, q.expand(batch, -1, -1), p.expand(batch, -1, -1), generator=g)
+    assert (m == k).all(), f"p == q but {int((m < k).sum())} of {batch} rows rejected a draft"
+    assert (p[k][tokens[:, k]] > 0).all(), "a bonus token has zero probability under row k"
+
+
+def test_adapter_logits_keep_the_probabilities_to_float64_precision():
+    """transformers sees softmax(logits) = p / sum(p) to float64 rounding, not float32's (~1e-7 relative)."""
+    _, p = _equal_rows(50, 4, seed=3)
+    seen = _logits(p).softmax(-1)
+    assert seen.dtype == torch.float64
+    exact = p.double() / p.double().sum(-1, keepdim=True)
+    assert torch.allclose(seen, exact, rtol=1e-12, atol=0), f"max relative error {float(((seen - exact).abs() / exact.clamp_min(1e-300)).max()):.3g}"
+
+
+def test_verifier_greedy_near_ties_follow_the_reference_argmax():
+    """Adjacent float32 probabilities stay distinct: the greedy choice is the true maximum, as in verify_block.
+
+    In float32, ``log`` maps about a third of adjacent float32 values to one logit; the argmax then
+    picks the first of the (now tied) pair instead of the larger probability.
+    """
+    g = torch.Generator().manual_seed(0)
+    low = torch.rand(4000, generator=g) * 0.4 + 0.05
+    high = torch.nextafter(low, torch.ones_like(low))
+    rows = torch.rand(4000, 6, generator=g) * 0.01
+    rows[:, 0], rows[:, 1] = low, high  # the maximum is at index 1, a hair above index 0
+    rows = rows / rows.sum(-1, keepdim=True)
+    keep = rows[:, 1] > rows[:, 0]  # normalisation may round the pair together; keep strict near-ties
+    p = rows[keep][:, None, :].expand(-1, 2, -1).contiguous()  # k = 1: row 0 judges the draft, row 1 is the bonus row
+    drafts = torch.zeros(p.shape[0], 1, dtype=torch.long)  # draft index 0, the runner-up
+    m, tokens = hf_verifier().verify(drafts, None, p)
+    rm, rt = verify_block(drafts, None, p)
+    assert (rm == 0).all() and (rt[:, 0] == 1).all()
+    assert torch.equal(m, rm) and torch.equal(tokens, rt), f"{int((m != rm).sum())} of {len(m)} near-tie rows accepted the runner-up"
+
+
+def test_hf_assisted_drafts_from_target_calls():
+    # prompt 5; round 0: prompt + 3 drafts on an empty cache; round 1 starts at cur_len 7 ([last, 2 drafts] on 6 cached)
+    assert hf_assisted_drafts([(8, 0), (3, 6)], prompt_len=5) == [(3, 5), (2, 7)]
+
+
+def test_forward_probe_records_calls_and_removes_its_hooks():
+    model = tiny_lm("llama", seed=2)
+    probe = ForwardProbe(model)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3]]))
+    assert probe.calls == [(3, 0)] and probe.seconds > 0
+    probe.reset()
+    assert probe.calls == [] and probe.seconds == 0.0
+    probe.remove()
+    with torch.no_grad():
+        model(torch.tensor([[1]]))
+    assert probe.calls == []
 
 
 def test_greedy_select_is_transformers_branch():

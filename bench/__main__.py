@@ -1,0 +1,6 @@
+"""``python -m bench SUBCOMMAND ...``: the same as the ``specdec-bench`` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,100 @@
+"""``specdec-bench``: benchmarks of the reference implementation (a command, not a timed test).
+
+Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m bench SUBCOMMAND``):
+
+* ``verifier`` (:mod:`bench.verifier`): throughput of :func:`specdec_ref.verify.verify_block` in
+  blocks/s over a (B, k, V, mode, threads) grid, median and p10/p90 over repeats.
+* ``checks`` (:mod:`bench.checks`): every registered conformance check case run on a backend without
+  pytest, with CPU and wall seconds per case and per shared-sample group, the status, and the
+  stated power / N / alpha of the statistical ones.
+* ``decoder`` (:mod:`bench.decoder`): tokens/s of AR decoding, our speculative decoder (k grid) and
+  transformers' assisted generation (pinned to the same k) on the shipped trained pair, greedy and
+  sampling, variants interleaved over the repeats; acceptance, calls per token, phase shares,
+  token-for-token equality with AR (greedy) and with transformers at the same seed, and the
+  ">= 2x transformers' assisted generation" goal verdict.
+
+Adding a subcommand: a module with ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
+returning one dict per table row, its column list and (optionally) a ``summarise_X(args, rows) ->
+list[str]`` of verdict lines, gathered in a :class:`bench.kit.Subcommand` named ``SUBCOMMAND``;
+then list it in :data:`SUBCOMMANDS`. :func:`main` gives every subcommand the shared ``--json PATH``
+output, the environment header and the table printer.
+
+Timings on a shared machine are noisy: every point is a median over repeats,
+and the load average (``os.getloadavg()``) is printed before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Sequence
+
+from . import checks, decoder, verifier
+from .kit import Subcommand, environment, format_table, jsonable, load_average
+
+SUBCOMMANDS: dict[str, Subcommand] = {s.name: s for s in (verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND)}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec-bench", description=__doc__.split("\n\n")[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", metavar="PATH", default=None, help="also write the rows, summary and environment as JSON")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    for s in SUBCOMMANDS.values():
+        p = sub.add_parser(s.name, help=s.help, description=s.help, parents=[common])
+        s.add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out=None) -> int:
+    out = out or sys.stdout
+    args = build_parser().parse_args(argv)
+    sub = SUBCOMMANDS[args.command]
+    env = environment()
+    load_before = load_average()
+    started = time.perf_counter()
+    rows = sub.run(args)
+    elapsed = time.perf_counter() - started
+    load_after = load_average()
+    summary = sub.summarise(args, rows)
+
+    print(f"specdec-bench {sub.name}", file=out)
+    print(
+        f"torch {env['torch']}, python {env['python']}, {env['cpu_count']} CPUs, "
+        f"cuda {'available: ' + str(env['cuda_device']) if env['cuda_available'] else 'not available'}",
+        file=out,
+    )
+    print(f"load average (1/5/15 min): before {load_before}, after {load_after}; run took {elapsed:.1f} s", file=out)
+    for line in sub.header(args):
+        print(line, file=out)
+    print(file=out)
+    if sub.print_rows:
+        sub.print_rows(args, rows, out)
+    else:
+        print(format_table(rows, sub.columns), file=out)
+    if summary:
+        print(file=out)
+        for line in summary:
+            print(line, file=out)
+
+    if args.json:
+        payload = {
+            "command": sub.name,
+            "argv": list(argv) if argv is not None else sys.argv[1:],
+            "args": {k: v for k, v in vars(args).items()},
+            "environment": env,
+            "load_average": {"before": load_before, "after": load_after},
+            "seconds": elapsed,
+            "rows": rows,
+            "summary": summary,
+        }
+        payload.update(sub.json_extra(rows))
+        with open(args.json, "w") as fh:
+            json.dump(jsonable(payload), fh, indent=2)
+        print(f"wrote {args.json}", file=out)
+    return sub.exit_status(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
