@@ -187,7 +187,7 @@ def summarise_checks(args: argparse.Namespace, rows: list[dict]) -> list[str]:
         f"in one process with {args.threads} thread(s)",
     ]
     for r in rows:
-        if r["status"] in ("failed", "error"):
+        if r["status"] in ("failed", "error", "inconclusive"):
             lines.append(f"  {r['status'].upper()} {r['id']}: {r['message'].strip().splitlines()[0][:300] if r['message'].strip() else ''}")
 
     stat = [r for r in rows if r["statistical"] and r["status"] == "passed" and r["tests"]]
@@ -267,6 +267,6 @@ SUBCOMMAND = Subcommand(
     summarise_checks,
     checks_header,
     print_rows=print_checks,
-    exit_status=lambda rows: int(any(r["status"] in ("failed", "error") for r in rows)),
+    exit_status=lambda rows: int(any(r["status"] in ("failed", "error", "inconclusive") for r in rows)),
     json_extra=lambda rows: {"groups": group_rows(rows)},
 )

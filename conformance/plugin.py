@@ -253,8 +253,12 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
     __tracebackhide__ = True
     from .registry import run_case
 
+    from .report import backend_info
+
     record = run_case(case, backend, ctx)
     request.node.user_properties.append(("specdec_record", record.as_entry()))
+    if not any(key == "specdec_backend" for key, _ in request.node.user_properties):
+        request.node.user_properties.append(("specdec_backend", backend_info(backend)))
     raise_outcome(record)
 
 
@@ -278,6 +282,7 @@ class CertificateCollector:
         self.config = config
         self.path = path
         self.entries: dict[str, dict] = {}
+        self.backend: dict | None = None  # name, version, capabilities, as the process that ran the checks saw it
         self.cert: dict | None = None
         self.written: str | None = None
         self.error: str | None = None
@@ -288,6 +293,7 @@ class CertificateCollector:
         props = dict(report.user_properties)
         if "specdec_check" not in props:
             return  # not a conformance item
+        self.backend = self.backend or props.get("specdec_backend")
         entry = self.entries.setdefault(report.nodeid, rep.new_entry(report.nodeid, props["specdec_check"]))
         if report.failed:
             message = rep.failure_message(report.longrepr)
@@ -314,11 +320,12 @@ class CertificateCollector:
         if not self.entries:
             return
         spec = backend_spec(self.config)
-        backend, backend_error = None, None
-        try:
-            backend = rep.backend_info(load_backend(spec))
-        except BackendLoadError as exc:
-            backend_error = str(exc)
+        backend, backend_error = self.backend, None
+        if backend is None:  # no check ran it (e.g. all skipped or the fixture failed): load it here to say why
+            try:
+                backend = rep.backend_info(load_backend(spec))
+            except BackendLoadError as exc:
+                backend_error = str(exc)
         self.cert = rep.build_certificate(
             self.entries.values(),
             suite_version=specdec_ref.__version__,

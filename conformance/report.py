@@ -199,7 +199,8 @@ def decide_verdict(entries: list[dict[str, Any]], totals: dict[str, int], *, spe
             detail += f"; too few samples for full power in {len(limits)} check(s), the weakest: {named}{more}"
         else:
             level, headline = CERTIFIED, CERTIFIED
-            detail += "; every statistical test at its stated power"
+            stats = any(e["statistics"] for e in entries if e["status"] == "passed")
+            detail += "; every statistical test at its stated power" if stats else "; none of them statistical"
     return {"level": level, "headline": headline, "detail": detail, "reduced_power": limits}
 
 

@@ -306,6 +306,14 @@ def test_statistics_identical_across_runs_and_workers(tmp_path):
     parallel = run_suite(tmp_path, *selected, "-n", "2", name="parallel.json")[1]
     assert first["items"] and all(item["statistics"] for item in first["items"])
     assert without_timings(first) == without_timings(second) == without_timings(parallel)
+    # the same core without pytest (run_checks, as the mutation score and the benchmarks use it): same numbers
+    from conformance.registry import CheckContext, all_cases, run_case
+    from specdec_ref.backend import reference_backend
+
+    backend = reference_backend()
+    cases = [c for c in all_cases(["sampling_accepted_length_law", "sampling_bonus_follows_row_k"]) if c.case_id == "edges"]
+    outside = {c.id: json.loads(json.dumps(run_case(c, backend, CheckContext(profile="dev")).statistics)) for c in cases}
+    assert outside == {item["check_id"]: item["statistics"] for item in first["items"]}
 
 
 # backends registered by name under the entry-point group
