@@ -40,8 +40,6 @@ from specdec_ref.contract import NotSupportedError, check_requirement
 from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, get_profile, use_profile
 from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
 
-STATUSES = ("passed", "failed", "error", "inconclusive", "skipped")
-
 CHECK_ID = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
 CASE_ID = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*(?:-[a-z0-9]+(?:_[a-z0-9]+)*)*")
 
