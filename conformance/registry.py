@@ -272,7 +272,7 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     record.seconds = time.perf_counter() - start
     record.statistics = [r.as_record() for r in ctx.results]
     record.findings = list(ctx.findings)
-    if case.check.statistical and record.status in ("passed", "failed"):
+    if case.check.statistical and (record.status == "passed" or (record.status == "failed" and record.statistics)):
         record.power, why = judge_power(record.statistics)
         if record.status == "passed" and record.power == "inconclusive":
             record.status, record.message = "inconclusive", why

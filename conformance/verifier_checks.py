@@ -18,11 +18,15 @@ from hypothesis import Phase, given, note, settings
 from hypothesis import strategies as st
 
 from properties import exact
+from properties.markov import markov_pair, sequence_labels, sequence_law, simulate_sequences
 from properties.sample_size import (
     GENERATED_BLOCKS,
     GENERATED_TV,
+    LOSSLESS_TV,
     NON_BATCHED_GENERATED_BLOCKS,
+    NON_BATCHED_SEQUENCES,
     required_blocks,
+    required_samples,
     samples_needed,
     scaled_blocks,
     with_margin,
@@ -277,6 +281,40 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
         ctx.record(assert_fits(counts.steps[0], step, what="(accepted?, token) at position 0", labels=_step_labels(sc.vocab), **kw))
 
     generated()
+
+
+#: The tables, length and draft count of the multi-round sequence-law check.
+LOSSLESS_PAIR = markov_pair()
+LOSSLESS_LENGTH = 3
+LOSSLESS_K = 2
+
+
+@check(
+    guards="any loss of exactness over rounds, whatever the verification scheme: a biased residual or acceptance, "
+    "rows misaligned, a token lost, duplicated or reordered between rounds",
+    requires=("verifier", "sampling"),
+    statistical=True,
+)
+def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
+    """Text decoded round after round through verify() follows the target's autoregressive law.
+
+    Target and draft are Markov tables (next-token law depends on the last token), so the law of
+    the first 3 tokens is exact (properties.markov); 2 drafts per round, token-wise acceptance 0.7,
+    so about half the sequences span two rounds or more. Exact for every lossless scheme, not only
+    token-wise rejection sampling. Sized for power 0.99 against TV 0.005 on the 512 cells.
+    """
+    pair, length = LOSSLESS_PAIR, LOSSLESS_LENGTH
+    law = sequence_law(pair, length)
+    cap = NON_BATCHED_SEQUENCES
+    n = scaled_blocks(with_margin(required_samples(law, LOSSLESS_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=cap)
+    seed = ctx.seed_for("sequence-law-over-rounds")
+    counts = simulate_sequences(backend, pair, n, length=length, k=LOSSLESS_K, seed=seed)
+    ctx.record(
+        assert_fits(
+            counts, law, what=f"first {length} tokens decoded over rounds (k={LOSSLESS_K}) vs the target's law [{pair.describe()}]",
+            labels=sequence_labels(pair.vocab, length), tv=LOSSLESS_TV, seed=seed, replay=ctx.replay,
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- deterministic

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import exact
 from .scenarios import Scenario
-from .stats import samples_for_power
+from .stats import ALPHA, MIN_EXPECTED, TARGET_POWER, power_against_tv, samples_for_power
 
 #: Events rarer than this do not drive the sample size; their checks still run and state their power.
 MIN_EVENT_PROB = 0.1
@@ -34,6 +34,10 @@ GENERATED_BLOCKS = 60_000
 GENERATED_TV = 0.03
 #: Per-example block budget of that check for a verifier that does not claim ``batched``.
 NON_BATCHED_GENERATED_BLOCKS = 2_000
+#: The multi-round sequence-law check (``properties.markov``): the alternative it is sized for and
+#: its budget for a verifier that does not claim ``batched`` (one call per sequence and round).
+LOSSLESS_TV = 0.005
+NON_BATCHED_SEQUENCES = 20_000
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,3 +72,21 @@ def scaled_blocks(wanted: int, *, batched: bool, scale: float, cap: int = NON_BA
     if not batched:
         wanted = min(wanted, cap)
     return math.ceil(wanted * scale)
+
+
+def required_samples(law: np.ndarray, tv: float, *, alpha: float = ALPHA, power: float = TARGET_POWER) -> int:
+    """Smallest N at which a test of ``law`` states ``power`` against ``tv`` once the cells it
+    pools at that N (expected count below ``MIN_EXPECTED``) are discounted, as ``goodness_of_fit`` does."""
+
+    def enough(n: int) -> bool:
+        small = (law > 0) & (law * n < MIN_EXPECTED)
+        df = int(np.count_nonzero(law > 0) - small.sum()) - (0 if small.any() else 1)
+        return power_against_tv(n, df, alpha, tv - float(law[small].sum())) >= power
+
+    lo, hi = 1, 1
+    while not enough(hi):
+        lo, hi = hi, hi * 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid + 1, hi)
+    return lo

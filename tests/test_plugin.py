@@ -354,6 +354,19 @@ def test_checks_calling_verify_directly_honour_batched_false():
     assert [r.status for r in records] == ["passed"] * len(records), [(r.id, r.message[:300]) for r in records]
 
 
+def test_sequence_law_over_rounds_with_a_batch1_verifier_is_reduced_under_ci_and_inconclusive_under_dev():
+    """One B = 1 call per sequence and round, capped at 20 000 sequences: power stated, never a silent pass."""
+    from conformance.registry import CheckContext, all_cases, run_case
+    from examples.batch1_backend import factory
+
+    (case,) = all_cases(["sampling_sequence_law_over_rounds"])
+    ci = run_case(case, factory(), CheckContext())
+    assert (ci.status, ci.power) == ("passed", "reduced") and ci.statistics[0]["n"] == 20_000, ci.message[:500]
+    assert 0.005 < ci.statistics[0]["detects"] < 0.5
+    dev = run_case(case, factory(), CheckContext(profile="dev"))  # 2 000 sequences over 512 cells
+    assert dev.status == "inconclusive" and "N=2000" in dev.message
+
+
 def test_strict_batch1_verifier_is_certified_at_reduced_power(tmp_path):
     """batched=False: samples are capped (100 000 blocks per scenario under ci, 10 000 under the dev profile
     used here to keep this test short), and the terminal, JSON and Markdown all say

@@ -1,0 +1,128 @@
+"""Losslessness at the verifier level: many rounds of speculative decoding on models whose law is a table.
+
+A :class:`MarkovPair` is a target and a draft whose next-token distributions depend only on the
+last token: ``target[a]`` and ``draft[a]`` are the rows after token ``a`` (float64 arrays whose
+values are exactly representable in float32, as the backend receives them). The law of the first
+``L`` generated tokens under plain autoregressive sampling from the target is then exact and
+cheap (:func:`sequence_law`): ``P(x_1..x_L) = target[s, x_1] target[x_1, x_2] ... ``.
+
+:func:`simulate_sequences` runs the decode loop around a backend's ``verify``: every round each
+unfinished sequence drafts ``k`` tokens from the draft table, the target rows are read from the
+target table at the last committed token and at each draft, ``verify`` decides, and the emitted
+tokens are appended (the first ``L`` are kept). Whatever exact verification scheme the backend
+implements (token-wise, draft treated as one-hot, block verification, ...), the emitted text must
+follow :func:`sequence_law`; any bias in any round — wrong residual, wrong row, a token lost or
+duplicated between rounds — changes that law. This is the scheme-agnostic law the per-block checks
+cannot state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .sampling import is_batched, verify_rows
+from .scenarios import mix_for_acceptance, peaked_rows, to_float32_rows
+
+CHUNK = 1 << 16
+
+
+@dataclass(frozen=True, eq=False)
+class MarkovPair:
+    """Target and draft tables ``[V, V]`` (row ``a``: the next-token law after token ``a``) and the last prompt token."""
+
+    name: str
+    target: np.ndarray
+    draft: np.ndarray
+    start: int
+    purpose: str
+
+    @property
+    def vocab(self) -> int:
+        return self.target.shape[0]
+
+    def acceptance(self) -> np.ndarray:
+        """Per-row token-wise acceptance ``sum_x min(p, q)``."""
+        return np.minimum(self.target, self.draft).sum(-1)
+
+    def describe(self) -> str:
+        a = self.acceptance()
+        return f"{self.name} (V={self.vocab}, start token {self.start}, acceptance {a.min():.2f}..{a.max():.2f})"
+
+
+def markov_pair(seed: int = 2027, vocab: int = 8, acceptance: float = 0.7) -> MarkovPair:
+    """Distinct LM-like target rows; each draft row mixes its target row with another so that
+    the token-wise acceptance is ``acceptance`` (every verification path is exercised)."""
+    rng = np.random.default_rng(seed)
+    p = peaked_rows(rng, vocab, vocab, sharpness=1.2)
+    others = peaked_rows(rng, vocab, vocab, sharpness=2.5)
+    q = np.stack([mix_for_acceptance(p[a], others[a], acceptance) for a in range(vocab)])
+    return MarkovPair(
+        name="markov",
+        target=to_float32_rows(p),
+        draft=to_float32_rows(q),
+        start=0,
+        purpose=f"next-token law depends on the last token; token-wise acceptance {acceptance}",
+    )
+
+
+def sequence_law(pair: MarkovPair, length: int) -> np.ndarray:
+    """Exact float64 law of the first ``length`` tokens, flattened: cell ``sum_i x_i V^(L-1-i)``."""
+    law = pair.target[pair.start].copy()
+    for _ in range(length - 1):
+        last = np.arange(law.size) % pair.vocab
+        law = (law[:, None] * pair.target[last]).reshape(-1)
+    return law
+
+
+def sequence_labels(vocab: int, length: int) -> list[str]:
+    """``"x_1 x_2 .. x_L"`` for every cell of :func:`sequence_law`."""
+    digits = np.indices((vocab,) * length).reshape(length, -1).T
+    return [" ".join(map(str, row)) for row in digits]
+
+
+def simulate_sequences(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: int, chunk: int = CHUNK) -> np.ndarray:
+    """Counts over the cells of :func:`sequence_law` of ``n`` sequences decoded through ``backend.verify``.
+
+    Drafts come from a generator seeded with ``2 * seed``, the backend gets one seeded with
+    ``2 * seed + 1``. Every ``verify`` output is structure-checked (``verify_rows``); a backend that
+    does not claim ``batched`` gets one B = 1 call per sequence and round.
+    """
+    vocab = pair.vocab
+    target = torch.tensor(pair.target, dtype=torch.float32)
+    draft = torch.tensor(pair.draft, dtype=torch.float32)
+    draft_gen = torch.Generator().manual_seed(2 * seed)
+    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
+    weights = vocab ** torch.arange(length - 1, -1, -1)
+    counts = np.zeros(vocab**length, dtype=np.int64)
+    step = chunk if is_batched(backend) else min(chunk, 4096)
+    done = rounds = 0
+    while done < n:
+        b = min(step, n - done)
+        tokens = torch.zeros(b, length, dtype=torch.long)
+        filled = torch.zeros(b, dtype=torch.long)
+        last = torch.full((b,), pair.start, dtype=torch.long)
+        while True:
+            rows = (filled < length).nonzero().squeeze(1)
+            if len(rows) == 0:
+                break
+            cur, drafts, qs = last[rows], [], []
+            for _ in range(k):
+                q = draft[cur]
+                cur = torch.multinomial(q, 1, generator=draft_gen).squeeze(1)
+                drafts.append(cur)
+                qs.append(q)
+            d = torch.stack(drafts, 1)
+            p = target[torch.cat([last[rows, None], d], 1)]
+            where = f"{pair.name} sequences {done}..{done + b - 1}, round {rounds}, seed {seed}"
+            m, out = verify_rows(backend, d, torch.stack(qs, 1), p, generator=verify_gen, where=where, vocab=vocab)
+            for j in range(k + 1):
+                write = (j <= m) & (filled[rows] + j < length)
+                tokens[rows[write], filled[rows[write]] + j] = out[write, j]
+            last[rows] = out.gather(1, m[:, None]).squeeze(1)
+            filled[rows] += m + 1
+            rounds += 1
+        counts += np.bincount((tokens * weights).sum(1).numpy(), minlength=vocab**length)
+        done += b
+    return counts
