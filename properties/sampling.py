@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from specdec_ref.contract import PAD_TOKEN
+from specdec_ref.contract import PAD_TOKEN, NotSupportedError
 
 from .scenarios import Scenario
 
@@ -37,8 +37,8 @@ def call_backend(method, *args, what: str, **kwargs):
     __tracebackhide__ = True
     try:
         return method(*args, **kwargs)
-    except AssertionError:
-        raise  # the suite's own assertions (e.g. a per-round hook) stay failures
+    except (AssertionError, NotSupportedError):
+        raise  # the suite's own assertions (e.g. a per-round hook) stay failures; so does a claim not honoured
     except Exception as exc:
         raise BackendError(f"{what} raised") from exc
 

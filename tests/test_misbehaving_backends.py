@@ -51,3 +51,20 @@ def test_statistical_check_names_the_structural_failure_before_counting():
     (case, *_) = all_cases(["sampling_first_token_follows_row0"])
     record = run_case(case, Misbehaving("out of range"), CheckContext(profile="dev"))
     assert record.status == "failed" and "blocks 0.." in record.message and "is not in [0," in record.message
+
+
+class ClaimsBatchedButIsNot(ReferenceBackend):
+    """Claims `batched` (the reference's capabilities) but refuses B > 1."""
+
+    def verify(self, draft_tokens, draft_probs, target_probs, *, generator=None):
+        from specdec_ref.contract import NotSupportedError
+
+        if draft_tokens.shape[0] > 1:
+            raise NotSupportedError("one block per call")
+        return super().verify(draft_tokens, draft_probs, target_probs, generator=generator)
+
+
+def test_a_claim_the_backend_does_not_honour_fails():
+    (case,) = all_cases(["sampling_seeded_reproducible"])
+    record = run_case(case, ClaimsBatchedButIsNot(), CheckContext())
+    assert record.status == "failed" and "raised NotSupportedError: one block per call" in record.message
