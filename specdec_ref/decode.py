@@ -31,15 +31,12 @@ from typing import Callable
 import torch
 
 from .cache import ModelCache
-from .contract import DecodeResult, RoundRecord
+from .contract import DecodeResult, RoundHook, RoundRecord
 from .forward import as_prompt
 from .models import model_dims
 from .static_cache import fastest_cache
 from .verify import BlockVerifier, sample_from_weights, verify_block
 from .warp import GREEDY, SamplingConfig, warp
-
-RoundHook = Callable[["RoundRecord", ModelCache, ModelCache], None]
-
 
 def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling) -> torch.Tensor:
     if not isinstance(sampling, SamplingConfig):
