@@ -15,7 +15,10 @@ The verdict has three levels, worded the same everywhere (``cert["verdict"]["hea
   and the checks that set it are named;
 * ``NOT CERTIFIED`` -- a check failed, raised (``error``), was ``inconclusive`` (too few
   samples to detect even TV :data:`properties.stats.INCONCLUSIVE_TV`), the session did not
-  complete, or nothing passed.
+  complete, or nothing passed;
+* ``LOSSY: TV x [lo, hi]`` -- a backend that declares the ``lossy`` scheme and breaks no check: the
+  measured total variation between its text law and the target's, with its 99% interval, and the
+  tokens it emits per verify call against exact token-wise verification. Never "certified".
 
 Listed known failures (``--specdec-xfails``) that fail as expected are ``xfailed``: they do
 not break certification but are named ("with N listed exception(s)"). Errors are grouped by
@@ -29,11 +32,14 @@ import os
 import tempfile
 from typing import Any, Iterable
 
+from properties.stats import is_test
+
 SCHEMA_VERSION = 2
 STATUSES = ("passed", "failed", "error", "inconclusive", "skipped", "xfailed")
 CERTIFIED = "CERTIFIED"
 REDUCED = "CERTIFIED AT REDUCED POWER"
 NOT_CERTIFIED = "NOT CERTIFIED"
+LOSSY = "LOSSY"
 #: How many checks the reduced-power headline names.
 NAMED_LIMITS = 3
 
@@ -169,9 +175,29 @@ def group_errors(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: -g["count"])
 
 
+def _lossy_verdict(entries: list[dict[str, Any]], spec: str, skipped: str) -> tuple[str, str, str]:
+    """A backend declared lossy that broke no contract: the measured distance is the verdict."""
+    measured = [s for e in entries if e["status"] == "passed" for s in e["statistics"] if not is_test(s)]
+    detail = f"`{spec}` declares a lossy scheme and passed every check it claims; {skipped}"
+    if not measured:
+        return LOSSY, f"{LOSSY}: distance from the target's law not measured", detail
+    worst = max(measured, key=lambda s: s["hi"])
+    headline = f"{LOSSY}: TV {worst['estimate']:.3g} [{worst['lo']:.3g}, {worst['hi']:.3g}]"
+    detail += f"; {worst['what']}: total variation {worst['estimate']:.4f}, {worst['confidence']:.0%} interval [{worst['lo']:.4f}, {worst['hi']:.4f}] (N={worst['n']})"
+    if "gain" in worst:
+        detail += (
+            f"; {worst['tokens_per_round']:.3f} tokens per verify call vs {worst['token_wise_tokens_per_round']:.3f} "
+            f"for exact token-wise verification from the same states (x{worst['gain']:.3f})"
+        )
+    return LOSSY, headline, detail
+
+
 def decide_verdict(entries: list[dict[str, Any]], totals: dict[str, int], *, spec: str, complete: bool,
-                   exitstatus: int | None, backend_error: str | None) -> dict[str, Any]:
-    """The verdict: level, headline (the same words in every output) and the sentence after it."""
+                   exitstatus: int | None, backend_error: str | None, scheme: str = "token") -> dict[str, Any]:
+    """The verdict: level, headline (the same words in every output) and the sentence after it.
+
+    A backend declaring the ``lossy`` scheme that breaks no check gets ``LOSSY: TV x [lo, hi]``: the
+    measured distance of its text law from the target's, with its 99% interval (never "certified")."""
     skipped = f"{totals['skipped']} skipped (unclaimed capabilities or cases that do not apply)"
     if totals["xfailed"]:
         skipped += f", with {totals['xfailed']} listed exception(s) (xfail)"
@@ -186,6 +212,8 @@ def decide_verdict(entries: list[dict[str, Any]], totals: dict[str, int], *, spe
     elif totals["passed"] == 0:
         level, headline = NOT_CERTIFIED, f"{NOT_CERTIFIED}: no conformance check passed"
         detail = f"`{spec}`: {skipped}"
+    elif scheme == "lossy":
+        level, headline, detail = _lossy_verdict(entries, spec, skipped)
     else:
         reduced = [e for e in entries if e["status"] == "passed" and e.get("power") == "reduced"]
         detail = f"`{spec}` passed all {totals['passed']} conformance checks it claims; {skipped}"
@@ -230,14 +258,14 @@ def build_certificate(
             e["missing_capabilities"] = [flag for flag in e["requires"] if not claimed.get(flag, False)]
     totals = {s: sum(1 for e in entries if e["status"] == s) for s in STATUSES}
     totals["total"] = len(entries)
-    stats = [s for e in entries for s in e["statistics"]]
+    stats = [s for e in entries for s in e["statistics"] if is_test(s)]
     complete = (exitstatus is None or exitstatus in (0, 1)) and backend_error is None
     verdict = decide_verdict(entries, totals, spec=backend_spec, complete=complete, exitstatus=exitstatus,
-                             backend_error=backend_error)
+                             backend_error=backend_error, scheme=claimed.get("scheme", "token"))
     return {
         "schema_version": SCHEMA_VERSION,
         "suite_version": suite_version,
-        "certified": verdict["level"] != NOT_CERTIFIED,
+        "certified": verdict["level"] in (CERTIFIED, REDUCED),
         "verdict": verdict,
         "complete": complete,
         "exitstatus": exitstatus,
@@ -283,7 +311,7 @@ def backend_info(backend) -> dict[str, Any]:
 def statistics_line(cert: dict[str, Any]) -> str:
     if not cert["statistical_tests"]:
         return "no statistical tests ran"
-    alphas = [s.get("alpha", 0.0) for e in cert["items"] for s in e["statistics"]]
+    alphas = [s.get("alpha", 0.0) for e in cert["items"] for s in e["statistics"] if is_test(s)]
     return (
         f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}: family-wise "
         f"false-alarm probability <= {cert['family_wise_alpha_bound']:.2g} (Bonferroni: the sum of the per-test alphas)"
@@ -363,7 +391,13 @@ def render_markdown(cert: dict[str, Any]) -> str:
     lines += _table(
         "Statistical checks", ("check", "status", "N", "power", "TV", "detects TV >=", "p-value", "alpha"),
         [(_name(e), e["status"], s.get("n", ""), *(_fmt(s.get(key)) for key in ("power", "tv", "detects", "p_value", "alpha")))
-         for e in items for s in e["statistics"]],
+         for e in items for s in e["statistics"] if is_test(s)],
+    )
+    lines += _table(
+        "Measured distances (lossy scheme)", ("check", "N", "TV", "99% interval", "tokens per call", "token-wise", "gain"),
+        [(_name(e), s["n"], _fmt(s["estimate"]), f"[{_fmt(s['lo'])}, {_fmt(s['hi'])}]", _fmt(s.get("tokens_per_round")),
+          _fmt(s.get("token_wise_tokens_per_round")), _fmt(s.get("gain")))
+         for e in items for s in e["statistics"] if not is_test(s)],
     )
     lines += _table(
         "Greedy divergences classified as numerical flips", ("check", "where", "tokens (spec / AR)", "top-1/top-2 gap", "tolerance"),

@@ -6,7 +6,7 @@ values are exactly representable in float32, as the backend receives them). The 
 ``L`` generated tokens under plain autoregressive sampling from the target is then exact and
 cheap (:func:`sequence_law`): ``P(x_1..x_L) = target[s, x_1] target[x_1, x_2] ... ``.
 
-:func:`simulate_sequences` runs the decode loop around a backend's ``verify``: every round each
+:func:`simulate` runs the decode loop around a backend's ``verify``: every round each
 unfinished sequence drafts ``k`` tokens from the draft table, the target rows are read from the
 target table at the last committed token and at each draft, ``verify`` decides, and the emitted
 tokens are appended (the first ``L`` are kept). Whatever exact verification scheme the backend
@@ -82,12 +82,28 @@ def sequence_labels(vocab: int, length: int) -> list[str]:
     return [" ".join(map(str, row)) for row in digits]
 
 
-def simulate_sequences(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: int, chunk: int = CHUNK) -> np.ndarray:
-    """Counts over the cells of :func:`sequence_law` of ``n`` sequences decoded through ``backend.verify``.
+@dataclass
+class Simulation:
+    """What :func:`simulate` observed: ``counts`` over the cells of :func:`sequence_law`, and per
+    round start state ``a`` (the last committed token) how many rounds started there
+    (``rounds[a]``) and how many tokens they emitted (``emitted[a]``, before truncation to L)."""
+
+    counts: np.ndarray
+    rounds: np.ndarray
+    emitted: np.ndarray
+
+    @property
+    def tokens_per_round(self) -> float:
+        return float(self.emitted.sum() / max(self.rounds.sum(), 1))
+
+
+def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: int, chunk: int = CHUNK) -> Simulation:
+    """Decode ``n`` sequences of ``length`` tokens through ``backend.verify``, ``k`` drafts per round.
 
     Drafts come from a generator seeded with ``2 * seed``, the backend gets one seeded with
     ``2 * seed + 1``. Every ``verify`` output is structure-checked (``verify_rows``); a backend that
-    does not claim ``batched`` gets one B = 1 call per sequence and round.
+    does not claim ``batched`` gets one B = 1 call per sequence and round. A backend declaring
+    ``bonus=False`` emits ``m`` tokens (not ``m + 1``) when it accepts all ``k``.
     """
     vocab = pair.vocab
     target = torch.tensor(pair.target, dtype=torch.float32)
@@ -96,6 +112,8 @@ def simulate_sequences(backend, pair: MarkovPair, n: int, *, length: int, k: int
     verify_gen = torch.Generator().manual_seed(2 * seed + 1)
     weights = vocab ** torch.arange(length - 1, -1, -1)
     counts = np.zeros(vocab**length, dtype=np.int64)
+    round_starts = np.zeros(vocab, dtype=np.int64)
+    round_tokens = np.zeros(vocab, dtype=np.int64)
     step = chunk if is_batched(backend) else min(chunk, 4096)
     done = rounds = 0
     while done < n:
@@ -117,12 +135,86 @@ def simulate_sequences(backend, pair: MarkovPair, n: int, *, length: int, k: int
             p = target[torch.cat([last[rows, None], d], 1)]
             where = f"{pair.name} sequences {done}..{done + b - 1}, round {rounds}, seed {seed}"
             m, out = verify_rows(backend, d, torch.stack(qs, 1), p, generator=verify_gen, where=where, vocab=vocab)
+            emitted = m + (out.gather(1, m[:, None]).squeeze(1) >= 0).long()  # m + 1, or m without a bonus
+            round_starts += np.bincount(last[rows].numpy(), minlength=vocab)
+            round_tokens += np.bincount(last[rows].numpy(), weights=emitted.numpy(), minlength=vocab).astype(np.int64)
             for j in range(k + 1):
-                write = (j <= m) & (filled[rows] + j < length)
+                write = (j < emitted) & (filled[rows] + j < length)
                 tokens[rows[write], filled[rows[write]] + j] = out[write, j]
-            last[rows] = out.gather(1, m[:, None]).squeeze(1)
-            filled[rows] += m + 1
+            last[rows] = out.gather(1, (emitted - 1)[:, None]).squeeze(1)
+            filled[rows] += emitted
             rounds += 1
         counts += np.bincount((tokens * weights).sum(1).numpy(), minlength=vocab**length)
         done += b
-    return counts
+    return Simulation(counts=counts, rounds=round_starts, emitted=round_tokens)
+
+
+# ----------------------------------------------------------------------------- exact laws of a scheme
+
+
+def _round_outcomes(pair: MarkovPair, scheme, start: int, k: int):
+    """Every round from last token ``start``: ``(drafts[D, k], weight[D], stop[D, k+1], final[D, k+1, V])``
+    (the draft chain's probability, and the scheme's exact outcome law given the drafts)."""
+    from .exact import outcome_given_drafts
+
+    vocab = pair.vocab
+    drafts = np.indices((vocab,) * k).reshape(k, -1).T
+    context = np.concatenate([np.full((len(drafts), 1), start), drafts], 1)
+    q = pair.draft[context[:, :k]]  # row i judges d_{i+1}, after context[:, i]
+    weight = np.prod(q[np.arange(len(drafts))[:, None], np.arange(k)[None, :], drafts], 1)
+    keep = weight > 0
+    drafts, context, q, weight = drafts[keep], context[keep], q[keep], weight[keep]
+    stop, final = outcome_given_drafts(scheme, pair.target[context], q, drafts)
+    return drafts, weight, stop, final
+
+
+def scheme_sequence_law(pair: MarkovPair, scheme, length: int, k: int) -> np.ndarray:
+    """Exact float64 law (cells as :func:`sequence_law`) of the first ``length`` tokens decoded over
+    rounds with the oracle ``scheme`` (:class:`properties.exact.SchemeSpec`) and ``k`` drafts per round.
+
+    Equal to :func:`sequence_law` for every lossless scheme (``tests/test_schemes.py`` proves it for
+    the oracle's formulas); for ``typical`` it is the lossy scheme's own law, so the distance the
+    suite measures can be checked against the exact one.
+    """
+    vocab = pair.vocab
+    memo: dict[tuple[int, int], np.ndarray] = {}
+
+    def law_after(last: int, r: int) -> np.ndarray:
+        """Law over vocab**r of the next r tokens after token ``last``."""
+        if (last, r) in memo:
+            return memo[(last, r)]
+        out = np.zeros(vocab**r)
+        drafts, weight, stop, final = _round_outcomes(pair, scheme, last, k)
+        for j in range(k + 1):
+            for y in range(vocab):
+                mass = weight * stop[:, j] * final[:, j, y]
+                if j == k and not scheme.bonus:
+                    mass = weight * stop[:, j] * (y == 0)  # one pass, no emitted token after d_k
+                for row in np.flatnonzero(mass > 0):
+                    emitted = list(drafts[row, :j]) + ([y] if (j < k or scheme.bonus) else [])
+                    head = emitted[:r]
+                    rest = r - len(head)
+                    index = 0
+                    for t in head:
+                        index = index * vocab + int(t)
+                    if rest == 0:
+                        out[index] += mass[row]
+                    else:
+                        tail = law_after(int(head[-1]), rest)
+                        out[index * vocab**rest : (index + 1) * vocab**rest] += mass[row] * tail
+        memo[(last, r)] = out
+        return out
+
+    return law_after(pair.start, length)
+
+
+def tokens_per_round(pair: MarkovPair, scheme, k: int) -> np.ndarray:
+    """Exact expected tokens emitted by one round of ``scheme`` from each last token ``a``: ``[V]``."""
+    per_state = np.empty(pair.vocab)
+    for a in range(pair.vocab):
+        _, weight, stop, final = _round_outcomes(pair, scheme, a, k)
+        emitted = np.arange(k + 1) + 1.0
+        if not scheme.bonus:
+            emitted[k] = k
+        per_state[a] = float(weight @ (stop @ emitted))
+    return per_state

@@ -52,14 +52,16 @@ def samples_needed(law: np.ndarray, event_prob: float) -> float:
     return _samples_for_df(max(int(np.count_nonzero(law)) - 1, 0)) / event_prob
 
 
-def required_blocks(scenario: Scenario) -> int:
-    """Smallest block count giving every statistical check on ``scenario`` the target power."""
-    p, q, k = scenario.target, scenario.draft, scenario.k
-    reach, law = exact.reach_probs(p, q), exact.length_law(p, q)
-    needs = [samples_needed(law, 1.0)]
-    needs += [samples_needed(exact.emitted_law(p, j), reach[j]) for j in range(k + 1)]
-    needs += [samples_needed(exact.step_law(p, q, j), reach[j]) for j in range(k)]
-    needs += [samples_needed(exact.residual_law(p, q, j), law[j]) for j in range(k) if law[j] > 0]
+def required_blocks(scenario: Scenario, law: "exact.BlockLaw | None" = None) -> int:
+    """Smallest block count giving every statistical check on ``scenario`` the target power.
+
+    ``law``: the scenario's exact laws under the backend's scheme (default: token-wise)."""
+    law = law or exact.block_law(exact.TOKEN, scenario.target, scenario.draft)
+    k, reach, length = law.k, law.reach, law.length
+    needs = [samples_needed(length, 1.0)]
+    needs += [samples_needed(law.emitted(j), reach[j]) for j in range(k + (law.bonus is not None))]
+    needs += [samples_needed(law.steps[j], reach[j]) for j in range(k)]
+    needs += [samples_needed(law.residual(j), length[j]) for j in range(k) if length[j] > 0]
     return with_margin(max(needs))
 
 

@@ -76,8 +76,12 @@ def check_block_output(
     *,
     vocab: int,
     where: str,
+    bonus: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Structural contract of one verify() output; raises BackendOutputError naming the row."""
+    """Structural contract of one verify() output; raises BackendOutputError naming the row.
+
+    ``bonus=False`` (a backend declaring the no-bonus variant): a fully accepted row ends with
+    ``PAD_TOKEN`` at position k, and only there may the emitted token be missing."""
     __tracebackhide__ = True
     batch, k = draft_tokens.shape
     if not (isinstance(result, tuple) and len(result) == 2):
@@ -116,6 +120,15 @@ def check_block_output(
             f"positions after m must be {PAD_TOKEN}"
         )
     final = tokens.gather(1, m[:, None]).squeeze(1)
+    if not bonus:
+        bonus_given = (m == k) & (final != PAD_TOKEN)
+        if bonus_given.any():
+            row = int(bonus_given.nonzero()[0])
+            raise BackendOutputError(
+                f"{where}: row {row} accepted all k={k} drafts and emitted a bonus token {int(final[row])}, "
+                f"but the backend declares bonus=False (tokens[{row}, {k}] must be {PAD_TOKEN})"
+            )
+        final = torch.where(m == k, 0, final)
     bad = (final < 0) | (final >= vocab)
     if bad.any():
         row = int(bad.nonzero()[0])
@@ -136,6 +149,12 @@ def is_batched(backend) -> bool:
     return bool(getattr(caps, "batched", True))
 
 
+def emits_bonus(backend) -> bool:
+    """Whether a fully accepted block ends with a bonus token (``Capabilities.bonus``; default True)."""
+    caps = getattr(backend, "capabilities", None)
+    return bool(getattr(caps, "bonus", True))
+
+
 def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, where: str, vocab: int):
     """``verify`` on a batch, one B=1 call per row for a backend that does not claim ``batched``.
 
@@ -145,7 +164,7 @@ def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, 
     __tracebackhide__ = True
     if is_batched(backend):
         out = call_backend(backend.verify, draft_tokens, draft_probs, target_probs, generator=generator, what=f"verify() ({where})")
-        return check_block_output(draft_tokens, out, vocab=vocab, where=where)
+        return check_block_output(draft_tokens, out, vocab=vocab, where=where, bonus=emits_bonus(backend))
     batch, k = draft_tokens.shape
     m = torch.empty(batch, dtype=torch.long)
     tokens = torch.empty(batch, k + 1, dtype=torch.long)
@@ -154,7 +173,7 @@ def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, 
         dp = None if draft_probs is None else draft_probs[i : i + 1]
         row_where = f"{where} (row {i}, one B=1 call per row)"
         out = call_backend(backend.verify, dt, dp, target_probs[i : i + 1], generator=generator, what=f"verify() ({row_where})")
-        mi, ti = check_block_output(dt, out, vocab=vocab, where=row_where)
+        mi, ti = check_block_output(dt, out, vocab=vocab, where=row_where, bonus=emits_bonus(backend))
         m[i], tokens[i] = mi[0], ti[0]
     return m, tokens
 
@@ -220,7 +239,8 @@ def count_blocks(
         accepted = torch.arange(k)[None, :] < m[:, None]  # m > j
         cells = cell_base + accepted.long() * vocab + tokens[:, :k].clamp_min(0)
         steps += np.bincount(cells[reached].numpy(), minlength=k * 2 * vocab)
-        bonus += np.bincount(tokens[m == k, k].numpy(), minlength=vocab)
+        emitted_bonus = tokens[m == k, k]
+        bonus += np.bincount(emitted_bonus[emitted_bonus >= 0].numpy(), minlength=vocab)  # none without a bonus
         done += b
     return BlockCounts(
         scenario=scenario.name,

@@ -136,4 +136,128 @@ def edge_scenario(k: int = 3, vocab: int = 12) -> Scenario:
     )
 
 
-STAT_SCENARIOS = {s.name: s for s in (balanced_scenario(), edge_scenario())}
+#: Denominator of the dyadic probabilities of :func:`near_equal_scenario` (exact in float32).
+DYADIC = 1 << 12
+
+
+def _dyadic_row(probs: np.ndarray) -> np.ndarray:
+    """Integer counts out of :data:`DYADIC`, each >= 1, summing exactly to it."""
+    counts = np.maximum(np.round(probs * DYADIC).astype(np.int64), 1)
+    counts[np.argmax(counts)] += DYADIC - counts.sum()
+    return counts
+
+
+def near_equal_scenario(seed: int = 2028, k: int = 3, vocab: int = 12, acceptance: float = 0.75) -> Scenario:
+    """Rows where ``p ~ q``: where subtle verifier bugs live (a ratio rounded to 1, ``u <= p/q``,
+    acceptance in low precision), at every position.
+
+    Probabilities are multiples of 1/4096 (exact in float32). In each draft row three tokens have
+    ``q == p`` exactly, every other token but two has ``q/p`` within 5% of 1 (both sides), and one
+    the two likeliest tokens give mass to the least likely one (a large mismatch) so that the token-wise acceptance is ``acceptance`` and every stop
+    position has mass >= 0.1.
+    """
+    rng = np.random.default_rng(seed)
+    p_counts = np.stack([_dyadic_row(row) for row in peaked_rows(rng, k + 1, vocab, sharpness=1.0)])
+    q_counts = np.empty((k, vocab), dtype=np.int64)
+    for j in range(k):
+        n = p_counts[j]
+        order = rng.permutation(vocab)
+        big = [int(t) for t in np.argsort(-n)[:2]]  # give mass: q < p there by a lot
+        rest = [int(t) for t in order if t not in big]
+        small = min(rest, key=lambda t: n[t])  # takes the mass: q > p there
+        equal = [t for t in rest if t != small][:3]
+        m = n.copy()
+        for t in rest:
+            if t not in equal and t != small:
+                m[t] = n[t] + int(np.round(n[t] * rng.uniform(-0.05, 0.05)))
+        deficit = int(np.round((1 - acceptance) * DYADIC)) - int(np.clip(n - m, 0, None).sum())
+        share = int(np.round(deficit * n[big[0]] / (n[big[0]] + n[big[1]])))
+        m[big[0]], m[big[1]] = n[big[0]] - share, n[big[1]] - (deficit - share)
+        m[small] = DYADIC - (m.sum() - m[small])
+        if min(m[big]) <= 0 or m[small] <= n[small]:
+            raise ValueError("near_equal_scenario: the mismatch tokens cannot carry the requested acceptance")
+        q_counts[j] = m
+    return Scenario(
+        name="near_equal",
+        target=p_counts / DYADIC,
+        draft=q_counts / DYADIC,
+        purpose="p ~ q: ratios within 5% of 1 and p == q on three tokens per row, mass moved off the two likeliest tokens",
+    )
+
+
+def crossing_scenario(seed: int = 2029, k: int = 3, vocab: int = 8) -> Scenario:
+    """Draft and target that disagree: independent ``Dirichlet(1)`` rows, so likelihood ratios fall on
+    both sides of 1 and drafts are often accepted with a ratio well below 1.
+
+    This is where verification schemes differ: block verification often stops carrying a weight
+    ``w < 1`` and its residual ``[w p - q]_+`` is far from the token-wise ``[p - q]_+``. The first
+    seed from ``seed`` at which every stop position has mass >= 0.1 under both token-wise and block
+    verification is used (deterministic).
+    """
+    for attempt in range(1000):
+        rng = np.random.default_rng(seed + attempt)
+        p = to_float32_rows(dirichlet_rows(rng, k + 1, vocab, 1.0))
+        q = to_float32_rows(dirichlet_rows(rng, k, vocab, 1.0))
+        laws = (exact.length_law(p, q), exact.block_law(exact.SchemeSpec("block"), p, q).length)
+        if all(law.min() >= 0.1 for law in laws):
+            return Scenario(
+                name="crossing",
+                target=p,
+                draft=q,
+                purpose="draft and target disagree (independent rows): ratios on both sides of 1, every scheme stops everywhere",
+            )
+    raise RuntimeError("crossing_scenario: no seed gave every stop position mass >= 0.1")
+
+
+STAT_SCENARIOS = {s.name: s for s in (balanced_scenario(), edge_scenario(), near_equal_scenario(), crossing_scenario())}
+
+#: The highest per-row acceptance :func:`for_scheme` aims at for ``one_hot_draft`` (a row where
+#: token-wise acceptance is 1, p == q, keeps its edge features rather than becoming one-hot).
+ONE_HOT_MAX_ACCEPTANCE = 0.75
+
+
+def _one_hot_acceptance(p: np.ndarray, q: np.ndarray) -> float:
+    return float(np.dot(p, q))
+
+
+def _concentrate(p: np.ndarray, q: np.ndarray, acceptance: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(1-l) onehot(c) + l row`` for both rows, ``c`` the likeliest token both give mass, with
+    ``l`` found by bisection so that the one-hot-draft acceptance ``sum p q`` equals ``acceptance``.
+
+    Zeros elsewhere, tiny masses and ``p == q`` survive (scaled by ``l``)."""
+    both = (p > 0) & (q > 0)
+    c = int(np.argmax(np.where(both, p * q, -1.0)))
+    hot = np.zeros_like(p)
+    hot[c] = 1.0
+    mix = lambda row, lam: (1 - lam) * hot + lam * row  # noqa: E731
+    if _one_hot_acceptance(p, q) >= acceptance:
+        return p, q
+    lo, hi = 0.0, 1.0  # acceptance falls from 1 (l = 0) to sum p q (l = 1)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if _one_hot_acceptance(mix(p, mid), mix(q, mid)) > acceptance else (lo, mid)
+    return mix(p, lo), mix(q, lo)
+
+
+def for_scheme(scenario: Scenario, scheme: str) -> Scenario:
+    """The scenario as the per-block checks use it for a backend declaring ``scheme``.
+
+    ``token`` and ``block`` use it unchanged (every stop position keeps a mass >= 0.1 under both).
+    ``one_hot_draft`` accepts only ``sum_x p(x) q(x)`` per draft, so on LM-like rows it almost never
+    gets past position 0 and the later positions could not be tested; its rows are concentrated
+    on a common token until each row's one-hot acceptance equals the token-wise acceptance the
+    scenario was designed with (capped at :data:`ONE_HOT_MAX_ACCEPTANCE`): the same stop law, so the
+    same power at every position, and the same edge features. Names are kept, so case ids are too.
+    """
+    if scheme != "one_hot_draft":
+        return scenario
+    token_acceptance = exact.acceptance_probs(scenario.target, scenario.draft)
+    target, draft = scenario.target.copy(), scenario.draft.copy()
+    for j, a in enumerate(token_acceptance):
+        target[j], draft[j] = _concentrate(scenario.target[j], scenario.draft[j], min(a, ONE_HOT_MAX_ACCEPTANCE))
+    return Scenario(
+        name=scenario.name,
+        target=to_float32_rows(target),
+        draft=to_float32_rows(draft),
+        purpose=scenario.purpose + "; rows concentrated so the one-hot-draft scheme reaches every position",
+    )

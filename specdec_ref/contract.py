@@ -31,8 +31,9 @@ The verifier contract (FlashInfer's shapes)
   before the block), row ``i`` the distribution after seeing ``d_i``; row ``k`` is the
   *bonus* row, used when all ``k`` drafts are accepted.
 * ``draft_probs[:, i]`` is exactly the distribution ``d_{i+1}`` was drawn from (after
-  temperature / top-k / top-p): the verifier accepts ``d`` with probability
-  ``min(1, p(d) / q(d))`` and stops at the first rejection.
+  temperature / top-k / top-p). What the verifier does with it is its declared *scheme*
+  (below); the default, ``token``, accepts ``d`` with probability ``min(1, p(d) / q(d))``
+  and stops at the first rejection.
 * ``draft_probs is None`` means greedy: accept ``d_i`` while it is the target's greedy choice
   for its row; the replacement (or the bonus) is that choice. The reference uses
   ``torch.argmax`` semantics (first maximal index), so it reproduces plain autoregressive
@@ -41,13 +42,38 @@ The verifier contract (FlashInfer's shapes)
   never goes past a draft token that is not a maximiser. Exact ties are not held against a
   backend that breaks them differently.
 * Output: ``m = num_accepted[b]`` with ``0 <= m <= k``; ``tokens[b, :m]`` are the accepted
-  drafts, ``tokens[b, m]`` is the replacement (a sample of the residual ``[p - q]_+``
-  renormalised, at row ``m``) or the bonus (a sample of row ``k``), and
-  ``tokens[b, m+1:] == PAD_TOKEN`` (``-1``). Both are int64 tensors.
+  drafts, ``tokens[b, m]`` is the replacement (for ``token``: a sample of the residual
+  ``[p - q]_+`` renormalised, at row ``m``) or the bonus (a sample of row ``k``), and
+  ``tokens[b, m+1:] == PAD_TOKEN`` (``-1``). Both are int64 tensors. A backend declaring
+  ``bonus=False`` emits no bonus: when ``m == k``, ``tokens[b, k] == PAD_TOKEN``.
 * Randomness comes only from ``generator`` when one is given (the same generator state gives
   the same output; the global torch RNG is never read).
 * A backend that does not claim ``batched`` is only ever called with ``B == 1`` (the suite
   splits batches into one call per row, threading the generator through them in row order).
+
+Verification schemes
+--------------------
+``Capabilities.scheme`` names what ``verify`` computes; the suite tests each scheme against
+*its own* exact per-block laws (accepted length, replacement at each stop, bonus), computed
+independently in float64 by ``properties.exact``, and every lossless scheme against the
+target's sequence law over many rounds:
+
+==================  ===========================================================================
+``token``           token-wise rejection sampling (Leviathan et al. 2023, Chen et al. 2023):
+                    accept ``d`` w.p. ``min(1, p(d)/q(d))``, replacement ``[p - q]_+``.
+``one_hot_draft``   the draft treated as one-hot: accept ``d`` w.p. ``p(d)``, replacement ``p``
+                    with ``d`` removed. Exact for any draft; accepts ``sum_x p(x) q(x)`` per draft.
+``block``           block verification (Sun et al., "Block verification accelerates speculative
+                    decoding", ICLR 2025, arXiv 2403.10444): the block is judged jointly; never
+                    accepts fewer drafts on average than ``token``.
+``lossy``           anything not claimed exact (typical acceptance, thresholds): the suite measures
+                    the total variation between its text law and the target's, with a 99%
+                    confidence interval, instead of failing it.
+==================  ===========================================================================
+
+``bonus`` (default ``True``) says whether a fully accepted block ends with a bonus token from
+row ``k``; ``bonus=False`` is the *no-bonus* variant of any scheme (exact too). A backend that
+declares one scheme and runs another fails the per-block law checks of the one it declared.
 
 The reference (:func:`specdec_ref.verify.verify_block`) computes in float32 whatever the input
 dtype, never synchronises with the host, and by default validates its inputs (wrong shapes,
@@ -120,7 +146,8 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``top_p``     the decoder honours ``SamplingConfig.top_p``
 ============  =====================================================================
 
-``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
+``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
+the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
 :data:`DEVICE_NAMES`, default ``("cpu",)``) list the dtypes and devices the backend supports;
 checks require them as ``dtype:NAME`` / ``device:NAME``. ``extra`` is free-form notes for the
 certificate. Unclaimed modes must raise :class:`NotSupportedError`; checks needing an
@@ -140,6 +167,8 @@ from .warp import GREEDY, SamplingConfig  # re-exported: the sampling settings a
 __all__ = [
     "PAD_TOKEN",
     "CAPABILITY_FLAGS",
+    "SCHEMES",
+    "LOSSLESS_SCHEMES",
     "DTYPE_NAMES",
     "DEVICE_NAMES",
     "check_requirement",
@@ -165,6 +194,11 @@ PAD_TOKEN = -1
 #: Capability flags a backend may claim (see the module docstring). Checks are marked with the
 #: flags they need; an unknown flag name is an error at collection time.
 CAPABILITY_FLAGS = ("verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p")
+
+#: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
+SCHEMES = ("token", "one_hot_draft", "block", "lossy")
+#: The schemes whose output must follow the target's law exactly.
+LOSSLESS_SCHEMES = ("token", "one_hot_draft", "block")
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_NAMES = ("cpu", "cuda")
@@ -204,7 +238,24 @@ class Capabilities:
     top_p: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
+    scheme: str = "token"
+    bonus: bool = True
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"unknown verification scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
+        if not isinstance(self.bonus, bool):
+            raise ValueError(f"bonus must be a bool, got {self.bonus!r}")
+
+    @property
+    def lossless(self) -> bool:
+        """Whether the declared scheme claims the target's exact law."""
+        return self.scheme in LOSSLESS_SCHEMES
+
+    def scheme_label(self) -> str:
+        """``"token"``, ``"block, no bonus"``, ...: the declared scheme in words."""
+        return self.scheme + ("" if self.bonus else ", no bonus")
 
     def has(self, flag: str) -> bool:
         """A capability flag, or ``dtype:NAME`` / ``device:NAME`` (claimed in ``dtypes`` / ``devices``)."""

@@ -43,11 +43,25 @@ def _first_false(flags: torch.Tensor) -> torch.Tensor:
 
 
 class BlockVerifier:
-    """The reference verifier, one overridable step per method.
+    """The reference verifier (scheme ``token``), one overridable step per method.
 
     Each method is one decision of the algorithm, so that a known bug (a
     mutant in ``fixtures/mutants``) is a one-method subclass of the reference.
+    Other exact schemes (:mod:`specdec_ref.schemes`) are subclasses too.
+    ``bonus=False`` is the no-bonus variant: a fully accepted block emits no
+    bonus token (``tokens[:, k]`` stays ``PAD_TOKEN``).
     """
+
+    #: The scheme this verifier implements (``specdec_ref.contract.SCHEMES``).
+    scheme = "token"
+    bonus = True
+
+    def __init__(self, *, bonus: bool = True):
+        self.bonus = bonus
+
+    def draft_rows(self, draft_probs: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+        """The draft distributions the decisions use: the reported ``q`` itself for ``token``."""
+        return draft_probs
 
     def judging_rows(self, target_probs: torch.Tensor, k: int) -> torch.Tensor:
         """Rows that judge ``d_1..d_k``: row ``i`` judges ``d_{i+1}`` (row 0 is saved_next)."""
@@ -89,6 +103,8 @@ class BlockVerifier:
         positions = torch.arange(k + 1, device=draft_tokens.device)
         padded = torch.cat([draft_tokens, draft_tokens.new_zeros(batch, 1)], dim=1)
         tokens = torch.where(positions < m[:, None], padded, PAD_TOKEN)
+        if not self.bonus:
+            final = torch.where(m == k, PAD_TOKEN, final)
         return tokens.scatter_(1, m[:, None], final[:, None])
 
     def greedy(self, draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +123,7 @@ class BlockVerifier:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         batch, k = draft_tokens.shape
         p = target_probs.to(torch.float32)
-        q = draft_probs.to(torch.float32)
+        q = self.draft_rows(draft_probs.to(torch.float32), draft_tokens)
         index = draft_tokens[..., None]
         p_d = self.judging_rows(p, k).gather(2, index).squeeze(-1)
         q_d = q.gather(2, index).squeeze(-1)

@@ -26,7 +26,9 @@ def test_every_flag_defaults_to_false():
     assert not any(caps.has(flag) for flag in CAPABILITY_FLAGS)
     assert (caps.dtypes, caps.devices) == (("float32",), ("cpu",))
     assert caps.has("dtype:float32") and not caps.has("dtype:bfloat16") and caps.has("device:cpu")
-    assert caps.as_dict() == {**{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",)}
+    assert caps.as_dict() == {
+        **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",), "scheme": "token", "bonus": True,
+    }
 
 
 def test_public_names():

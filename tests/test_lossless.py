@@ -63,7 +63,23 @@ def test_an_exact_scheme_other_than_token_wise_passes_the_sequence_law_at_full_p
     assert stat["tv"] == 0.005 and stat["power"] >= 0.99 and stat["detects"] <= 0.005
 
 
-def test_the_token_wise_per_block_law_rejects_that_exact_scheme():
-    """Why the sequence-level check is needed: the per-block laws are one algorithm's, not losslessness."""
+def test_the_token_wise_per_block_law_rejects_that_exact_scheme_declared_token_wise():
+    """Declared ``token`` (the default), the per-block laws are token-wise rejection sampling's: they reject it."""
     record = run_case(_case("sampling_accepted_length_law", "balanced"), OneHotDraftVerifier(), CheckContext(profile="dev"))
     assert record.status == "failed" and "accepted length m vs its exact law" in record.message
+
+
+class DeclaredOneHotDraft(OneHotDraftVerifier):
+    capabilities = Capabilities(verifier=True, sampling=True, batched=True, scheme="one_hot_draft")
+
+
+@pytest.mark.parametrize("check, case_id", [
+    ("sampling_accepted_length_law", "crossing"),
+    ("sampling_residual_at_j", "near_equal-j1"),
+    ("sampling_accept_and_token_at_j", "balanced-j2"),
+])
+def test_an_independent_implementation_declaring_its_scheme_passes_that_schemes_per_block_laws(check, case_id):
+    """The same third-party verifier, declaring ``one_hot_draft``, passes the per-block laws of that
+    scheme (computed by the oracle, independently of both implementations) at full power."""
+    record = run_case(_case(check, case_id), DeclaredOneHotDraft(), CheckContext())
+    assert record.status == "passed" and record.power == "full", record.message[:2000]

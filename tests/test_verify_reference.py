@@ -4,6 +4,7 @@ import torch
 from hypothesis import given, note
 
 from properties.strategies import greedy_blocks, sampling_blocks
+from specdec_ref.schemes import BlockwiseVerifier, OneHotDraftVerifier, TypicalAcceptanceVerifier
 from specdec_ref.verify import BlockVerifier, sample_from_weights, verify_block
 
 
@@ -81,13 +82,19 @@ def test_low_and_high_precision_inputs_compute_in_float32(dtype):
     assert torch.equal(ref[0], got[0]) and torch.equal(ref[1], got[1])
 
 
-def test_no_host_synchronisation():
-    """On the meta device any .item(), .tolist(), nonzero() or data-dependent branch raises: verify must run there."""
+@pytest.mark.parametrize(
+    "verifier",
+    [verify_block, BlockVerifier(bonus=False), OneHotDraftVerifier(), BlockwiseVerifier(), TypicalAcceptanceVerifier()],
+    ids=["token", "token-no_bonus", "one_hot_draft", "block", "typical"],
+)
+def test_no_host_synchronisation(verifier):
+    """On the meta device any .item(), .tolist(), nonzero() or data-dependent branch raises: every
+    reference scheme's verify must run there."""
     d = torch.zeros(4, 3, dtype=torch.long, device="meta")
     q = torch.empty(4, 3, 7, device="meta")
     p = torch.empty(4, 4, 7, device="meta")
     for draft_probs in (q, None):
-        m, tokens = verify_block(d, draft_probs, p, validate=False)
+        m, tokens = verifier(d, draft_probs, p, validate=False)
         assert m.shape == (4,) and tokens.shape == (4, 4)
 
 
