@@ -8,7 +8,8 @@ that law can be written down leaf by leaf::
     P(x_1 .. x_n | prompt) = prod_i  warp(z64(prompt, x_1 .. x_{i-1}), config)[x_i]
 
 where ``z64`` are the target's next-token logits from a float64 copy of the model
-(:func:`specdec_ref.forward.reference_logits`: full forward, no cache) and
+(:func:`specdec_ref.forward.reference_logits`: full forward, no cache; for an exactly-known model,
+``specdec_ref.exact_models.ExactModel``, its table logits ``next_logits``) and
 :func:`specdec_ref.warp.warp` applies temperature / top-k / top-p in float64 (the decoder's own
 steps; :func:`boundary_margin` uses them too, so the law cannot drift from the decoder).
 :func:`continuation_law` computes it level by level: all live prefixes of one length go through
@@ -96,7 +97,14 @@ class ContinuationLaw(dict):
 
 
 def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> torch.Tensor:
-    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix`` (equal lengths)."""
+    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix`` (equal lengths).
+
+    ``model`` is a transformers model (float64 forward) or an exactly-known model
+    (``specdec_ref.exact_models.ExactModel``, anything with ``next_logits(contexts)`` that is not an
+    ``nn.Module``), whose table logits are used instead of running a checkpoint.
+    """
+    if not isinstance(model, torch.nn.Module) and callable(getattr(model, "next_logits", None)):
+        return model.next_logits([prompt + list(p) for p in prefixes]).to(torch.float64)
     rows = []
     for start in range(0, len(prefixes), BATCH):
         chunk = prefixes[start : start + BATCH]
@@ -122,6 +130,8 @@ def continuation_law(
 ) -> ContinuationLaw:
     """Exact law of the next ``n`` tokens after ``prompt`` under AR sampling with ``config``.
 
+    ``target_model``: a transformers model (its float64 copy is run) or an
+    ``specdec_ref.exact_models.ExactModel`` (its table logits are used; no forward).
     ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
     tokens (length n, or shorter ending in ``eos_id``); only continuations of positive
     probability appear. ``min_prob > 0`` prunes every branch (prefix) whose probability falls

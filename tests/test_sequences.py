@@ -192,3 +192,79 @@ def test_law_agrees_with_monte_carlo_ar_sampling(model, n, config, eos):
     wrong = law_to_cells(continuation_law(model, PROMPT[:-1] + [2], n, config, eos_id=eos))
     bad = goodness_of_fit(wrong.counts(samples), wrong.probs, what="wrong law", labels=wrong.labels, alpha=1e-6)
     assert not bad.passed
+
+
+# --------------------------------------------------------------------------- exactly-known models
+
+
+def _exact(name):
+    from specdec_ref.exact_models import exact_model
+
+    return exact_model(name)
+
+
+@pytest.mark.parametrize(
+    "name, prompt, n, config, eos",
+    [
+        ("order1-target", [3], 3, UNFILTERED, None),
+        ("order1-target", [0, 5], 3, SamplingConfig(top_k=2, temperature=0.7), 7),
+        ("order2-target", [6], 3, UNFILTERED, 7),
+        ("order2-target", [6, 1, 4], 3, SamplingConfig(top_p=0.8, temperature=1.3), None),
+        ("order2-draft", [6, 2], 2, SamplingConfig(greedy=True), 7),
+    ],
+    ids=["o1-plain", "o1-topk-eos", "o2-bos-eos", "o2-topp", "o2draft-greedy"],
+)
+def test_exact_model_law_uses_the_tables_and_equals_the_checkpoints_law(name, prompt, n, config, eos):
+    exact = _exact(name)
+    law = continuation_law(exact, prompt, n, config, eos_id=eos)
+    assert math.fsum(law.values()) == pytest.approx(1.0, abs=1e-12)
+    assert law.prompt == prompt and law.pruned_mass == 0
+    if exact.bos_id is not None:  # <bos> has probability exactly 0: never generated
+        assert all(exact.bos_id not in seq for seq in law)
+    # the same law from the shipped checkpoint, run in float64 (reference_logits path)
+    from_checkpoint = continuation_law(exact.load(), prompt, n, config, eos_id=eos)
+    assert set(law) == set(from_checkpoint)
+    assert max(abs(law[s] - from_checkpoint[s]) for s in law) <= 1e-12
+    # boundary margins are computed from the tables too
+    assert boundary_margin(exact, prompt, n, config, eos_id=eos).prefixes >= 1
+
+
+def test_exact_model_law_hand_computed():
+    exact = _exact("order1-target")
+    row = {t: [v / 8 for v in r] for t, r in enumerate(
+        [(24, 8, 8, 8, -8, -16, -4, 4), (4, -2, 12, 0, 6, -8, 2, 10), (-12, 18, 4, -6, 4, 4, -16, 8),
+         (10, 0, -8, 20, 0, 14, -4, -24), (-4, 6, 6, 0, 8, 16, 6, 12), (32, -8, 2, 12, -20, 0, 12, 7),
+         (0, 4, -10, 2, 22, 4, 8, 1), (8, 8, 4, -4, 0, 2, -8, 11)])}
+
+    def softmax(z, keep=None):
+        keep = range(len(z)) if keep is None else keep
+        tot = math.fsum(math.exp(z[i]) for i in keep)
+        return {i: math.exp(z[i]) / tot for i in keep}
+
+    # unfiltered, EOS (id 7) stops: P(7) after [1]; P(x, y) = p(x | 1) p(y | x)
+    law = continuation_law(exact, [1], 2, UNFILTERED, eos_id=7)
+    p1 = softmax(row[1])
+    assert law[(7,)] == pytest.approx(p1[7], rel=1e-13)
+    assert law[(2, 4)] == pytest.approx(p1[2] * softmax(row[2])[4], rel=1e-13)
+    assert len(law) == 7 * 8 + 1
+    # top_k = 2 on row 5 keeps three tokens (exact tie of tokens 3 and 6 at 1.5 behind 4.0)
+    law = continuation_law(exact, [5], 1, SamplingConfig(top_k=2))
+    expected = softmax(row[5], keep=[0, 3, 6])
+    assert set(law) == {(0,), (3,), (6,)}
+    for t, p in expected.items():
+        assert law[(t,)] == pytest.approx(p, rel=1e-13)
+    assert law[(3,)] == law[(6,)]
+    # greedy: the argmax path 5 -> 0 -> 0 -> 0
+    assert continuation_law(exact, [5], 3, SamplingConfig(greedy=True)) == {(0, 0, 0): 1.0}
+
+
+def test_exact_order2_law_depends_on_position_and_previous_token():
+    exact = _exact("order2-target")
+    # same last two tokens (1, 4) at an even and at an odd position: different laws
+    even = continuation_law(exact, [6, 1, 4], 1, UNFILTERED)
+    odd = continuation_law(exact, [6, 0, 1, 4], 1, UNFILTERED)
+    other_prev = continuation_law(exact, [6, 2, 4], 1, UNFILTERED)
+    tv = lambda a, b: 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))  # noqa: E731
+    assert tv(even, odd) > 0.05 and tv(even, other_prev) > 0.05
+    # the token before the previous one does not matter
+    assert continuation_law(exact, [6, 3, 5, 1, 4], 2, UNFILTERED) == continuation_law(exact, [6, 0, 2, 1, 4], 2, UNFILTERED)
