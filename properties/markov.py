@@ -218,3 +218,16 @@ def tokens_per_round(pair: MarkovPair, scheme, k: int) -> np.ndarray:
             emitted[k] = k
         per_state[a] = float(weight @ (stop @ emitted))
     return per_state
+
+
+def accepted_moments(pair: MarkovPair, scheme, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact mean and variance of the accepted drafts ``m`` of one round of ``scheme`` with ``k``
+    drafts, from each last token ``a``: two ``[V]`` arrays (the scheme's own efficiency)."""
+    mean, var = np.empty(pair.vocab), np.empty(pair.vocab)
+    positions = np.arange(k + 1, dtype=np.float64)
+    for a in range(pair.vocab):
+        _, weight, stop, _ = _round_outcomes(pair, scheme, a, k)
+        law = weight @ stop
+        mean[a] = law @ positions
+        var[a] = law @ positions**2 - mean[a] ** 2
+    return mean, var

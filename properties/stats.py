@@ -305,7 +305,8 @@ def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
 
 @dataclass
 class BernoulliTotalResult:
-    """Outcome of :func:`assert_bernoulli_total`: observed successes against the exact expectation."""
+    """Outcome of :func:`assert_total` / :func:`assert_bernoulli_total`: an observed total of independent
+    trials against its exact expectation (``unit`` names what is counted)."""
 
     what: str
     n: int
@@ -318,6 +319,7 @@ class BernoulliTotalResult:
     power: float
     p_value: float
     detects: float = math.inf  # the rate shift detected with TARGET_POWER
+    unit: str = "successes"
 
     @property
     def passed(self) -> bool:
@@ -326,7 +328,7 @@ class BernoulliTotalResult:
     def report(self) -> str:
         verdict = "consistent with" if self.passed else "NOT consistent with"
         return (
-            f"{self.what}: {self.observed} successes in N={self.n} trials are {verdict} the exact expectation "
+            f"{self.what}: {self.observed} {self.unit} in N={self.n} trials are {verdict} the exact expectation "
             f"{self.expected:.1f} (rate {self.observed / max(self.n, 1):.4f} vs {self.expected / max(self.n, 1):.4f}, "
             f"sd {self.std:.1f}, z={self.z:.2f}, two-sided p={self.p_value:.3g}, alpha={self.alpha:g}; "
             f"power {self.power:.4f} against a rate shift of {self.shift:g})"
@@ -360,9 +362,22 @@ def assert_bernoulli_total(
     """
     __tracebackhide__ = True
     probs = np.asarray(probs, dtype=np.float64)
-    n = len(probs)
-    expected = float(probs.sum())
-    std = float(np.sqrt((probs * (1 - probs)).sum()))
+    return assert_total(observed, probs, probs * (1 - probs), what=what, alpha=alpha, shift=shift)
+
+
+def assert_total(
+    observed: int, means, variances, *, what: str, alpha: float = ALPHA, shift: float | None = None, unit: str = "successes"
+) -> BernoulliTotalResult:
+    """Assert that a total of independent bounded trials with exact ``means`` and ``variances`` is as expected.
+
+    Normal approximation of the total (N is hundreds or more); the power is stated against a shift of
+    the mean per trial by ``shift`` (default: the shift detected with :data:`TARGET_POWER`).
+    """
+    __tracebackhide__ = True
+    means = np.asarray(means, dtype=np.float64)
+    n = len(means)
+    expected = float(means.sum())
+    std = float(np.sqrt(np.asarray(variances, dtype=np.float64).sum()))
     z = (observed - expected) / std if std > 0 else (0.0 if observed == expected else math.copysign(math.inf, observed - expected))
     p_value = float(2 * stats.norm.sf(abs(z)))
     crit = stats.norm.isf(alpha / 2)
@@ -371,7 +386,7 @@ def assert_bernoulli_total(
         shift = detects
     delta = shift * n / std if std > 0 else math.inf
     power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta)) if n else 0.0
-    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects)
+    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects, unit)
     if not result.passed:
         raise AssertionError(result.report())
     return result

@@ -213,6 +213,7 @@ class SpeculativeDecoder:
                 result.target_calls += 1
                 tokens = _choose(self.target_rows(logits, sampling)[:, -1], sampling, generator)[:, None]
                 drafts = tokens[:, :0]
+                m = torch.zeros_like(tokens[:, 0])
                 if clock:
                     seconds["verify"] += clock() - tick
             else:
@@ -225,15 +226,14 @@ class SpeculativeDecoder:
                 logits = target_cache.feed(torch.cat([pending, drafts], 1))
                 result.target_calls += 1
                 rows = self.target_rows(logits, sampling)
-                _, tokens = self.verifier(drafts, None if sampling.greedy else qs, rows, generator=generator, validate=False)
+                m, tokens = self.verifier(drafts, None if sampling.greedy else qs, rows, generator=generator, validate=False)
                 if clock:
                     now = clock()
                     seconds["verify"] += now - tick
                     tick = now
-            row = tokens[0].tolist()  # the one host sync of the round
+            accepted, *row = torch.cat([m[:1, None], tokens[:1]], 1)[0].tolist()  # the one host sync of the round
             result.host_syncs += 1
-            untruncated = [x for x in row if x >= 0]
-            accepted = len(untruncated) - 1
+            untruncated = [x for x in row if x >= 0]  # accepted drafts and the final token (none without a bonus)
             emitted, hit_eos = _truncate(untruncated, eos_id)
             kept = self.kept_in_cache(emitted, untruncated)
             committed += len(emitted)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bench import cli
+from properties.scenarios import STAT_SCENARIOS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -95,7 +96,8 @@ def test_checks_rows_groups_and_json(tmp_path):
     assert status == 0, text
     payload = json.loads(path.read_text())
     rows = payload["rows"]
-    assert [r["check"] for r in rows] == ["sampling_accepted_length_law"] * 2 + ["structure_greedy", "sampling_seeded_reproducible"]
+    scenarios = len(STAT_SCENARIOS)
+    assert [r["check"] for r in rows] == ["sampling_accepted_length_law"] * scenarios + ["structure_greedy", "sampling_seeded_reproducible"]
     for r in rows:
         assert r["status"] == "passed"
         assert r["cpu_s"] >= 0 and r["wall_s"] >= 0
@@ -103,14 +105,15 @@ def test_checks_rows_groups_and_json(tmp_path):
     assert stat["statistical"] and stat["tests"] == 1
     assert stat["n_min"] > 0 and 0 <= stat["power_min"] <= 1 and stat["alpha_max"] <= 1e-6
     assert stat["group"].startswith("verifier-sample-")
-    assert rows[2]["tests"] == 0 and rows[2]["power_min"] is None
+    assert rows[scenarios]["tests"] == 0 and rows[scenarios]["power_min"] is None  # structure_greedy
     groups = {g["group"]: g for g in payload["groups"]}
-    assert len(groups) == 4  # two scenario groups + two single-case groups
+    assert len(groups) == scenarios + 2  # one group per scenario + two single-case groups
     assert sum(g["cases"] for g in groups.values()) == len(rows)
     for name, g in groups.items():
         members = [r for r in rows if r["group"] == name]
         assert g["cpu_s"] == pytest.approx(sum(r["cpu_s"] for r in members))
-    for header in ("case", "status", "cpu s", "power min", "per shared-sample group", "totals: 4 cases (4 passed)"):
+    cases = scenarios + 2
+    for header in ("case", "status", "cpu s", "power min", "per shared-sample group", f"totals: {cases} cases ({cases} passed)"):
         assert header in text
     assert "pytest -n 2" in text
 

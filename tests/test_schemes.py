@@ -219,3 +219,17 @@ def test_the_reference_declares_token_wise_and_rejects_other_declarations_of_its
     case = next(c for c in all_cases(["sampling_accepted_length_law"]) if c.case_id == "crossing")
     record = run_case(case, backend, CheckContext(profile="dev"))
     assert record.status == "failed" and "scheme block" in record.message
+
+
+@pytest.mark.parametrize("factory", [one_hot_draft_backend, block_backend, no_bonus_backend], ids=lambda f: f.__name__)
+def test_each_exact_reference_scheme_decodes_losslessly_and_as_efficiently_as_its_law(factory):
+    """The reference decoder around each scheme's verifier: the accepted drafts per round match the scheme's
+    own exact expectation (ci scale), and the decoded text follows the exact law of the order-2 + position
+    checkpoint (dev scale: N / 10, reduced power stated)."""
+    backend = factory()
+    (efficiency,) = run_checks(backend, CheckContext(profile="ci"), names=["decoder_acceptance_is_ideal"])
+    assert efficiency.status == "passed" and efficiency.power == "full", efficiency.message[:1000]
+    assert f"declared scheme ({backend.capabilities.scheme_label()})" in efficiency.statistics[0]["what"]
+    case = next(c for c in all_cases(["decoder_sequence_law"]) if c.case_id == "position")
+    record = run_case(case, backend, CheckContext(profile="dev"))
+    assert record.status == "passed", record.message[:1000]
