@@ -336,3 +336,12 @@ def test_reference_passes_every_case_at_the_dev_scale():
         record = run_case(case, backend, CheckContext(profile="dev"))
         assert record.status == "passed", (case.id, record.message[:2000])
         assert record.power == "reduced"  # a tenth of the ci sample: stated, not hidden
+
+
+def test_a_case_using_a_filter_the_backend_does_not_claim_is_skipped_with_the_reason():
+    import dataclasses
+
+    backend = reference_backend()
+    backend.capabilities = dataclasses.replace(backend.capabilities, top_p=False)
+    record = run_case(_case("position"), backend, CheckContext(profile="dev"))
+    assert record.status == "skipped" and "does not claim ['top_p']" in record.message
