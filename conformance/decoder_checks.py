@@ -21,7 +21,6 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from properties import exact
 from properties.sampling import call_backend
 from properties.stateful_cache import compare_kv, fresh_prefill
 from properties.stats import assert_total
@@ -30,7 +29,7 @@ from specdec_ref.forward import reference_logits
 from specdec_ref.models import make_draft, tiny_lm
 from specdec_ref.warp import GREEDY, SamplingConfig, warp
 
-from .registry import CheckContext, NotApplicable, check
+from .registry import CheckContext, NotApplicable, check, exact_scheme
 
 ARCHS = ("llama", "qwen2", "gpt2")
 DRAFT_FAMILIES = (("identical", {}), ("noisy", {"noise": 0.05}), ("noisy", {"noise": 0.2}), ("independent", {}))
@@ -474,9 +473,7 @@ def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
     from properties.markov import accepted_moments
     from specdec_ref.exact_models import exact_pair
 
-    if getattr(backend.capabilities, "scheme", "token") == "lossy":
-        raise NotApplicable("a lossy scheme declares no exact acceptance law; its tokens per call are measured instead")
-    scheme = exact.scheme_of(backend)
+    scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law; its tokens per call are measured instead")
     tables = efficiency_tables(EFFICIENCY_PAIR, EFFICIENCY_SAMPLING)
     pair = exact_pair(EFFICIENCY_PAIR)
     target, draft = sequence_models(EFFICIENCY_PAIR)

@@ -48,6 +48,16 @@ class NotApplicable(Exception):
     """Raised by a check whose case does not apply (e.g. a stopping position the scenario never reaches)."""
 
 
+def exact_scheme(backend, lossy_reason: str):
+    """The oracle spec (``properties.exact.SchemeSpec``) of the backend's declared exact scheme;
+    :class:`NotApplicable` with ``lossy_reason`` for a backend declaring ``lossy`` (no exact law)."""
+    from properties.exact import scheme_of
+
+    if getattr(getattr(backend, "capabilities", None), "scheme", "token") == "lossy":
+        raise NotApplicable(lossy_reason)
+    return scheme_of(backend)
+
+
 @dataclass
 class CheckContext:
     """What a check needs besides the backend: seed, profile, time limit, and where results go."""

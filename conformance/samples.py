@@ -81,6 +81,7 @@ import numpy as np
 import torch
 
 from properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
+from properties.sequences import continuation_law, law_to_cells, next_logits64
 from properties.stats import (
     ALPHA,
     MIN_EXPECTED,
@@ -177,25 +178,6 @@ def _max_positions(model) -> int | None:
     from specdec_ref.models import model_dims
 
     return model_dims(model)["max_positions"] or None
-
-
-def _next_logits(model, contexts: list[list[int]]) -> torch.Tensor:
-    """float64 next-token logits ``[len(contexts), V]`` after each context (tables or a float64 forward)."""
-    out: list[torch.Tensor | None] = [None] * len(contexts)
-    by_len: dict[int, list[int]] = {}
-    for i, c in enumerate(contexts):
-        by_len.setdefault(len(c), []).append(i)
-    for _, idx in sorted(by_len.items()):
-        group = [list(contexts[i]) for i in idx]
-        if hasattr(model, "next_logits"):
-            rows = torch.as_tensor(np.asarray(model.next_logits(group)), dtype=torch.float64)
-        else:
-            from specdec_ref.forward import reference_logits
-
-            rows = reference_logits(model, group, dtype=torch.float64)[:, -1]
-        for j, i in enumerate(idx):
-            out[i] = rows[j]
-    return torch.stack(out) if out else torch.zeros(0, _vocab(model), dtype=torch.float64)
 
 
 # ----------------------------------------------------------------------------- input
@@ -365,7 +347,6 @@ def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int
 
 
 def _law(model, prompt, n: int, sampling: SamplingConfig, eos_id: int | None):
-    from properties.sequences import continuation_law
 
     return continuation_law(model, list(prompt), n, sampling, eos_id=eos_id)
 
@@ -424,7 +405,7 @@ def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int |
         return []
     law = _law(model, prompt, n, sampling, eos_id)
     prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
-    rows = _next_logits(model, [list(prompt) + list(p) for p in prefixes])
+    rows = next_logits64(model, [list(prompt) + list(p) for p in prefixes])
     from specdec_ref.warp import warp
 
     kept = warp(rows, sampling, dtype=torch.float64) > 0
@@ -462,7 +443,6 @@ class PromptReport:
 
 
 def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv) -> PromptReport:
-    from properties.sequences import law_to_cells
 
     n = len(group)
     if length is None:
@@ -530,7 +510,7 @@ def _greedy_walk(model, prompt, completion, *, max_new_tokens, eos_id, dtype, to
         if eos_id is not None and i > 0 and completion[i - 1] == eos_id:
             return None, flips  # stopped at EOS (tokens after it are an invariant violation)
         context = list(prompt) + list(completion[:i])
-        z = _next_logits(model, [context])[0]  # row by row: a context past a divergence is never evaluated
+        z = next_logits64(model, [context])[0]  # row by row: a context past a divergence is never evaluated
         got = completion[i] if i < len(completion) else None
         expected = int(torch.argmax(z))
         if got == expected:

@@ -46,7 +46,7 @@ from properties.strategies import (
     seeds,
 )
 
-from .registry import CheckContext, NotApplicable, check
+from .registry import CheckContext, NotApplicable, check, exact_scheme
 
 BATCH_FILLER = balanced_scenario(seed=7)
 
@@ -56,13 +56,11 @@ _SAMPLES: dict[tuple, tuple[object, BlockCounts]] = {}
 
 def declared_scheme(backend) -> exact.SchemeSpec:
     """The backend's declared exact scheme; NotApplicable for ``lossy`` (it has no exact per-block law)."""
-    caps = getattr(backend, "capabilities", None)
-    if getattr(caps, "scheme", "token") == "lossy":
-        raise NotApplicable(
-            "the backend declares a lossy scheme: there is no exact per-block law to test; "
-            "sampling_sequence_law_over_rounds measures its distance from the target's law instead"
-        )
-    return exact.scheme_of(backend)
+    return exact_scheme(
+        backend,
+        "the backend declares a lossy scheme: there is no exact per-block law to test; "
+        "sampling_sequence_law_over_rounds measures its distance from the target's law instead",
+    )
 
 
 @functools.lru_cache(maxsize=None)

@@ -58,6 +58,7 @@ __all__ = [
     "Cells",
     "BoundaryMargin",
     "continuation_law",
+    "next_logits64",
     "law_to_cells",
     "boundary_margin",
     "sequence_label",
@@ -96,20 +97,35 @@ class ContinuationLaw(dict):
         return None
 
 
-def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> torch.Tensor:
-    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix`` (equal lengths).
+def next_logits64(model, contexts) -> torch.Tensor:
+    """float64 next-token logits ``[len(contexts), V]`` after each context (any lengths, any order).
 
-    ``model`` is a transformers model (float64 forward) or an exactly-known model
-    (``specdec_ref.exact_models.ExactModel``, anything with ``next_logits(contexts)`` that is not an
-    ``nn.Module``), whose table logits are used instead of running a checkpoint.
+    ``model`` is a transformers model (float64 forward, contexts of one length per batch) or an
+    exactly-known model (``specdec_ref.exact_models.ExactModel``, anything with
+    ``next_logits(contexts)`` that is not an ``nn.Module``), whose table logits are used instead of
+    running a checkpoint.
     """
+    contexts = [list(c) for c in contexts]
     if not isinstance(model, torch.nn.Module) and callable(getattr(model, "next_logits", None)):
-        return model.next_logits([prompt + list(p) for p in prefixes]).to(torch.float64)
-    rows = []
-    for start in range(0, len(prefixes), BATCH):
-        chunk = prefixes[start : start + BATCH]
-        rows.append(reference_logits(model, [prompt + list(p) for p in chunk], dtype=torch.float64)[:, -1])
-    return torch.cat(rows)
+        return torch.as_tensor(model.next_logits(contexts), dtype=torch.float64)
+    if not contexts:
+        return torch.zeros(0, model.config.vocab_size, dtype=torch.float64)
+    by_len: dict[int, list[int]] = {}
+    for i, c in enumerate(contexts):
+        by_len.setdefault(len(c), []).append(i)
+    out = [None] * len(contexts)
+    for idx in by_len.values():
+        for start in range(0, len(idx), BATCH):
+            chunk = idx[start : start + BATCH]
+            rows = reference_logits(model, [contexts[i] for i in chunk], dtype=torch.float64)[:, -1]
+            for j, i in enumerate(chunk):
+                out[i] = rows[j]
+    return torch.stack(out)
+
+
+def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> torch.Tensor:
+    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix``."""
+    return next_logits64(model, [prompt + list(p) for p in prefixes])
 
 
 def _step_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:

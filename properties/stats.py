@@ -89,7 +89,7 @@ def judge_power(records: Sequence[dict]) -> tuple[str, str]:
     *full*: every test has :data:`TARGET_POWER` against the alternative it states. *reduced*: some
     test has less, but each still detects TV (or rate shift) :data:`INCONCLUSIVE_TV` with that power.
     *inconclusive*: no test at all, or one that cannot (N = 0 included). ``records`` are
-    :meth:`FitResult.as_record` / :meth:`BernoulliTotalResult.as_record` dicts.
+    :meth:`FitResult.as_record` / :meth:`TotalResult.as_record` dicts.
     """
     measured = any(not is_test(r) for r in records)
     records = [r for r in records if is_test(r)]
@@ -304,9 +304,9 @@ def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
 
 
 @dataclass
-class BernoulliTotalResult:
-    """Outcome of :func:`assert_total` / :func:`assert_bernoulli_total`: an observed total of independent
-    trials against its exact expectation (``unit`` names what is counted)."""
+class TotalResult:
+    """Outcome of :func:`assert_total`: an observed total of independent trials against its exact
+    expectation (``unit`` names what is counted)."""
 
     what: str
     n: int
@@ -351,23 +351,9 @@ class BernoulliTotalResult:
         }
 
 
-def assert_bernoulli_total(
-    observed: int, probs, *, what: str, alpha: float = ALPHA, shift: float | None = None
-) -> BernoulliTotalResult:
-    """Assert that a count of independent successes with known probabilities ``probs`` is as expected.
-
-    Normal approximation of the Poisson-binomial total (N is hundreds or more).
-    The stated power is against a shift of the mean success rate by ``shift``;
-    with ``shift=None`` the shift detectable with :data:`TARGET_POWER` is computed and stated.
-    """
-    __tracebackhide__ = True
-    probs = np.asarray(probs, dtype=np.float64)
-    return assert_total(observed, probs, probs * (1 - probs), what=what, alpha=alpha, shift=shift)
-
-
 def assert_total(
     observed: int, means, variances, *, what: str, alpha: float = ALPHA, shift: float | None = None, unit: str = "successes"
-) -> BernoulliTotalResult:
+) -> TotalResult:
     """Assert that a total of independent bounded trials with exact ``means`` and ``variances`` is as expected.
 
     Normal approximation of the total (N is hundreds or more); the power is stated against a shift of
@@ -386,7 +372,7 @@ def assert_total(
         shift = detects
     delta = shift * n / std if std > 0 else math.inf
     power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta)) if n else 0.0
-    result = BernoulliTotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects, unit)
+    result = TotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects, unit)
     if not result.passed:
         raise AssertionError(result.report())
     return result

@@ -11,7 +11,7 @@ from properties.stats import (
     ALPHA,
     TARGET_POWER,
     TV,
-    assert_bernoulli_total,
+    assert_total,
     assert_fits,
     detectable_tv,
     goodness_of_fit,
@@ -143,9 +143,11 @@ def test_judge_power_full_reduced_inconclusive():
     assert judge_power([])[0] == "inconclusive"
 
 
-def test_bernoulli_total_states_what_it_detects():
-    result = assert_bernoulli_total(50, [0.5] * 100, what="coin flips")
+def test_total_states_what_it_detects():
+    result = assert_total(50, [0.5] * 100, [0.25] * 100, what="coin flips")
     record = result.as_record()
     assert record["detects"] == pytest.approx(record["tv"]) and record["power"] == pytest.approx(TARGET_POWER)
-    empty = assert_bernoulli_total(0, [], what="nothing judged").as_record()
+    with pytest.raises(AssertionError, match="70 successes in N=100 trials are NOT consistent"):
+        assert_total(70, [0.5] * 100, [0.25] * 100, what="coin flips", alpha=1e-3)
+    empty = assert_total(0, [], [], what="nothing judged").as_record()
     assert empty["detects"] is None and judge_power([empty])[0] == "inconclusive"
