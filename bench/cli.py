@@ -7,6 +7,10 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m b
 * ``checks`` (:mod:`bench.checks`): every registered conformance check case run on a backend without
   pytest, with CPU and wall seconds per case and per shared-sample group, the status, and the
   stated power / N / alpha of the statistical ones.
+* ``tree-verifier`` (:mod:`bench.tree_verifier`): nodes/s of the reference tree verifiers against the chain
+  verifier on the same tokens (B = 64, 64-node trees of depth 6, V = 32 000 by default).
+* ``tree-decoder`` (:mod:`bench.tree_decoder`): the tree decoder against the chain decoder and AR on the
+  trained pair: tokens/s, tokens per target call, mean accepted length.
 * ``decoder`` (:mod:`bench.decoder`): tokens/s of AR decoding, our speculative decoder (k grid) and
   transformers' assisted generation (pinned to the same k) on the shipped trained pair, greedy and
   sampling, variants interleaved over the repeats; acceptance, calls per token, phase shares,
@@ -30,10 +34,13 @@ import sys
 import time
 from typing import Sequence
 
-from . import checks, decoder, verifier
+from . import checks, decoder, tree_decoder, tree_verifier, verifier
 from .kit import Subcommand, environment, format_table, jsonable, load_average
 
-SUBCOMMANDS: dict[str, Subcommand] = {s.name: s for s in (verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND)}
+SUBCOMMANDS: dict[str, Subcommand] = {
+    s.name: s
+    for s in (verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND)
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,7 +93,7 @@ class Check:
 
     @property
     def family(self) -> str:
-        """The module's concept: ``verifier``, ``decoder``, ``cache`` or ``contract`` (one test file each)."""
+        """The module's concept: ``verifier``, ``decoder``, ``cache``, ``contract``, ``tree`` or ``tree_decoder`` (one test file each)."""
         return self.func.__module__.rsplit(".", 1)[-1].removesuffix("_checks")
 
     @property
@@ -299,4 +299,4 @@ def run_checks(
 
 def load_check_modules() -> None:
     """Import the check modules (they register on import)."""
-    from . import cache_checks, contract_checks, decoder_checks, verifier_checks  # noqa: F401
+    from . import cache_checks, contract_checks, decoder_checks, tree_checks, tree_decoder_checks, verifier_checks  # noqa: F401

@@ -175,6 +175,16 @@ def group_errors(entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: -g["count"])
 
 
+def _exact_tokens(stat: dict[str, Any]) -> float | None:
+    """Tokens per call of the exact scheme a lossy one is compared with (token-wise for chains)."""
+    return stat.get("exact_tokens_per_round", stat.get("token_wise_tokens_per_round"))
+
+
+def declares_lossy(capabilities: dict[str, Any]) -> bool:
+    """A backend declaring a lossy chain scheme, or claiming tree verification with a lossy tree scheme."""
+    return capabilities.get("scheme") == "lossy" or bool(capabilities.get("tree") and capabilities.get("tree_scheme") == "lossy")
+
+
 def _lossy_verdict(entries: list[dict[str, Any]], spec: str, skipped: str) -> tuple[str, str, str]:
     """A backend declared lossy that broke no contract: the measured distance is the verdict."""
     measured = [s for e in entries if e["status"] == "passed" for s in e["statistics"] if not is_test(s)]
@@ -186,8 +196,8 @@ def _lossy_verdict(entries: list[dict[str, Any]], spec: str, skipped: str) -> tu
     detail += f"; {worst['what']}: total variation {worst['estimate']:.4f}, {worst['confidence']:.0%} interval [{worst['lo']:.4f}, {worst['hi']:.4f}] (N={worst['n']})"
     if "gain" in worst:
         detail += (
-            f"; {worst['tokens_per_round']:.3f} tokens per verify call vs {worst['token_wise_tokens_per_round']:.3f} "
-            f"for exact token-wise verification from the same states (x{worst['gain']:.3f})"
+            f"; {worst['tokens_per_round']:.3f} tokens per verify call vs {_exact_tokens(worst):.3f} "
+            f"for exact {worst.get('exact_scheme', 'token-wise')} verification from the same states (x{worst['gain']:.3f})"
         )
     return LOSSY, headline, detail
 
@@ -261,7 +271,7 @@ def build_certificate(
     stats = [s for e in entries for s in e["statistics"] if is_test(s)]
     complete = (exitstatus is None or exitstatus in (0, 1)) and backend_error is None
     verdict = decide_verdict(entries, totals, spec=backend_spec, complete=complete, exitstatus=exitstatus,
-                             backend_error=backend_error, scheme=claimed.get("scheme", "token"))
+                             backend_error=backend_error, scheme="lossy" if declares_lossy(claimed) else claimed.get("scheme", "token"))
     return {
         "schema_version": SCHEMA_VERSION,
         "suite_version": suite_version,
@@ -394,9 +404,9 @@ def render_markdown(cert: dict[str, Any]) -> str:
          for e in items for s in e["statistics"] if is_test(s)],
     )
     lines += _table(
-        "Measured distances (lossy scheme)", ("check", "N", "TV", "99% interval", "tokens per call", "token-wise", "gain"),
+        "Measured distances (lossy scheme)", ("check", "N", "TV", "99% interval", "tokens per call", "exact scheme", "its tokens per call", "gain"),
         [(_name(e), s["n"], _fmt(s["estimate"]), f"[{_fmt(s['lo'])}, {_fmt(s['hi'])}]", _fmt(s.get("tokens_per_round")),
-          _fmt(s.get("token_wise_tokens_per_round")), _fmt(s.get("gain")))
+          s.get("exact_scheme", "token-wise"), _fmt(_exact_tokens(s)), _fmt(s.get("gain")))
          for e in items for s in e["statistics"] if not is_test(s)],
     )
     lines += _table(

@@ -18,6 +18,7 @@ cannot state.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -97,24 +98,19 @@ class Simulation:
         return float(self.emitted.sum() / max(self.rounds.sum(), 1))
 
 
-def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: int, chunk: int = CHUNK) -> Simulation:
-    """Decode ``n`` sequences of ``length`` tokens through ``backend.verify``, ``k`` drafts per round.
+#: ``round_fn(last[b]) -> (emitted[b], out[b, w])``: one round for the unfinished sequences whose last
+#: committed tokens are ``last``; ``out[:, :emitted]`` are the tokens the round emitted.
+RoundFn = Callable[[torch.Tensor, str], tuple[torch.Tensor, torch.Tensor]]
 
-    Drafts come from a generator seeded with ``2 * seed``, the backend gets one seeded with
-    ``2 * seed + 1``. Every ``verify`` output is structure-checked (``verify_rows``); a backend that
-    does not claim ``batched`` gets one B = 1 call per sequence and round. A backend declaring
-    ``bonus=False`` emits ``m`` tokens (not ``m + 1``) when it accepts all ``k``.
-    """
+
+def simulate_rounds(pair: MarkovPair, n: int, *, length: int, round_fn: RoundFn, step: int, where: str) -> Simulation:
+    """Decode ``n`` sequences of ``length`` tokens, ``step`` at a time, calling ``round_fn`` once per round
+    for every unfinished sequence; count the first ``length`` tokens and the tokens per round by start state."""
     vocab = pair.vocab
-    target = torch.tensor(pair.target, dtype=torch.float32)
-    draft = torch.tensor(pair.draft, dtype=torch.float32)
-    draft_gen = torch.Generator().manual_seed(2 * seed)
-    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
     weights = vocab ** torch.arange(length - 1, -1, -1)
     counts = np.zeros(vocab**length, dtype=np.int64)
     round_starts = np.zeros(vocab, dtype=np.int64)
     round_tokens = np.zeros(vocab, dtype=np.int64)
-    step = chunk if is_batched(backend) else min(chunk, 4096)
     done = rounds = 0
     while done < n:
         b = min(step, n - done)
@@ -125,20 +121,10 @@ def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: in
             rows = (filled < length).nonzero().squeeze(1)
             if len(rows) == 0:
                 break
-            cur, drafts, qs = last[rows], [], []
-            for _ in range(k):
-                q = draft[cur]
-                cur = torch.multinomial(q, 1, generator=draft_gen).squeeze(1)
-                drafts.append(cur)
-                qs.append(q)
-            d = torch.stack(drafts, 1)
-            p = target[torch.cat([last[rows, None], d], 1)]
-            where = f"{pair.name} sequences {done}..{done + b - 1}, round {rounds}, seed {seed}"
-            m, out = verify_rows(backend, d, torch.stack(qs, 1), p, generator=verify_gen, where=where, vocab=vocab)
-            emitted = m + (out.gather(1, m[:, None]).squeeze(1) >= 0).long()  # m + 1, or m without a bonus
+            emitted, out = round_fn(last[rows], f"{where}: sequences {done}..{done + b - 1}, round {rounds}")
             round_starts += np.bincount(last[rows].numpy(), minlength=vocab)
             round_tokens += np.bincount(last[rows].numpy(), weights=emitted.numpy(), minlength=vocab).astype(np.int64)
-            for j in range(k + 1):
+            for j in range(out.shape[1]):
                 write = (j < emitted) & (filled[rows] + j < length)
                 tokens[rows[write], filled[rows[write]] + j] = out[write, j]
             last[rows] = out.gather(1, (emitted - 1)[:, None]).squeeze(1)
@@ -147,6 +133,35 @@ def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: in
         counts += np.bincount((tokens * weights).sum(1).numpy(), minlength=vocab**length)
         done += b
     return Simulation(counts=counts, rounds=round_starts, emitted=round_tokens)
+
+
+def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: int, chunk: int = CHUNK) -> Simulation:
+    """Decode ``n`` sequences of ``length`` tokens through ``backend.verify``, ``k`` drafts per round.
+
+    Drafts come from a generator seeded with ``2 * seed``, the backend gets one seeded with
+    ``2 * seed + 1``. Every ``verify`` output is structure-checked (``verify_rows``); a backend that
+    does not claim ``batched`` gets one B = 1 call per sequence and round. A backend declaring
+    ``bonus=False`` emits ``m`` tokens (not ``m + 1``) when it accepts all ``k``.
+    """
+    target = torch.tensor(pair.target, dtype=torch.float32)
+    draft = torch.tensor(pair.draft, dtype=torch.float32)
+    draft_gen = torch.Generator().manual_seed(2 * seed)
+    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
+
+    def round_fn(last: torch.Tensor, where: str):
+        cur, drafts, qs = last, [], []
+        for _ in range(k):
+            q = draft[cur]
+            cur = torch.multinomial(q, 1, generator=draft_gen).squeeze(1)
+            drafts.append(cur)
+            qs.append(q)
+        d = torch.stack(drafts, 1)
+        p = target[torch.cat([last[:, None], d], 1)]
+        m, out = verify_rows(backend, d, torch.stack(qs, 1), p, generator=verify_gen, where=where, vocab=pair.vocab)
+        return m + (out.gather(1, m[:, None]).squeeze(1) >= 0).long(), out  # m + 1, or m without a bonus
+
+    step = chunk if is_batched(backend) else min(chunk, 4096)
+    return simulate_rounds(pair, n, length=length, round_fn=round_fn, step=step, where=f"{pair.name}, seed {seed}")
 
 
 # ----------------------------------------------------------------------------- exact laws of a scheme

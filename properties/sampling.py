@@ -70,6 +70,22 @@ class BlockCounts:
         return self.steps[j, : self.bonus.shape[0]]
 
 
+def integer_outputs(result, shapes: dict[str, tuple[int, ...]], *, call: str, where: str) -> list[torch.Tensor]:
+    """The tuple a backend call returned, each member an int64/int32 tensor of the named shape, as int64 on the CPU;
+    :class:`BackendOutputError` naming the member otherwise."""
+    __tracebackhide__ = True
+    if not (isinstance(result, tuple) and len(result) == len(shapes)):
+        raise BackendOutputError(f"{where}: {call} must return ({', '.join(shapes)}), got {type(result).__name__}")
+    for (name, shape), t in zip(shapes.items(), result):
+        if not isinstance(t, torch.Tensor):
+            raise BackendOutputError(f"{where}: {name} must be a tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.int64, torch.int32):
+            raise BackendOutputError(f"{where}: {name} must be int64 (or int32), got {t.dtype}")
+        if tuple(t.shape) != shape:
+            raise BackendOutputError(f"{where}: {name} must have shape {shape}, got {tuple(t.shape)}")
+    return [t.long().cpu() for t in result]
+
+
 def check_block_output(
     draft_tokens: torch.Tensor,
     result,
@@ -84,18 +100,7 @@ def check_block_output(
     ``PAD_TOKEN`` at position k, and only there may the emitted token be missing."""
     __tracebackhide__ = True
     batch, k = draft_tokens.shape
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise BackendOutputError(f"{where}: verify() must return (num_accepted, tokens), got {type(result).__name__}")
-    m, tokens = result
-    for name, t, shape in (("num_accepted", m, (batch,)), ("tokens", tokens, (batch, k + 1))):
-        if not isinstance(t, torch.Tensor):
-            raise BackendOutputError(f"{where}: {name} must be a tensor, got {type(t).__name__}")
-        if t.dtype not in (torch.int64, torch.int32):
-            raise BackendOutputError(f"{where}: {name} must be int64 (or int32), got {t.dtype}")
-        if tuple(t.shape) != shape:
-            raise BackendOutputError(f"{where}: {name} must have shape {shape}, got {tuple(t.shape)}")
-    m = m.long().cpu()
-    tokens = tokens.long().cpu()
+    m, tokens = integer_outputs(result, {"num_accepted": (batch,), "tokens": (batch, k + 1)}, call="verify()", where=where)
     drafts = draft_tokens.cpu()
     bad = (m < 0) | (m > k)
     if bad.any():

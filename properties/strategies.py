@@ -179,3 +179,133 @@ def distribution_pairs(draw, max_k: int = 4, max_vocab: int = 24):
     relation = draw(st.sampled_from(DRAFT_RELATIONS), label="draft relation")
     rng = np.random.default_rng(draw(seeds, label="draft seed"))
     return target, draft_rows_for(relation, target[:k], rng), relation
+
+
+# ----------------------------------------------------------------------------- trees
+
+TREE_KINDS = ("chain", "star", "kary", "random")
+#: The largest trees the structure checks draw (the contract's typical production sizes).
+MAX_TREE_NODES = 64
+MAX_TREE_DEPTH = 8
+
+
+def tree_depths(parents: np.ndarray) -> np.ndarray:
+    """Depth of every node (a child of the root has depth 1)."""
+    depth = np.zeros(len(parents), dtype=np.int64)
+    for i, parent in enumerate(parents):
+        depth[i] = 1 if parent < 0 else depth[parent] + 1
+    return depth
+
+
+@st.composite
+def tree_parents(draw, max_nodes: int = MAX_TREE_NODES, max_depth: int = MAX_TREE_DEPTH) -> tuple[np.ndarray, str]:
+    """A topologically ordered ``parents`` array (``-1``: child of the root) and its kind:
+    chains, stars, complete k-ary trees in BFS order, and random trees (depth <= ``max_depth``)."""
+    kind = draw(st.sampled_from(TREE_KINDS), label="tree kind")
+    if kind == "chain":
+        n = draw(st.integers(1, min(max_depth, max_nodes)), label="chain length")
+        return np.arange(n) - 1, f"chain({n})"
+    if kind == "star":
+        n = draw(st.integers(1, min(16, max_nodes)), label="star size")
+        return np.full(n, -1), f"star({n})"
+    if kind == "kary":
+        width = draw(st.integers(2, 4), label="width")
+        levels = [width]
+        while sum(levels) + levels[-1] * width <= max_nodes and len(levels) < max_depth:
+            levels.append(levels[-1] * width)
+        depth = draw(st.integers(1, len(levels)), label="depth")
+        parents, previous, start = [], [-1], 0
+        for level in range(depth):
+            nodes = [p for p in previous for _ in range(width)]
+            parents.extend(nodes)
+            previous = list(range(start, start + len(nodes)))
+            start += len(nodes)
+        return np.array(parents), f"kary({width},{depth})"
+    n = draw(st.integers(1, max_nodes), label="nodes")
+    rng = np.random.default_rng(draw(seeds, label="tree seed"))
+    parents, depth = [], []
+    for i in range(n):
+        allowed = [-1] + [j for j in range(i) if depth[j] < max_depth]
+        parent = int(rng.choice(allowed))
+        parents.append(parent)
+        depth.append(1 if parent < 0 else depth[parent] + 1)
+    return np.array(parents), f"random({n})"
+
+
+@dataclass
+class TreeBlock:
+    """One batched ``verify_tree`` input drawn by Hypothesis: rows of different trees, padded at the end."""
+
+    draft_tokens: torch.Tensor  # Long[B, n], -1 for padding
+    parents: torch.Tensor  # Long[B, n]
+    draft_probs: torch.Tensor | None  # Float[B, n, V] or None (greedy)
+    target_probs: torch.Tensor  # Float[B, n+1, V]
+    kinds: list[str]
+
+    @property
+    def vocab(self) -> int:
+        return self.target_probs.shape[-1]
+
+    def describe(self) -> str:
+        b, n = self.draft_tokens.shape
+        return f"B={b} n={n} V={self.vocab} trees={','.join(self.kinds)}"
+
+
+def _sibling_tokens(rng: np.random.Generator, q: np.ndarray, count: int, distinct: bool) -> list[int]:
+    """``count`` tokens from ``q``: i.i.d., or without replacement (then zero-mass tokens once the support runs out)."""
+    if not distinct:
+        return [int(rng.choice(len(q), p=q)) for _ in range(count)]
+    left, out = q.astype(np.float64).copy(), []
+    for _ in range(count):
+        if left.sum() > 0:
+            x = int(rng.choice(len(q), p=left / left.sum()))
+        else:  # the support ran out: an unused zero-mass token (the caller makes V >= the sibling count)
+            x = int(rng.choice(np.setdiff1d(np.arange(len(q)), out)))
+        out.append(x)
+        left[x] = 0.0
+    return out
+
+
+@st.composite
+def tree_blocks(draw, *, greedy: bool, distinct_siblings: bool = True, max_vocab: int = 32, max_nodes: int = MAX_TREE_NODES) -> TreeBlock:
+    """``verify_tree`` inputs: 1-4 rows, each its own drawn tree (padded to the largest), rows of every kind.
+
+    Sampling: each parent has one draft row; its children are drawn from it (distinct when
+    ``distinct_siblings``: the without-replacement and deterministic schemes require it).
+    Greedy: each node's token is, with probability 3/4, a maximiser of its parent's target row
+    (exact ties pick a random maximiser), so deep greedy paths and tie-breaking both occur.
+    """
+    batch = draw(batch_sizes, label="B")
+    trees = [draw(tree_parents(max_nodes=max_nodes), label=f"tree {b}") for b in range(batch)]
+    siblings = max(int(np.bincount(p + 1).max()) for p, _ in trees)  # distinct siblings need V >= that
+    vocab = draw(st.integers(max(2, siblings), max(max_vocab, siblings)), label="V")
+    rng = np.random.default_rng(draw(seeds, label="token seed"))
+    width = max(len(p) for p, _ in trees)
+    tokens = np.full((batch, width), -1, dtype=np.int64)
+    parents = np.full((batch, width), -1, dtype=np.int64)
+    uniform = np.full(vocab, 1.0 / vocab)
+    targets = np.tile(uniform, (batch, width + 1, 1))
+    qs = np.tile(uniform, (batch, width, 1))
+    for b, (tree, _) in enumerate(trees):
+        n = len(tree)
+        parents[b, :n] = tree
+        targets[b, : n + 1] = draw(probability_rows(vocab, n + 1), label=f"target rows {b}")
+        slot_q = draw(probability_rows(vocab, n + 1, kinds=("dirichlet_flat", "peaked", "sparse", "tied_top")), label=f"draft rows {b}")
+        for slot in range(-1, n):
+            children = np.flatnonzero(tree == slot)
+            if len(children) == 0:
+                continue
+            if greedy:
+                best = greedy_maximisers(targets[b, slot + 1])
+                for c in children:
+                    tokens[b, c] = int(rng.choice(best)) if rng.random() < 0.75 else int(rng.integers(vocab))
+            else:
+                qs[b, children] = slot_q[slot + 1]
+                tokens[b, children] = _sibling_tokens(rng, slot_q[slot + 1], len(children), distinct_siblings)
+    return TreeBlock(
+        draft_tokens=torch.tensor(tokens),
+        parents=torch.tensor(parents),
+        draft_probs=None if greedy else torch.tensor(qs, dtype=torch.float32),
+        target_probs=torch.tensor(targets, dtype=torch.float32),
+        kinds=[kind for _, kind in trees],
+    )

@@ -10,6 +10,8 @@ from .cache import ModelCache
 from .contract import Capabilities
 from .decode import SpeculativeDecoder
 from .schemes import BlockwiseVerifier, OneHotDraftVerifier, TypicalAcceptanceVerifier
+from .tree import DeterministicTreeVerifier, RecursiveTreeVerifier, SpecInferTreeVerifier, TreeVerifierBase
+from .tree_decode import TreeSpeculativeDecoder
 from .verify import BlockVerifier, verify_block
 
 
@@ -31,6 +33,8 @@ class ReferenceBackend:
         decoder=True,
         top_k=True,
         top_p=True,
+        tree=True,
+        tree_decoder=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
     )
@@ -41,18 +45,34 @@ class ReferenceBackend:
         validate: bool = True,
         verifier: BlockVerifier = verify_block,
         decoder: SpeculativeDecoder | None = None,
+        tree_verifier: TreeVerifierBase | None = None,
+        tree_decoder: TreeSpeculativeDecoder | None = None,
     ):
         self.validate = validate
         self.verifier = verifier
+        self.tree_verifier = tree_verifier or SpecInferTreeVerifier()
         self.capabilities = dataclasses.replace(
-            type(self).capabilities, scheme=getattr(verifier, "scheme", "token"), bonus=getattr(verifier, "bonus", True)
+            type(self).capabilities,
+            scheme=getattr(verifier, "scheme", "token"),
+            bonus=getattr(verifier, "bonus", True),
+            tree_scheme=self.tree_verifier.tree_scheme,
         )
+        labels = []
         if self.capabilities.scheme != "token" or not self.capabilities.bonus:
-            self.name = f"{type(self).name}[{self.capabilities.scheme_label()}]"
+            labels.append(self.capabilities.scheme_label())
+        if self.capabilities.tree_scheme != "specinfer":
+            labels.append(f"tree {self.capabilities.tree_scheme}")
+        if labels:
+            self.name = f"{type(self).name}[{'; '.join(labels)}]"
         self.decoder = decoder or SpeculativeDecoder(verifier=verifier)
+        self.tree_decoder = tree_decoder or TreeSpeculativeDecoder(tree_verifier=self.tree_verifier)
 
     def verify(self, draft_tokens, draft_probs, target_probs, *, generator: torch.Generator | None = None):
         return self.verifier(draft_tokens, draft_probs, target_probs, generator=generator, validate=self.validate)
+
+    def verify_tree(self, draft_tokens, parents, draft_probs, target_probs, *, generator: torch.Generator | None = None):
+        """Tree verification (:mod:`specdec_ref.tree`) with the declared ``tree_scheme``."""
+        return self.tree_verifier(draft_tokens, parents, draft_probs, target_probs, generator=generator, validate=self.validate)
 
     def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
         """Speculative decoding (batch 1); ``on_round(record, target_cache, draft_cache)`` after every round."""
@@ -61,6 +81,24 @@ class ReferenceBackend:
             draft,
             prompt,
             k=k,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            eos_id=eos_id,
+            generator=generator,
+            on_round=on_round,
+        )
+
+    def decode_tree(
+        self, target, draft, prompt, *, depth, width, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None
+    ):
+        """Tree speculative decoding (batch 1, :mod:`specdec_ref.tree_decode`): ``depth`` levels of ``width``
+        children per round, drafted and judged by the declared ``tree_scheme``; ``on_round`` after every round."""
+        return self.tree_decoder.decode(
+            target,
+            draft,
+            prompt,
+            depth=depth,
+            width=width,
             max_new_tokens=max_new_tokens,
             sampling=sampling,
             eos_id=eos_id,
@@ -96,3 +134,13 @@ def no_bonus_backend() -> ReferenceBackend:
 def typical_backend() -> ReferenceBackend:
     """Medusa typical acceptance, declared ``lossy`` (:class:`~specdec_ref.schemes.TypicalAcceptanceVerifier`)."""
     return ReferenceBackend(verifier=TypicalAcceptanceVerifier())
+
+
+def recursive_tree_backend() -> ReferenceBackend:
+    """The reference with recursive rejection sampling for trees drafted without replacement."""
+    return ReferenceBackend(tree_verifier=RecursiveTreeVerifier())
+
+
+def deterministic_tree_backend() -> ReferenceBackend:
+    """The reference with sequential one-hot acceptance for deterministic (top-k) trees."""
+    return ReferenceBackend(tree_verifier=DeterministicTreeVerifier())

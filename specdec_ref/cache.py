@@ -27,6 +27,14 @@ transformers 5.24 quirks this adapter handles (see ``tests/test_cache.py``):
   GPT-2 (learned absolute position table) honours them like the RoPE models do.
 * Positions beyond the model's table raise ``IndexError`` in GPT-2 and are silently extrapolated by
   RoPE models; ``feed`` rejects both with ``ValueError`` against ``max_positions``.
+
+Trees (tree speculative decoding, :mod:`specdec_ref.tree_decode`): :meth:`ModelCache.feed_tree` writes
+the nodes of a draft tree at consecutive slots with a tree attention mask (each node sees the prefix,
+its ancestors and itself) and position ids by depth; :meth:`ModelCache.compact` keeps one root-to-node
+path, moved to the slots right after the committed prefix. On the transformers path the mask goes to
+the model as a 4D additive ``attention_mask`` (transformers 5.x ``create_causal_mask`` returns a 4D
+mask as is, for Llama, Qwen2 and GPT-2 alike) with explicit ``position_ids``; the eager and SDPA
+attention implementations honour it, others (flash / flex) raise :class:`NotSupportedError`.
 """
 
 from __future__ import annotations
@@ -36,10 +44,37 @@ import operator
 import torch
 from torch import nn
 
+from specdec_ref.contract import NotSupportedError
 from specdec_ref.forward import check_id_range
 from specdec_ref.models import model_dims
 
-__all__ = ["ModelCache", "ATOL", "RTOL"]
+__all__ = ["ModelCache", "ATOL", "RTOL", "tree_layout", "TREE_MASK_ATTENTION"]
+
+#: transformers attention implementations that apply a custom 4D additive mask (tree feeds).
+TREE_MASK_ATTENTION = ("eager", "sdpa")
+
+
+def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(depth Long[N], ancestors Bool[N, N])`` of a forest given by ``parents`` (Long[N], ``-1 <= parents[j] < j``).
+
+    ``ancestors[i, j]`` is True when ``j`` is ``i`` or one of its ancestors; ``depth[i]`` counts ``i``'s
+    strict ancestors (0 for a node under the root). Computed on ``parents``' device by pointer doubling
+    (``ceil(log2 N)`` row gathers), without reading anything back to the host.
+    """
+    n = parents.shape[0]
+    device = parents.device
+    sink = n  # an extra all-False row / column that roots point to
+    jump = torch.where(parents < 0, sink, parents.long())
+    rows = torch.arange(n, device=device)
+    ancestors = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
+    ancestors[rows, rows] = True
+    ancestors[rows, jump] = True
+    jump = torch.cat([jump, jump.new_full((1,), sink)])
+    for _ in range(max(n - 1, 0).bit_length()):  # row i covers distances 0..2**s after s steps
+        ancestors = ancestors | ancestors[jump]
+        jump = jump[jump]
+    ancestors = ancestors[:n, :n]
+    return ancestors.sum(-1) - 1, ancestors
 
 #: Tolerances of the fresh-prefill guarantee in float32 (block vs incremental kernels).
 ATOL = 1e-5
@@ -190,6 +225,128 @@ class ModelCache:
                 )
         if not 0 <= self._committed <= self._tentative:
             raise AssertionError(f"committed_length={self._committed} > tentative_length={self._tentative}")
+
+    # ------------------------------------------------------------------ trees
+    def feed_tree(self, ids: torch.Tensor, parents, *, tree_start: int | None = None) -> torch.Tensor:
+        """Run the nodes ``ids`` (LongTensor ``[B, n]``, ``n >= 1``) of a tree on top of the cache.
+
+        The tree's nodes occupy consecutive slots from ``tree_start`` (default ``tentative_length``: a
+        new tree); this call writes the last ``n`` of them, at slots ``tentative .. tentative + n - 1``
+        (``tree_start <= tentative_length``: earlier calls may have fed the first nodes, e.g. one
+        draft level per call). ``parents`` (``N = tentative - tree_start + n`` ints or a Long tensor
+        ``[N]``) describes *every* node of the tree in slot order: ``parents[j] = -1`` hangs node ``j``
+        under the prefix (slots ``[0, tree_start)``), else under tree node ``parents[j] < j``; the
+        entries for nodes fed earlier must be the ones they were fed with.
+
+        Node ``j`` gets position id ``tree_start + depth(j)`` (``depth`` = its number of tree
+        ancestors) and attends to the prefix, its ancestors and itself. Returns float32 logits
+        ``[B, n, V]`` (row ``i``: the next-token distribution after ``ids[:, i]``'s path) and advances
+        ``tentative_length`` by ``n``; committed length is unchanged. A chain (``parents = [-1, 0, 1,
+        ...]``) gives what :meth:`feed` gives. A tensor ``parents`` is only checked
+        (``-1 <= parents[j] < j``, one host read) when ``check_ids`` is set.
+        """
+        ids = self._validate_ids(ids)
+        n = ids.shape[1]
+        start = self._feed_start()
+        tree_start = start if tree_start is None else tree_start
+        if isinstance(tree_start, bool) or isinstance(tree_start, torch.Tensor):
+            raise TypeError(f"feed_tree: tree_start must be a Python int, got {type(tree_start).__name__}")
+        tree_start = operator.index(tree_start)
+        if not 0 <= tree_start <= start:
+            raise ValueError(f"feed_tree: tree_start must be in [0, tentative_length={start}], got {tree_start}")
+        parents = self._validate_parents(parents, start - tree_start + n)
+        depth, visible = self._tree_layout(parents)
+        positions = tree_start + depth[-n:]
+        end = start + n
+        mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
+        mask[:, tree_start:] = visible[-n:]
+        logits = self._tree_forward(ids, start, positions, mask)
+        self._after_feed(n)
+        return logits
+
+    def compact(self, keep) -> None:
+        """Keep the committed prefix and the tentative slots ``keep``, moved to the slots right after it.
+
+        ``keep``: Python ints, strictly increasing, in ``[committed_length, tentative_length)``. The
+        entry of ``keep[i]`` moves to slot ``committed_length + i``; every other tentative slot is
+        dropped, and ``tentative_length`` becomes ``committed_length + len(keep)``. Entries keep the
+        position ids they were fed with, so the result equals a fresh prefill of the kept tokens when
+        each kept entry was fed at the position it now occupies (e.g. one root-to-node path of a tree
+        fed by :meth:`feed_tree` right after the prefix). ``keep`` dense from ``committed_length`` is a
+        :meth:`trim`.
+        """
+        if isinstance(keep, torch.Tensor):
+            raise TypeError("compact(keep): keep must be a sequence of Python ints, not a tensor")
+        keep = list(keep)
+        c = self._committed
+        for i, slot in enumerate(keep):
+            if isinstance(slot, bool) or isinstance(slot, torch.Tensor):
+                raise TypeError(f"compact(keep): slots must be Python ints, got {type(slot).__name__}")
+            slot = keep[i] = operator.index(slot)
+            if not c <= slot < self._tentative or (i and slot <= keep[i - 1]):
+                raise ValueError(
+                    f"compact({keep}): slots must be strictly increasing and in [committed_length={c}, "
+                    f"tentative_length={self._tentative})"
+                )
+        if keep == list(range(c, c + len(keep))):
+            self.trim(c + len(keep))
+            return
+        self._compact_slots(c, keep)
+        self._tentative = c + len(keep)
+
+    def _validate_parents(self, parents, count: int) -> torch.Tensor:
+        host = not isinstance(parents, torch.Tensor)
+        if host:
+            try:
+                parents = torch.tensor([operator.index(p) for p in parents], dtype=torch.long)
+            except TypeError:
+                raise ValueError(f"feed_tree: parents must be a sequence of ints or a Long tensor, got {parents!r}") from None
+        if parents.dtype.is_floating_point or parents.dtype.is_complex or parents.dtype == torch.bool:
+            raise ValueError(f"feed_tree: parents must be an integer tensor, got dtype {parents.dtype}")
+        if parents.dim() != 1 or parents.shape[0] != count:
+            raise ValueError(
+                f"feed_tree: parents must list every node of the tree ({count} = slots fed since tree_start + n), "
+                f"got shape {tuple(parents.shape)}"
+            )
+        if host or self.check_ids:
+            index = torch.arange(count, device=parents.device)
+            bad = (parents < -1) | (parents >= index)
+            if bool(bad.any()):
+                j = int(bad.nonzero()[0, 0])
+                raise ValueError(f"feed_tree: parents must satisfy -1 <= parents[j] < j; parents[{j}] = {int(parents[j])}")
+        return parents.to(device=self.device, dtype=torch.long)
+
+    def _tree_layout(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(depth[N], visible[N, N])`` of the tree: position offsets and which tree nodes each node attends to."""
+        return tree_layout(parents)
+
+    def _tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Forward ``ids`` at slots ``start..``, position ids ``positions[n]``, attending where ``mask[n, start + n]``."""
+        impl = getattr(self.model.config, "_attn_implementation", None) or "eager"
+        if impl not in TREE_MASK_ATTENTION:
+            raise NotSupportedError(
+                f"feed_tree needs a custom 4D attention mask, which attn_implementation={impl!r} does not take "
+                f"(supported: {', '.join(TREE_MASK_ATTENTION)})"
+            )
+        b, n = ids.shape
+        blocked = torch.finfo(self.dtype).min
+        additive = torch.zeros(mask.shape, dtype=self.dtype, device=self.device).masked_fill_(~mask, blocked)
+        additive = additive[None, None].expand(b, 1, n, mask.shape[1])
+        with torch.no_grad():
+            out = self.model(
+                input_ids=ids, position_ids=positions[None].expand(b, n), attention_mask=additive,
+                cache=self._cache, use_cache=True,
+            )
+        return out.logits.float()
+
+    def _compact_slots(self, committed: int, keep: list[int]) -> None:
+        """Move the entries of slots ``keep`` to ``committed ..`` in every layer and drop the rest."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        for layer in self._cache.layers:
+            if getattr(layer, "keys", None) is None or not getattr(layer, "is_initialized", True):
+                continue
+            layer.keys = torch.cat([layer.keys[:, :, :committed], layer.keys.index_select(2, index)], 2)
+            layer.values = torch.cat([layer.values[:, :, :committed], layer.values.index_select(2, index)], 2)
 
     # ------------------------------------------------------------------ internals (mutant hooks)
     def _new_cache(self):

@@ -80,6 +80,59 @@ dtype, never synchronises with the host, and by default validates its inputs (wr
 ``k < 1``, vocabulary mismatch, NaN/inf/negative probabilities, rows not summing to 1, ids
 outside ``[0, V)`` give a ``ValueError`` naming the argument).
 
+The tree verifier contract
+--------------------------
+A backend claiming ``tree`` verifies a *tree* of drafts (EAGLE, Medusa, SpecInfer, Sequoia) in
+one call, with FlashInfer's shapes extended by a parent array::
+
+    verify_tree(draft_tokens: Long[B, n],
+                parents: Long[B, n],
+                draft_probs: Float[B, n, V] | None,
+                target_probs: Float[B, n+1, V],
+                *, generator: torch.Generator | None = None)
+        -> (num_accepted: Long[B], path: Long[B, n], tokens: Long[B, n+1])
+
+* Node ``i`` of row ``b`` carries token ``draft_tokens[b, i]`` and hangs under node
+  ``parents[b, i]`` (``-1``: under the root, the committed text). Nodes are topologically
+  ordered: ``-1 <= parents[b, i] < i``. Siblings are tried in index order.
+* Rows with fewer nodes are padded at the end: a padded node has ``draft_tokens[b, i] == -1``
+  (its parent, draft and target rows are ignored, not validated); a real node never follows one.
+* ``target_probs[b, 0]`` is the target's distribution at the root (``saved_next``), judging the
+  root's children; ``target_probs[b, i + 1]`` is the target's distribution after node ``i``'s
+  path, judging node ``i``'s children (and the bonus when node ``i`` is a leaf).
+* ``draft_probs[b, i]`` is the draft distribution at node ``i``'s *parent*, the one ``i`` and
+  its siblings were drawn from (before removing siblings already drawn, for ``recursive``); all
+  siblings carry the same row. ``None`` means greedy (or a tree whose scheme ignores it).
+* Output: ``m = num_accepted[b]``; ``path[b, :m]`` the accepted nodes, root to node (each the
+  child of the previous one, the first a child of the root), ``-1`` after; ``tokens[b, :m]``
+  their tokens, ``tokens[b, m]`` the *final* token: the replacement sampled after all children of
+  the last accepted node were rejected, or the bonus sampled from its target row when it is a leaf;
+  ``-1`` after. A chain (``parents = [-1, 0, 1, ...]``) gives exactly the chain verifier's output.
+* Greedy (``draft_probs=None`` for a backend claiming ``greedy``): the longest path whose every
+  node's token is its parent row's greedy choice; the final token is the greedy choice of the
+  last node's row (EAGLE's tree verification). Exact ties are judged as for chains (any maximiser).
+* Randomness only from ``generator``; a backend not claiming ``batched`` gets ``B == 1``.
+
+``Capabilities.tree_scheme`` names how sampled trees are drafted and judged (each exact scheme
+needs its own drafting, which the suite follows when it builds trees):
+
+=================  ==============================================================================
+``specinfer``      siblings drawn independently (with replacement) from the parent's draft row;
+                   multi-step speculative sampling (SpecInfer, Miao et al. 2024): sibling ``j`` is
+                   accepted w.p. ``min(1, r_j(x)/q(x))``, ``r_{j+1} = norm([r_j - q]_+)``, ``r_1 = p``.
+``recursive``      siblings drawn *without* replacement from the parent's draft row; recursive
+                   rejection sampling (Jeon et al. 2024): as ``specinfer`` with ``q_j`` the draft row
+                   with earlier siblings removed and renormalised.
+``deterministic``  siblings are any fixed distinct tokens (e.g. the draft's top-k); each is
+                   accepted w.p. ``r_j(x)``, ``r_{j+1}`` = ``r_j`` with ``x`` removed, renormalised
+                   (sequential one-hot-draft acceptance; SGLang's tree kernel at thresholds 1, 1).
+``lossy``          not claimed exact (acceptance thresholds below 1): the suite measures the total
+                   variation between its text law and the target's instead of failing it.
+=================  ==============================================================================
+
+In every exact scheme, when all children of a node are rejected the final token is a sample of
+the last residual ``r``.
+
 The decoder contract
 --------------------
 ::
@@ -135,16 +188,18 @@ Capability flags
 ----------------
 Every flag defaults to ``False``: a backend claims what it implements, nothing else.
 
-============  =====================================================================
-``verifier``  exposes :meth:`Verifier.verify`
-``greedy``    greedy verification (``draft_probs=None``) / greedy decoding
-``sampling``  rejection-sampling verification / sampled decoding
-``batched``   ``verify`` accepts ``B > 1`` in one call (otherwise it gets ``B == 1``)
-``cache``     exposes :meth:`CacheBackend.make_cache`; a decoder also calls ``on_round``
-``decoder``   exposes :meth:`Decoder.decode`, a full speculative decoder
-``top_k``     the decoder honours ``SamplingConfig.top_k``
-``top_p``     the decoder honours ``SamplingConfig.top_p``
-============  =====================================================================
+================  =====================================================================
+``verifier``      exposes :meth:`Verifier.verify`
+``greedy``        greedy verification (``draft_probs=None``) / greedy decoding
+``sampling``      rejection-sampling verification / sampled decoding
+``batched``       ``verify`` / ``verify_tree`` accept ``B > 1`` in one call (otherwise they get ``B == 1``)
+``cache``         exposes :meth:`CacheBackend.make_cache`; a decoder also calls ``on_round``
+``decoder``       exposes :meth:`Decoder.decode`, a full speculative decoder
+``top_k``         the decoder honours ``SamplingConfig.top_k``
+``top_p``         the decoder honours ``SamplingConfig.top_p``
+``tree``          exposes :meth:`TreeVerifier.verify_tree` (its scheme: ``tree_scheme``)
+``tree_decoder``  exposes ``decode_tree``, a speculative decoder that drafts trees
+================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
 the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
@@ -169,6 +224,8 @@ __all__ = [
     "CAPABILITY_FLAGS",
     "SCHEMES",
     "LOSSLESS_SCHEMES",
+    "TREE_SCHEMES",
+    "LOSSLESS_TREE_SCHEMES",
     "DTYPE_NAMES",
     "DEVICE_NAMES",
     "check_requirement",
@@ -177,6 +234,7 @@ __all__ = [
     "Backend",
     "Verifier",
     "Decoder",
+    "TreeVerifier",
     "KVCache",
     "CacheBackend",
     "RoundHook",
@@ -193,12 +251,16 @@ PAD_TOKEN = -1
 
 #: Capability flags a backend may claim (see the module docstring). Checks are marked with the
 #: flags they need; an unknown flag name is an error at collection time.
-CAPABILITY_FLAGS = ("verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p")
+CAPABILITY_FLAGS = ("verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder")
 
 #: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
 SCHEMES = ("token", "one_hot_draft", "block", "lossy")
 #: The schemes whose output must follow the target's law exactly.
 LOSSLESS_SCHEMES = ("token", "one_hot_draft", "block")
+#: Tree verification schemes (``Capabilities.tree_scheme``; see the module docstring).
+TREE_SCHEMES = ("specinfer", "recursive", "deterministic", "lossy")
+#: The tree schemes whose output must follow the target's law exactly.
+LOSSLESS_TREE_SCHEMES = ("specinfer", "recursive", "deterministic")
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_NAMES = ("cpu", "cuda")
@@ -236,15 +298,20 @@ class Capabilities:
     decoder: bool = False
     top_k: bool = False
     top_p: bool = False
+    tree: bool = False
+    tree_decoder: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     scheme: str = "token"
     bonus: bool = True
+    tree_scheme: str = "specinfer"
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise ValueError(f"unknown verification scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
+        if self.tree_scheme not in TREE_SCHEMES:
+            raise ValueError(f"unknown tree scheme {self.tree_scheme!r}; known: {', '.join(TREE_SCHEMES)}")
         if not isinstance(self.bonus, bool):
             raise ValueError(f"bonus must be a bool, got {self.bonus!r}")
 
@@ -252,6 +319,11 @@ class Capabilities:
     def lossless(self) -> bool:
         """Whether the declared scheme claims the target's exact law."""
         return self.scheme in LOSSLESS_SCHEMES
+
+    @property
+    def tree_lossless(self) -> bool:
+        """Whether the declared tree scheme claims the target's exact law."""
+        return self.tree_scheme in LOSSLESS_TREE_SCHEMES
 
     def scheme_label(self) -> str:
         """``"token"``, ``"block, no bonus"``, ...: the declared scheme in words."""
@@ -376,6 +448,21 @@ class Verifier(Backend, Protocol):
 
 
 @runtime_checkable
+class TreeVerifier(Backend, Protocol):
+    """A backend claiming ``tree`` (the tree verifier contract in the module docstring)."""
+
+    def verify_tree(
+        self,
+        draft_tokens: torch.Tensor,
+        parents: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_probs: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+@runtime_checkable
 class Decoder(Backend, Protocol):
     """A backend claiming ``decoder`` (the decoder contract in the module docstring)."""
 
@@ -423,6 +510,18 @@ _CAPABILITY_METHODS: dict[str, tuple[str, tuple, dict, str]] = {
         "decode(target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None)",
     ),
     "cache": ("make_cache", (None,), {}, "make_cache(model)"),
+    "tree": (
+        "verify_tree",
+        (None, None, None, None),
+        {"generator": None},
+        "verify_tree(draft_tokens, parents, draft_probs, target_probs, *, generator=None)",
+    ),
+    "tree_decoder": (
+        "decode_tree",
+        (None, None, None),
+        dict(depth=1, width=1, max_new_tokens=1, sampling=None, eos_id=None, generator=None, on_round=None),
+        "decode_tree(target, draft, prompt, *, depth, width, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None)",
+    ),
 }
 
 
@@ -430,8 +529,9 @@ def check_backend(backend: Any) -> None:
     """Raise :class:`ContractError` when ``backend``'s declarations contradict what it exposes.
 
     Checked: ``capabilities`` is a :class:`Capabilities`, ``name`` is a non-empty string, and
-    each claimed ``verifier`` / ``decoder`` / ``cache`` has a callable ``verify`` / ``decode`` /
-    ``make_cache`` whose signature accepts the contract's call. Behaviour is the checks' job.
+    each claimed ``verifier`` / ``decoder`` / ``cache`` / ``tree`` / ``tree_decoder`` has a callable
+    ``verify`` / ``decode`` / ``make_cache`` / ``verify_tree`` / ``decode_tree`` whose signature
+    accepts the contract's call. Behaviour is the checks' job.
     """
     caps = getattr(backend, "capabilities", None)
     if not isinstance(caps, Capabilities):

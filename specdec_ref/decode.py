@@ -68,6 +68,46 @@ def _choose(probs: torch.Tensor, sampling: SamplingConfig, generator) -> torch.T
     return probs.argmax(-1) if sampling.greedy else sample_from_weights(probs, generator)
 
 
+def open_caches(make_cache, make_draft_cache, target, draft, prompt: torch.Tensor, needed: int, result: DecodeResult):
+    """Target and draft caches sized for ``needed`` positions (capped at each model's), holding the prompt but its
+    last token: that one is the first *pending* token, fed at the start of the first round."""
+    t = prompt.shape[1]
+    target_cache = make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
+    draft_cache = make_draft_cache(draft, check_ids=False, max_length=min(needed, model_dims(draft)["max_positions"] or needed))
+    if t > 1:
+        target_cache.feed(prompt[:, :-1])
+        draft_cache.feed(prompt[:, :-1])
+        result.target_calls += 1
+        result.draft_calls += 1
+    target_cache.commit(t - 1)
+    draft_cache.commit(t - 1)
+    return target_cache, draft_cache
+
+
+def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, draft_cache, *, start: int, proposed: int,
+              accepted: int, emitted: int, committed: int, hit_eos: bool) -> bool:
+    """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair), call
+    ``on_round``, and mark an EOS finish; True when generation ends here."""
+    record = RoundRecord(
+        round=len(result.rounds),
+        start=start,
+        proposed=proposed,
+        accepted=accepted,
+        emitted=emitted,
+        target_len=target_cache.tentative_length,
+        draft_len=draft_cache.tentative_length,
+        committed_len=committed,
+        target_calls=result.target_calls,
+        draft_calls=result.draft_calls,
+    )
+    result.rounds.append(record)
+    if on_round is not None:
+        on_round(record, target_cache, draft_cache)
+    if hit_eos:
+        result.finished_by = "eos"
+    return hit_eos
+
+
 def _truncate(emitted: list[int], eos_id: int | None) -> tuple[list[int], bool]:
     if eos_id is not None and eos_id in emitted:
         return emitted[: emitted.index(eos_id) + 1], True
@@ -188,15 +228,7 @@ class SpeculativeDecoder:
         tick = clock() if clock else 0.0
         # positions ever written: below t + max_new_tokens + k (the last pending token is never fed)
         needed = t + max_new_tokens + k
-        target_cache = self.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
-        draft_cache = self.make_draft_cache(draft, check_ids=False, max_length=min(needed, model_dims(draft)["max_positions"] or needed))
-        if t > 1:
-            target_cache.feed(prompt[:, :-1])
-            draft_cache.feed(prompt[:, :-1])
-            result.target_calls += 1
-            result.draft_calls += 1
-        target_cache.commit(t - 1)
-        draft_cache.commit(t - 1)
+        target_cache, draft_cache = open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt, needed, result)
         pending = prompt[:, -1:]
         committed = t
         if clock:
@@ -244,23 +276,8 @@ class SpeculativeDecoder:
             pending = tokens[:, len(emitted) - 1 : len(emitted)]
             if clock:
                 seconds["repair"] += clock() - tick
-            record = RoundRecord(
-                round=len(result.rounds),
-                start=start,
-                proposed=k_round,
-                accepted=accepted,
-                emitted=len(emitted),
-                target_len=target_cache.tentative_length,
-                draft_len=draft_cache.tentative_length,
-                committed_len=committed,
-                target_calls=result.target_calls,
-                draft_calls=result.draft_calls,
-            )
-            result.rounds.append(record)
-            if on_round is not None:
-                on_round(record, target_cache, draft_cache)
-            if hit_eos:
-                result.finished_by = "eos"
+            if end_round(result, on_round, target_cache, draft_cache, start=start, proposed=k_round, accepted=accepted,
+                         emitted=len(emitted), committed=committed, hit_eos=hit_eos):
                 break
         if timed:
             result.seconds = seconds

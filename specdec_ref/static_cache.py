@@ -30,6 +30,9 @@ Differences from ``ModelCache``:
 * ``layer_kv()`` returns views of the static buffers: valid until the next ``feed`` (a later feed
   after a trim overwrites positions in place). ``hf_cache`` is a :class:`StaticKV` holder, not a
   transformers cache.
+* Trees (:meth:`~specdec_ref.cache.ModelCache.feed_tree` / :meth:`~specdec_ref.cache.ModelCache.compact`):
+  the same lean forward with RoPE rows gathered at the nodes' depth positions and a boolean SDPA mask;
+  compaction copies the kept slots' buffer entries down (``index_select``, then a slice write).
 """
 
 from __future__ import annotations
@@ -259,6 +262,27 @@ class StaticModelCache(ModelCache):
             logits = self._lean_forward(ids, start)
         return logits.float() if logits.dtype != torch.float32 else logits.clone()
 
+    # ------------------------------------------------------------------ trees (ModelCache.feed_tree / compact)
+    def _tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            logits = self._lean_tree_forward(ids, start, positions, mask)
+        return logits.float() if logits.dtype != torch.float32 else logits.clone()
+
+    def _compact_slots(self, committed: int, keep: list[int]) -> None:
+        """Buffer copies: the entries of slots ``keep`` move to ``committed ..`` (stale entries past it are never read)."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        end = committed + len(keep)
+        with torch.inference_mode():
+            for kbuf, vbuf in zip(self._cache.keys, self._cache.values):
+                kbuf[:, :, committed:end] = kbuf.index_select(2, index)
+                vbuf[:, :, committed:end] = vbuf.index_select(2, index)
+
+    def _lean_tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """:meth:`_lean_forward` with explicit position ids (``positions[n]``) and a boolean mask ``[n, start + n]``."""
+        cos = self._cos.index_select(1, positions)
+        sin = self._sin.index_select(1, positions)
+        return self._lean_layers(ids, start, cos, sin, mask, causal=False)
+
     # ------------------------------------------------------------------ the forward
     def _rms(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # transformers' LlamaRMSNorm / Qwen2RMSNorm, op for op. In float32 the fused F.rms_norm
@@ -271,11 +295,8 @@ class StaticModelCache(ModelCache):
         return weight * h.to(dtype)
 
     def _lean_forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        b, n = ids.shape
+        n = ids.shape[1]
         end = start + n
-        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        nqk = nh + nkv
-        half = d // 2
         cos = self._cos[:, start:end]
         sin = self._sin[:, start:end]
         if n == 1 or start == 0:
@@ -283,6 +304,15 @@ class StaticModelCache(ModelCache):
         else:
             mask = self._causal[start:end, :end]
         causal = n > 1 and start == 0
+        return self._lean_layers(ids, start, cos, sin, mask, causal=causal)
+
+    def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool) -> torch.Tensor:
+        """The layer stack: writes K/V at slots ``start .. start + n - 1``, attends over ``[:start + n]`` with ``mask``."""
+        b, n = ids.shape
+        end = start + n
+        nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        nqk = nh + nkv
+        half = d // 2
         keys, values = self._cache.keys, self._cache.values
         x = F.embedding(ids, self._embed)
         for i, lay in enumerate(self._layers):

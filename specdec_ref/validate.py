@@ -21,7 +21,7 @@ SUM_TOLERANCE = {
 _FLOAT_DTYPES = tuple(SUM_TOLERANCE)
 
 
-def _check_probs(name: str, probs: torch.Tensor, shape: tuple[int, ...]) -> None:
+def check_probs(name: str, probs: torch.Tensor, shape: tuple[int, ...]) -> None:
     if probs.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"{name} must be a floating tensor (float64/32/16, bfloat16), got dtype {probs.dtype}")
     if tuple(probs.shape) != shape:
@@ -77,7 +77,7 @@ def validate_verify_inputs(
     vocab = target_probs.shape[-1]
     if vocab < 1:
         raise ValueError("target_probs has an empty vocabulary (V = 0)")
-    _check_probs("target_probs", target_probs, (batch, k + 1, vocab))
+    check_probs("target_probs", target_probs, (batch, k + 1, vocab))
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor):
             raise ValueError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__}")
@@ -85,7 +85,7 @@ def validate_verify_inputs(
             raise ValueError(
                 f"vocabulary mismatch: draft_probs has V={draft_probs.shape[-1]}, target_probs has V={vocab}"
             )
-        _check_probs("draft_probs", draft_probs, (batch, k, vocab))
+        check_probs("draft_probs", draft_probs, (batch, k, vocab))
         if draft_probs.device != target_probs.device:
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
     if draft_tokens.device != target_probs.device:

@@ -150,12 +150,12 @@ def test_checks_unloadable_backend_is_a_clear_error():
 def test_python_dash_m_bench_runs_the_command_line():
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder"))
+    assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder", "tree-verifier", "tree-decoder"))
 
 
 def test_every_subcommand_has_its_own_parser_and_json_option():
     parser = cli.build_parser()
-    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder"}
+    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder", "tree-verifier", "tree-decoder"}
     for name in cli.SUBCOMMANDS:
         args = parser.parse_args([name, "--json", "x.json"])
         assert args.command == name and args.json == "x.json"
@@ -257,3 +257,18 @@ def test_import_direction_checker_sees_function_level_and_relative_imports(tmp_p
     path = tmp_path / "m.py"
     path.write_text("import os.path\nfrom . import sibling\ndef f():\n    from bench.kit import Column\n    importlib.import_module('conformance.registry')\n")
     assert imported_packages(path, "specdec_ref") == {(1, "os"), (2, "specdec_ref"), (4, "bench"), (5, "conformance")}
+
+
+def test_tree_verifier_rows_and_ratios(tmp_path):
+    path = tmp_path / "tree.json"
+    status, text = _run(
+        ["tree-verifier", "--batch", "4", "--nodes", "10", "--depth", "3", "--vocab", "16", "--repeats", "1",
+         "--min-seconds", "0.01", "--warmup-seconds", "0.001", "--json", str(path)]
+    )  # fmt: skip
+    assert status == 0
+    rows = json.loads(path.read_text())["rows"]
+    kinds = {(r["kind"], r["scheme"], r["mode"]) for r in rows}
+    assert ("chain", "token", "sampling") in kinds and ("tree", "recursive", "greedy") in kinds
+    assert all(r["nodes_per_s_median"] > 0 for r in rows)
+    assert all(r["ratio_to_chain"] > 0 for r in rows if r["kind"] == "tree")
+    assert "x the chain verifier" in text

@@ -28,6 +28,7 @@ def test_every_flag_defaults_to_false():
     assert caps.has("dtype:float32") and not caps.has("dtype:bfloat16") and caps.has("device:cpu")
     assert caps.as_dict() == {
         **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",), "scheme": "token", "bonus": True,
+        "tree_scheme": "specinfer",
     }
 
 

@@ -1,0 +1,128 @@
+"""Conformance checks of tree decoders (``backend.decode_tree``).
+
+The tree decoder contract (``specdec_ref.contract``, capability ``tree_decoder``)::
+
+    decode_tree(target, draft, prompt: Long[1, t], *, depth, width, max_new_tokens,
+                sampling: SamplingConfig, eos_id=None, generator=None, on_round=None)
+        -> specdec_ref.contract.DecodeResult
+
+is the decoder contract with a tree of ``depth`` levels of ``width`` children per round in place
+of a chain of ``k`` drafts: greedy decoding equals AR greedy decoding, sampled decoding follows the
+target's law exactly for the declared (lossless) ``tree_scheme``, EOS / ``max_new_tokens`` as for
+chains, and (claiming ``cache``) after every round ``on_round(record, target_cache, draft_cache)``
+sees both caches holding exactly the committed tokens but the pending one.
+
+These checks run the chain decoder checks' own machinery (``conformance.decoder_checks``: the same
+models, prompts, oracles, flip classification, cache hook and sequence-law cases) on the tree
+decoder through :class:`TreeAsChain`, which answers ``decode(..., k=K)`` with
+``decode_tree(..., depth=K, width=W)``: in their messages ``k`` is the tree depth.
+
+Measured cost (reference backend, one torch thread, this project's 2-core machine; CPU-s per case):
+``greedy_equals_ar_fp32`` llama / qwen2 ~7.5 each (256 tree decodes), ``greedy_bf16`` llama ~4,
+gpt2 ~6, ``cache_matches_prefill_every_round`` ~2 per case (6 cases), ``sequence_law-position``
+~45 (7 958 decodes at ~5.1 ms). See ``tests/test_tree_decode.py`` for the unit tests.
+"""
+from __future__ import annotations
+
+from .decoder_checks import (
+    _greedy_equality,
+    check_decoder_cache_matches_prefill_every_round,
+    check_decoder_sequence_law,
+)
+from .registry import CheckContext, NotApplicable, check
+
+#: Tree widths the greedy and cache checks use (each with the chain checks' k grid as depths: greedy
+#: 1, 2, 4, 8; cache 1, 3, 5), so stars (depth 1) and deep bushy trees are both covered.
+TREE_WIDTHS = (2, 3)
+#: Width of the bf16 and sequence-law trees (two siblings: the residual chain of the tree schemes is exercised).
+LAW_WIDTH = 2
+#: The sequence-law cases run on trees (``decoder_checks.SEQUENCE_CASES``; one, to keep CI cost near 45 CPU-s).
+TREE_SEQUENCE_CASES = ("position",)
+
+
+class TreeAsChain:
+    """A tree decoder seen as a chain decoder: ``decode(..., k=K, ...)`` calls ``decode_tree(..., depth=K, width=width, ...)``."""
+
+    def __init__(self, backend, width: int):
+        self.backend = backend
+        self.width = width
+        self.name = getattr(backend, "name", "?")
+        self.capabilities = backend.capabilities
+
+    def decode(self, target, draft, prompt, *, k, **kwargs):
+        return self.backend.decode_tree(target, draft, prompt, depth=k, width=self.width, **kwargs)
+
+
+def _as_tree(run, width: int):
+    """Run a chain-decoder check body on :class:`TreeAsChain`; a failure notes that its ``k`` is the tree depth."""
+    __tracebackhide__ = True
+    try:
+        return run()
+    except AssertionError as exc:
+        exc.add_note(f"(tree decoder: decode_tree with width={width}; 'k' above is the tree depth)")
+        raise
+
+
+@check(
+    guards="tree attention mask wrong (a node seeing siblings or cousins), node position ids not by depth, target rows "
+    "not aligned with nodes (row i+1 = node i), wrong path compaction, tokens dropped or duplicated, wrong max_new_tokens",
+    requires=("tree_decoder", "greedy"),
+    cases=[(arch, {"arch": arch}) for arch in ("llama", "qwen2")],
+)
+def check_tree_decoder_greedy_equals_ar_fp32(backend, ctx: CheckContext, arch: str):
+    """In float32, greedy tree decoding equals AR greedy decoding token for token.
+
+    Trees of width 2 and 3 with depth 1 (stars), 2, 4 and 8, over the chain check's draft families
+    (identical, noisy, independent) and prompts; only a classified numerical flip is tolerated.
+    """
+    for width in TREE_WIDTHS:
+        _as_tree(lambda: _greedy_equality(TreeAsChain(backend, width), ctx, arch, "float32", max_new=24), width)
+
+
+@check(
+    guards="algorithmic tree-decoding divergences hidden behind 'bf16 noise': every bf16 mismatch must be a classified near-tie",
+    requires=("tree_decoder", "greedy", "dtype:bfloat16"),
+    cases=[(arch, {"arch": arch}) for arch in ("llama", "gpt2")],
+)
+def check_tree_decoder_greedy_bf16_divergences_are_flips(backend, ctx: CheckContext, arch: str):
+    """In bfloat16, every divergence of greedy tree decoding (width 2, depth 1, 2, 4, 8) from AR greedy is a
+    numerical flip (top-1/top-2 gap within the bf16 tolerance; ``properties.flips``)."""
+    # the tolerated flips are recorded in ctx.findings (hypothesis.note would raise outside a Hypothesis test)
+    _as_tree(lambda: _greedy_equality(TreeAsChain(backend, LAW_WIDTH), ctx, arch, "bfloat16", max_new=24), LAW_WIDTH)
+
+
+@check(
+    guards="KV compaction copying the wrong slots (e.g. assuming the accepted path is a dense prefix of the node order), "
+    "rejected branches left cached, nodes written with flat instead of depth position ids, path nodes the draft never "
+    "fed left out of its cache, tokens past EOS cached",
+    requires=("tree_decoder", "cache"),
+    cases=[(f"{arch}-{mode}", {"arch": arch, "mode": mode}) for arch in ("llama", "qwen2", "gpt2") for mode in ("greedy", "sampling")],
+)
+def check_tree_decoder_cache_matches_prefill_every_round(backend, ctx: CheckContext, arch: str, mode: str):
+    """After every round both caches hold exactly the committed tokens but the pending one: lengths agree and every
+    layer's K/V equals a fresh prefill of that prefix (the chain check's hook, trees of width 2 and 3, depth 1, 3, 5)."""
+    for width in TREE_WIDTHS:
+        _as_tree(lambda: check_decoder_cache_matches_prefill_every_round(TreeAsChain(backend, width), ctx, arch, mode), width)
+
+
+@check(
+    guards="any loss of exactness of tree decoding on real checkpoints: siblings not drafted as the declared tree scheme "
+    "requires, q not the row a node was drawn from, stale or misplaced KV entries after compaction, wrong position ids, "
+    "a node attending outside its path, a different token fed to the next round than the one emitted",
+    requires=("tree_decoder", "sampling"),
+    cases=[(name, {"case": name}) for name in TREE_SEQUENCE_CASES],
+    statistical=True,
+)
+def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str):
+    """Whole continuations decoded with trees (width 2, depth = the case's k) on an exactly-known checkpoint pair
+    follow the exact law from its tables: ``decoder_sequence_law``'s test (N decodes with power 0.99 against every
+    law at TV >= SEQUENCE_TV = 0.045, alpha 1e-6).
+
+    Case ``position``: the order-2, position-dependent target (its logits read the previous token through
+    attention over the KV cache and the parity of the position through RoPE), so a misplaced K/V entry after
+    compaction or a node written at the wrong position changes the law. N = 7 958 at the ``ci`` profile.
+    """
+    if getattr(backend.capabilities, "tree_scheme", "specinfer") == "lossy":
+        raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")
+    _as_tree(lambda: check_decoder_sequence_law(TreeAsChain(backend, LAW_WIDTH), ctx, case), LAW_WIDTH)
+

@@ -1,0 +1,283 @@
+"""Tree verification: one target forward judges a whole tree of drafts; one root-to-node path is kept.
+
+Shapes and semantics are the tree verifier contract of :mod:`specdec_ref.contract`: node ``i`` has
+token ``draft_tokens[b, i]`` under ``parents[b, i]`` (``-1``: the root), nodes topologically
+ordered, padded nodes (token ``-1``) at the end; ``target_probs[b, 0]`` judges the root's
+children, ``target_probs[b, i + 1]`` node ``i``'s children; ``draft_probs[b, i]`` is the draft row
+node ``i`` and its siblings were drawn from.
+
+One walk down the tree, written as a single pass over the nodes in index order (so it needs no
+host synchronisation and no data-dependent Python branching; every step is a ``[B, V]`` tensor op):
+the walk stands at a node (``current``, the root first) with a residual ``r`` (the target row of
+that node at first). A node is *tried* when its parent is ``current``; siblings are therefore tried
+in index order, and a node whose parent was rejected or never reached is never tried. A tried node
+with token ``x`` and sibling draft row ``q_j`` is accepted when ``u * q_j(x) < r(x)``
+(probability ``min(1, r(x) / q_j(x))``); the walk then moves to it and ``r`` becomes its target row.
+Otherwise ``r`` becomes ``norm([r - q_j]_+)``. After the last node the final token is a sample of
+``r``: the residual when every child of the last accepted node was rejected, its own target row
+(the bonus) when it is a leaf. Invariant: given the tree, the final token and each acceptance have
+the scheme's law; with siblings drafted as the scheme requires, the emitted text follows the
+target's law exactly (proved by enumeration in ``tests/test_tree.py``).
+
+The schemes differ only in ``q_j``, the distribution the ``j``-th sibling was actually drawn from:
+
+* :class:`SpecInferTreeVerifier` (``specinfer``): siblings drawn independently from ``q``;
+  ``q_j = q``. Multi-step speculative sampling: Miao et al., "SpecInfer: accelerating large
+  language model serving with tree-based speculative inference and verification", ASPLOS 2024.
+* :class:`RecursiveTreeVerifier` (``recursive``): siblings drawn without replacement; ``q_j`` is
+  ``q`` with the earlier siblings removed, renormalised. Recursive rejection sampling: Jeon et al.,
+  "Recursive speculative decoding: accelerating LLM inference via sampling without replacement",
+  2024 (arXiv 2402.14160).
+* :class:`DeterministicTreeVerifier` (``deterministic``): siblings are fixed distinct tokens (the
+  draft's top-k); ``q_j`` is one-hot at the sibling's token, so it is accepted with probability
+  ``r(x)`` and ``r`` loses ``x`` on rejection. What SGLang's ``tree_speculative_sampling_target_only``
+  computes at thresholds 1, 1; exact for any tree that does not depend on the coins.
+
+Greedy (``draft_probs=None``, every class): the walk accepts a tried node whose token is the greedy
+choice (``argmax``, first maximal index) of ``current``'s target row, and emits the greedy choice of
+the last accepted node's row: the longest greedy path in the tree (EAGLE, Li et al. 2024).
+
+Computation is in float32 whatever the input dtype, on the input's device.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .contract import PAD_TOKEN
+from .validate import check_probs
+from .verify import RESIDUAL_EPS, sample_from_weights
+
+__all__ = [
+    "TreeResult",
+    "TreeVerifierBase",
+    "SpecInferTreeVerifier",
+    "RecursiveTreeVerifier",
+    "DeterministicTreeVerifier",
+    "TREE_VERIFIERS",
+    "chain_parents",
+    "validate_tree_inputs",
+]
+
+
+class TreeResult(NamedTuple):
+    """``verify_tree``'s output: accepted length, accepted nodes (``-1`` padded), accepted tokens then the final one."""
+
+    num_accepted: torch.Tensor  # Long[B]
+    path: torch.Tensor  # Long[B, n]
+    tokens: torch.Tensor  # Long[B, n + 1]
+
+
+def chain_parents(batch: int, n: int, device=None) -> torch.Tensor:
+    """``parents`` of a chain of ``n`` drafts (``[-1, 0, 1, ..., n-2]`` per row): a chain verifier's block."""
+    return (torch.arange(n, device=device) - 1).expand(batch, n).clone()
+
+
+def validate_tree_inputs(
+    draft_tokens: torch.Tensor, parents: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor
+) -> None:
+    """``ValueError`` naming the argument for wrong shapes or dtypes, parents that are not a topologically
+    ordered forest, padding before a real node, token ids outside ``[0, V)``, vocabulary mismatch, or
+    invalid probability rows of real nodes (padded nodes' rows are not read)."""
+    for name, value in (("draft_tokens", draft_tokens), ("parents", parents), ("target_probs", target_probs)):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    for name, value in (("draft_tokens", draft_tokens), ("parents", parents)):
+        if value.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"{name} must be an integer tensor (int64 or int32), got dtype {value.dtype}")
+        if value.dim() != 2:
+            raise ValueError(f"{name} must have shape [B, n], got {tuple(value.shape)}")
+    batch, n = draft_tokens.shape
+    if batch < 1 or n < 1:
+        raise ValueError(f"draft_tokens must have B >= 1 rows and n >= 1 nodes, got shape {tuple(draft_tokens.shape)}")
+    if tuple(parents.shape) != (batch, n):
+        raise ValueError(f"parents must have the shape of draft_tokens {(batch, n)}, got {tuple(parents.shape)}")
+    if target_probs.dim() != 3 or tuple(target_probs.shape[:2]) != (batch, n + 1):
+        raise ValueError(f"target_probs must have shape [B, n+1, V] = [{batch}, {n + 1}, V], got {tuple(target_probs.shape)}")
+    vocab = target_probs.shape[-1]
+    if vocab < 1:
+        raise ValueError("target_probs has an empty vocabulary (V = 0)")
+    for name, value in (("draft_tokens", draft_tokens), ("parents", parents)):
+        if value.device != target_probs.device:
+            raise ValueError(f"{name} is on {value.device}, target_probs on {target_probs.device}")
+    real = draft_tokens >= 0
+    late = real[:, 1:] & ~real[:, :-1]
+    if bool(late.any()):
+        b, i = late.nonzero()[0].tolist()
+        raise ValueError(f"padding must come last: row {b} has a padded node {i} before the real node {i + 1}")
+    if not bool(real[:, 0].all()):
+        b = int((~real[:, 0]).nonzero()[0])
+        raise ValueError(f"row {b} has no real node (draft_tokens[{b}, 0] = {int(draft_tokens[b, 0])}); every row needs n >= 1 nodes")
+    bad = real & ((draft_tokens < 0) | (draft_tokens >= vocab))
+    bad |= (draft_tokens < PAD_TOKEN) | (draft_tokens >= vocab)
+    if bool(bad.any()):
+        b, i = bad.nonzero()[0].tolist()
+        raise ValueError(f"draft_tokens must be in [0, {vocab}) (or -1 for padding); draft_tokens[{b}, {i}] = {int(draft_tokens[b, i])}")
+    index = torch.arange(n, device=parents.device)
+    unordered = real & ((parents < -1) | (parents >= index))
+    if bool(unordered.any()):
+        b, i = unordered.nonzero()[0].tolist()
+        raise ValueError(
+            f"parents must be topologically ordered (-1 <= parents[b, i] < i): parents[{b}, {i}] = {int(parents[b, i])}"
+        )
+    real_rows = torch.cat([torch.ones_like(real[:, :1]), real], 1)
+    check_probs("target_probs", target_probs[real_rows], (int(real_rows.sum()), vocab))
+    if draft_probs is not None:
+        if not isinstance(draft_probs, torch.Tensor):
+            raise ValueError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__}")
+        if draft_probs.dim() == 3 and draft_probs.shape[-1] != vocab:
+            raise ValueError(f"vocabulary mismatch: draft_probs has V={draft_probs.shape[-1]}, target_probs has V={vocab}")
+        if tuple(draft_probs.shape) != (batch, n, vocab):
+            raise ValueError(f"draft_probs must have shape [B, n, V] = {(batch, n, vocab)}, got {tuple(draft_probs.shape)}")
+        if draft_probs.device != target_probs.device:
+            raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
+        check_probs("draft_probs", draft_probs[real], (int(real.sum()), vocab))
+
+
+class TreeVerifierBase:
+    """The walk of the module docstring, one overridable decision per method (a mutant is a one-method subclass).
+
+    Subclasses set ``tree_scheme`` and :meth:`sibling_row`.
+    """
+
+    tree_scheme = ""
+    #: Whether :meth:`sibling_row` reads the earlier siblings' tokens (``drawn``); the walk tracks them only then.
+    uses_drawn = False
+
+    def coins(self, parents: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """One independent uniform per node: ``u[B, n]``."""
+        return torch.rand(parents.shape, generator=generator, device=parents.device, dtype=torch.float32)
+
+    def tried(self, parents_i: torch.Tensor, current: torch.Tensor, real_i: torch.Tensor) -> torch.Tensor:
+        """Node ``i`` is tried when it is real and its parent is the node the walk stands at."""
+        return real_i & (parents_i == current)
+
+    def sibling_row(self, q: torch.Tensor, token: torch.Tensor, drawn: torch.Tensor) -> torch.Tensor:
+        """``q_j``: the distribution the tried sibling was drawn from (``drawn``: its earlier siblings' tokens, one-hot sum)."""
+        raise NotImplementedError
+
+    def accept(self, u: torch.Tensor, r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+        """Accept with probability ``min(1, r(x) / q_j(x))``, written without a division."""
+        return u * q_x < r_x
+
+    def after_rejection(self, r: torch.Tensor, q_j: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """The next sibling's residual: ``norm([r - q_j]_+)`` (``r`` itself if that is empty, i.e. ``r == q_j``)."""
+        residual = (r - q_j).clamp_min(0)
+        total = residual.sum(-1, keepdim=True)
+        return torch.where(total > RESIDUAL_EPS, residual / total.clamp_min(RESIDUAL_EPS), r)
+
+    def node_row(self, p: torch.Tensor, i: int, parents: torch.Tensor) -> torch.Tensor:
+        """The target row after node ``i``'s path: ``target_probs[:, i + 1]``."""
+        return p[:, i + 1]
+
+    def greedy_choice(self, probs: torch.Tensor) -> torch.Tensor:
+        return probs.argmax(-1)
+
+    def sample(self, weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        return sample_from_weights(weights, generator)
+
+    def assemble(self, draft_tokens: torch.Tensor, path: torch.Tensor, m: torch.Tensor, final: torch.Tensor) -> TreeResult:
+        """``tokens[:m]`` = the path's tokens, ``tokens[m]`` = final, ``-1`` after."""
+        batch, n = draft_tokens.shape
+        on_path = draft_tokens.gather(1, path.clamp_min(0))
+        positions = torch.arange(n + 1, device=draft_tokens.device)
+        tokens = torch.where(positions[:n] < m[:, None], on_path, PAD_TOKEN)
+        tokens = torch.cat([tokens, tokens.new_full((batch, 1), PAD_TOKEN)], 1)
+        return TreeResult(m, path, tokens.scatter_(1, m[:, None], final[:, None]))
+
+    def walk(self, draft_tokens, parents, draft_probs, target_probs, generator):
+        """The single pass over the nodes; ``draft_probs is None`` walks the greedy path."""
+        batch, n = draft_tokens.shape
+        device = target_probs.device
+        greedy = draft_probs is None
+        p = target_probs.to(torch.float32)
+        q = None if greedy else draft_probs.to(torch.float32)
+        real = draft_tokens >= 0
+        tokens = draft_tokens.clamp_min(0)
+        current = torch.full((batch,), -1, dtype=torch.long, device=device)
+        m = torch.zeros(batch, dtype=torch.long, device=device)
+        path = torch.full((batch, n), PAD_TOKEN, dtype=torch.long, device=device)
+        r = p[:, 0]
+        drawn = torch.zeros_like(r)
+        slots = torch.arange(n, device=device)
+        u = None if greedy else self.coins(parents, generator)
+        for i in range(n):
+            x = tokens[:, i]
+            tried = self.tried(parents[:, i], current, real[:, i])
+            if greedy:
+                accepted = tried & (x == self.greedy_choice(r))
+            else:
+                q_j = self.sibling_row(q[:, i], x, drawn)
+                r_x = r.gather(1, x[:, None]).squeeze(1)
+                q_x = q_j.gather(1, x[:, None]).squeeze(1)
+                accepted = tried & self.accept(u[:, i], r_x, q_x)
+                rejected = tried & ~accepted
+                r = torch.where(rejected[:, None], self.after_rejection(r, q_j, x), r)
+                if self.uses_drawn:
+                    seen = torch.nn.functional.one_hot(x, r.shape[-1]).to(drawn.dtype)
+                    drawn = torch.where(accepted[:, None], 0.0, torch.where(rejected[:, None], drawn + seen, drawn))
+            r = torch.where(accepted[:, None], self.node_row(p, i, parents), r)
+            path = torch.where(accepted[:, None] & (slots == m[:, None]), i, path)
+            m = m + accepted.long()
+            current = torch.where(accepted, i, current)
+        final = self.greedy_choice(r) if greedy else self.sample(r, generator)
+        return self.assemble(draft_tokens.long(), path, m, final)
+
+    def __call__(
+        self,
+        draft_tokens: torch.Tensor,
+        parents: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_probs: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+        validate: bool = True,
+    ) -> TreeResult:
+        """Verify one tree per row; ``draft_probs=None`` selects greedy verification.
+
+        ``validate=False`` skips the input checks (which synchronise with the host).
+        """
+        if validate:
+            validate_tree_inputs(draft_tokens, parents, draft_probs, target_probs)
+        return self.walk(draft_tokens.long(), parents.long(), draft_probs, target_probs, generator)
+
+
+class SpecInferTreeVerifier(TreeVerifierBase):
+    """Siblings drawn independently (with replacement) from the parent's draft row: ``q_j = q``
+    (SpecInfer's multi-step speculative sampling, Miao et al. 2024, Algorithm 2)."""
+
+    tree_scheme = "specinfer"
+
+    def sibling_row(self, q, token, drawn):
+        return q
+
+
+class RecursiveTreeVerifier(TreeVerifierBase):
+    """Siblings drawn without replacement: ``q_j`` = ``q`` without the earlier siblings, renormalised
+    (recursive rejection sampling, Jeon et al. 2024, arXiv 2402.14160)."""
+
+    tree_scheme = "recursive"
+    uses_drawn = True
+
+    def sibling_row(self, q, token, drawn):
+        left = q * (drawn == 0)
+        total = left.sum(-1, keepdim=True)
+        return torch.where(total > 0, left / total.clamp_min(torch.finfo(q.dtype).tiny), q)
+
+
+class DeterministicTreeVerifier(TreeVerifierBase):
+    """Siblings are fixed distinct tokens (e.g. the draft's top-k): ``q_j`` is one-hot at the sibling's
+    token, accepted with probability ``r(x)`` (sequential one-hot-draft acceptance; SGLang's tree
+    kernel at thresholds 1, 1). The draft rows are not read."""
+
+    tree_scheme = "deterministic"
+
+    def sibling_row(self, q, token, drawn):
+        return torch.nn.functional.one_hot(token, q.shape[-1]).to(q.dtype)
+
+
+#: One reference verifier per exact tree scheme.
+TREE_VERIFIERS = {
+    cls.tree_scheme: cls for cls in (SpecInferTreeVerifier, RecursiveTreeVerifier, DeterministicTreeVerifier)
+}

@@ -1,0 +1,315 @@
+"""The reference tree speculative decoder: the draft grows a tree (EAGLE-2 style), the target verifies it in one call.
+
+Conventions are the chain decoder's (:mod:`specdec_ref.decode`): ``C`` committed tokens of which the
+last one is *pending* (committed, fed to neither cache); both caches hold the other ``L = C - 1``.
+One round (batch 1), with ``D`` levels of ``w`` (``width``) children:
+
+1. **draft** (``D`` draft calls): the draft feeds the pending token; its row ``q`` (the warped
+   distribution, :func:`specdec_ref.warp.warp`) gives level 1, ``w`` children of the root. Each
+   further level: the ``w`` nodes of the previous level with the highest cumulative draft
+   probability (the product of the ``q`` of the chosen tokens along the path; ties to the lower node
+   index) are fed in ONE draft forward (:meth:`~specdec_ref.cache.ModelCache.feed_tree`: tree
+   attention mask, position ids by depth), and each gets ``w`` children from its own row. Level
+   ``D``'s nodes are never fed. Children follow the verifier's ``tree_scheme``: ``deterministic``:
+   the ``w`` most likely tokens (stable sort, ties to the lower id); ``specinfer``: ``w`` i.i.d.
+   samples; ``recursive``: ``w`` samples without replacement (once ``q``'s support is used up, further
+   siblings are i.i.d. samples of ``q``: duplicates of rejected tokens, which the verifier never
+   accepts and which leave its residual unchanged). Greedy decoding drafts the top ``w`` and verifies
+   greedily (``draft_probs=None``). Nodes are in BFS order (level by level; within a level, grouped by
+   parent in parent order), so ``parents[i] < i``; ``draft_probs[i]`` is the parent's row.
+2. **verify** (one target call): the target feeds ``[pending, nodes]`` with the tree mask and depth
+   positions; row 0 (after the pending token) judges the root's children, row ``i + 1`` node ``i``'s
+   children; the tree verifier (:mod:`specdec_ref.tree`) returns ``m``, the path and the tokens.
+3. **one host sync** reads ``m``, the path, the tokens and the draft slots of the path's nodes.
+   EOS anywhere on the path ends generation right after it; ``max_new_tokens`` is never exceeded
+   (the tree has at most ``max_new_tokens - emitted - 1`` levels, as the chain decoder shrinks ``k``).
+4. **repair** (KV compaction): both caches keep the committed prefix, the pending token and the
+   accepted path's entries moved to contiguous slots (:meth:`~specdec_ref.cache.ModelCache.compact`);
+   everything else is dropped. Path nodes the draft never fed (a leaf of the last level, or a node it
+   did not expand) are fed to the draft afterwards. The final token is the new pending token.
+
+Invariant after every round (checked by ``on_round(record, target_cache, draft_cache)`` hooks): both
+caches hold ``committed_len - 1`` tokens whose K/V equal a fresh prefill of that prefix. Each step is
+one overridable method, so a known bug (``fixtures/mutants/tree_decoder.py``) is a one-method subclass.
+
+The tree is shrunk near the caches' position limit (fewer levels, then fewer children) so that the
+target's ``1 + n`` slots fit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .cache import ModelCache
+from .contract import DecodeResult, RoundHook
+from .decode import _choose, _truncate, _validate_decode_args, end_round, open_caches
+from .models import model_dims
+from .static_cache import fastest_cache
+from .tree import SpecInferTreeVerifier, TreeVerifierBase
+from .verify import sample_from_weights
+from .warp import GREEDY, SamplingConfig, warp
+
+__all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode"]
+
+
+def tree_nodes(depth: int, width: int) -> int:
+    """Nodes of a full round's tree: ``width`` at level 1, ``width ** 2`` at each further level."""
+    return 0 if depth < 1 else width + (depth - 1) * width * width
+
+
+@dataclass
+class DraftTree:
+    """One round's draft tree (device tensors, BFS node order)."""
+
+    tokens: torch.Tensor  # Long[n]
+    parents: torch.Tensor  # Long[n], -1 = child of the root (the pending token)
+    draft_probs: torch.Tensor  # Float[n, V]: the parent's row (the one each node was drawn from)
+    draft_slots: torch.Tensor  # Long[n]: the draft-cache slot a node was fed at, -1 when never fed
+    draft_calls: int
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+
+class TreeSpeculativeDecoder:
+    """Tree speculative decoding (batch 1); one overridable method per step (mutants override one).
+
+    ``tree_verifier`` (default :class:`~specdec_ref.tree.SpecInferTreeVerifier`) decides how children
+    are drafted (its ``tree_scheme``) and judges the tree. Caches default to
+    :func:`~specdec_ref.static_cache.fastest_cache` (lean static cache for Llama / Qwen2, the
+    transformers ``DynamicCache`` with a 4D tree mask otherwise).
+    """
+
+    def __init__(
+        self,
+        tree_verifier: TreeVerifierBase | None = None,
+        make_cache: Callable[..., ModelCache] = fastest_cache,
+        make_draft_cache: Callable[..., ModelCache] | None = None,
+    ):
+        self.tree_verifier = tree_verifier if tree_verifier is not None else SpecInferTreeVerifier()
+        self.make_cache = make_cache
+        self.make_draft_cache = make_draft_cache or make_cache
+
+    @property
+    def tree_scheme(self) -> str:
+        return getattr(self.tree_verifier, "tree_scheme", "specinfer")
+
+    # -- steps -------------------------------------------------------------------------
+    def draft_probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
+        """(distribution the draft draws children from, distribution reported as their q and scored)."""
+        q = warp(logits, sampling)
+        return q, q
+
+    def children(self, probs: torch.Tensor, width: int, sampling: SamplingConfig, generator) -> torch.Tensor:
+        """``width`` children per row of ``probs[P, V]`` (Long ``[P, width]``), by the verifier's tree scheme."""
+        scheme = self.tree_scheme
+        if sampling.greedy or scheme == "deterministic":
+            return torch.sort(probs, dim=-1, descending=True, stable=True).indices[:, :width]
+        rows = probs.shape[0]
+        iid = sample_from_weights(probs.repeat_interleave(width, 0), generator).view(rows, width)
+        if scheme != "recursive":
+            return iid
+        # without replacement: the exponential race's top-width is sequential sampling without replacement
+        race = torch.empty_like(probs).exponential_(generator=generator).clamp_min_(1e-30)
+        ordered = torch.sort(probs / race, dim=-1, descending=True, stable=True).indices[:, :width]
+        support = (probs > 0).sum(-1, keepdim=True)
+        return torch.where(torch.arange(width, device=probs.device) < support, ordered, iid)
+
+    def expand(self, scores: torch.Tensor, width: int) -> torch.Tensor:
+        """Indices (ascending) of the ``width`` nodes of a level with the highest cumulative draft
+        probability ``scores``; ties go to the lower index."""
+        best = torch.sort(scores, descending=True, stable=True).indices[:width]
+        return best.sort().values
+
+    def grow(self, draft_cache: ModelCache, pending: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
+        """Feed the pending token and grow ``depth`` levels (one draft call per level; level ``depth`` is not fed)."""
+        logits = draft_cache.feed(pending)[:, -1]
+        tree_start = draft_cache.tentative_length
+        sample_probs, q = self.draft_probs(logits, sampling)
+        kids = self.children(sample_probs, width, sampling, generator)  # [1, w]
+        device = kids.device
+        n = tree_nodes(depth, width)
+        tokens, parents, qs = [kids.reshape(-1)], [kids.new_full((width,), -1).reshape(-1)], [q.expand(width, -1)]
+        scores = q.gather(1, kids).reshape(-1)
+        draft_slots = torch.full((n,), -1, dtype=torch.long, device=device)
+        draft_parents: list[torch.Tensor] = []
+        offset, calls = 0, 1
+        steps = torch.arange(width, device=device)
+        for level in range(1, depth):
+            chosen = self.expand(scores, width)  # within the level
+            nodes = offset + chosen
+            if level == 1:
+                draft_parents.append(torch.full((width,), -1, dtype=torch.long, device=device))
+            else:  # a level-l node's parent is the (j // w)-th node fed at level l - 1
+                draft_parents.append((level - 2) * width + torch.div(chosen, width, rounding_mode="floor"))
+            logits = draft_cache.feed_tree(tokens[-1][chosen][None], torch.cat(draft_parents), tree_start=tree_start)[0]
+            calls += 1
+            draft_slots[nodes] = tree_start + (level - 1) * width + steps
+            sample_probs, q = self.draft_probs(logits, sampling)  # [w, V]
+            kids = self.children(sample_probs, width, sampling, generator)  # [w, w]
+            offset += tokens[-1].shape[0]
+            tokens.append(kids.reshape(-1))
+            parents.append(nodes.repeat_interleave(width))
+            qs.append(q.repeat_interleave(width, 0))
+            scores = scores[chosen].repeat_interleave(width) * q.gather(1, kids).reshape(-1)
+        return DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(qs), draft_slots, calls)
+
+    def target_rows(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+        """Target rows from the forward of ``[pending, nodes]``: row 0 judges the root's children, row i+1 node i's."""
+        return warp(logits, sampling)
+
+    def verify(self, target_cache: ModelCache, pending: torch.Tensor, tree: DraftTree, sampling, generator):
+        """One target forward over ``[pending, nodes]`` (tree mask, depth positions), then the tree verifier."""
+        parents = torch.cat([tree.parents.new_full((1,), -1), torch.where(tree.parents < 0, 0, tree.parents + 1)])
+        logits = target_cache.feed_tree(torch.cat([pending, tree.tokens[None]], 1), parents)
+        rows = self.target_rows(logits, sampling)
+        qs = None if sampling.greedy else tree.draft_probs[None]
+        return self.tree_verifier(tree.tokens[None], tree.parents[None], qs, rows, generator=generator, validate=False)
+
+    def target_keep(self, start: int, path: list[int]) -> list[int]:
+        """Target slots to keep: the pending token's ``start`` and the kept path nodes' ``start + 1 + node``."""
+        return [start] + [start + 1 + node for node in path]
+
+    def repair(
+        self, target_cache: ModelCache, draft_cache: ModelCache, start: int, path: list[int], draft_slots: list[int],
+        path_tokens: torch.Tensor,
+    ) -> int:
+        """Compact both caches to the prefix, the pending token (slot ``start``) and the kept path nodes
+        ``path``; feed the draft the path nodes it never fed. Returns the extra draft calls."""
+        new_len = start + 1 + len(path)
+        target_cache.compact(self.target_keep(start, path))
+        target_cache.commit(new_len)
+        fed = [slot for slot in draft_slots[: len(path)] if slot >= 0]  # a prefix of the path (only fed nodes have children)
+        draft_cache.compact([start] + fed)
+        calls = 0
+        if len(fed) < len(path):
+            draft_cache.feed(path_tokens[:, len(fed) : len(path)])
+            calls = 1
+        draft_cache.commit(new_len)
+        return calls
+
+    def kept_in_cache(self, emitted: list[int], untruncated: list[int]) -> int:
+        """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""
+        return len(emitted)
+
+    def shape(self, depth: int, width: int, remaining: int, room: int | None) -> tuple[int, int]:
+        """(levels, width) of this round: at most ``remaining - 1`` levels, and ``1 + nodes <= room`` target slots."""
+        depth = min(depth, remaining - 1)
+        if room is None:
+            return depth, width
+        while depth > 0 and 1 + tree_nodes(depth, width) > room:
+            depth -= 1
+        if depth == 0 and remaining > 1 and room >= 2:
+            return 1, min(width, room - 1)
+        return depth, width
+
+    # -- loop ----------------------------------------------------------------------------
+    def decode(
+        self,
+        target,
+        draft,
+        prompt,
+        *,
+        depth: int,
+        width: int,
+        max_new_tokens: int,
+        sampling: SamplingConfig = GREEDY,
+        eos_id: int | None = None,
+        generator: torch.Generator | None = None,
+        on_round: RoundHook | None = None,
+        timed: bool = False,
+    ) -> DecodeResult:
+        """Tree speculative decoding of ``prompt`` (batch 1): ``depth`` levels of ``width`` children per round.
+
+        Same result, records, hooks and validation as :meth:`specdec_ref.decode.SpeculativeDecoder.decode`;
+        ``RoundRecord.proposed`` is the number of tree nodes, ``accepted`` the accepted path length ``m``.
+        """
+        for name, value in (("depth", depth), ("width", width)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        prompt = _validate_decode_args(target, draft, prompt, depth, max_new_tokens, eos_id, sampling)
+        vocab = model_dims(target)["vocab_size"]
+        if width > vocab:
+            raise ValueError(f"width must be at most the vocabulary size {vocab} (distinct siblings), got {width}")
+        t = prompt.shape[1]
+        result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
+        if max_new_tokens == 0:
+            return result
+        clock = time.perf_counter if timed else None
+        seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
+        tick = clock() if clock else 0.0
+        needed = t + max_new_tokens + tree_nodes(depth, width)
+        target_cache, draft_cache = open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt, needed, result)
+        limits = [c.max_positions for c in (target_cache, draft_cache) if c.max_positions]
+        pending = prompt[:, -1:]
+        committed = t
+        if clock:
+            seconds["prefill"] += clock() - tick
+        while len(result.tokens) < max_new_tokens:
+            start = committed - 1  # slot of the pending token
+            room = min(limits) - start if limits else None
+            levels, kids = self.shape(depth, width, max_new_tokens - len(result.tokens), room)
+            tick = clock() if clock else 0.0
+            if levels == 0:  # one token left (or no room for a tree): a plain target step
+                draft_cache.feed(pending)
+                result.draft_calls += 1
+                logits = target_cache.feed(pending)
+                result.target_calls += 1
+                final = _choose(self.target_rows(logits, sampling)[:, -1], sampling, generator)
+                accepted, path, row, slots = 0, [], [int(final.item())], []
+                path_tokens = final[:, None]
+                proposed = 0
+                if clock:
+                    seconds["verify"] += clock() - tick
+            else:
+                tree = self.grow(draft_cache, pending, levels, kids, sampling, generator)
+                result.draft_calls += tree.draft_calls
+                if clock:
+                    now = clock()
+                    seconds["draft"] += now - tick
+                    tick = now
+                m, path_t, tokens = self.verify(target_cache, pending, tree, sampling, generator)
+                result.target_calls += 1
+                on_path = path_t[0, :levels]
+                slots_t = torch.where(on_path >= 0, tree.draft_slots.gather(0, on_path.clamp_min(0)), -1)
+                # the one host sync of the round
+                flat = torch.cat([m[:1], on_path, tokens[0, : levels + 1], slots_t]).tolist()
+                accepted = flat[0]
+                path = flat[1 : 1 + accepted]
+                row = flat[1 + levels : 2 + 2 * levels]
+                slots = flat[2 + 2 * levels : 2 + 3 * levels]
+                path_tokens = tokens[:, : levels + 1]
+                proposed = tree.size
+                if clock:
+                    now = clock()
+                    seconds["verify"] += now - tick
+                    tick = now
+            result.host_syncs += 1
+            untruncated = [x for x in row if x >= 0]  # accepted path tokens and the final token
+            emitted, hit_eos = _truncate(untruncated, eos_id)
+            kept = self.kept_in_cache(emitted, untruncated)
+            if levels == 0:
+                target_cache.commit(start + kept)
+                draft_cache.commit(start + kept)
+            else:
+                result.draft_calls += self.repair(target_cache, draft_cache, start, path[: kept - 1], slots, path_tokens)
+            committed += len(emitted)
+            result.tokens.extend(emitted)
+            pending = path_tokens[:, len(emitted) - 1 : len(emitted)]
+            if clock:
+                seconds["repair"] += clock() - tick
+            if end_round(result, on_round, target_cache, draft_cache, start=start + 1, proposed=proposed, accepted=accepted,
+                         emitted=len(emitted), committed=committed, hit_eos=hit_eos):
+                break
+        if timed:
+            result.seconds = seconds
+        return result
+
+
+def tree_speculative_decode(target, draft, prompt, *, tree_verifier: TreeVerifierBase | None = None, **kwargs) -> DecodeResult:
+    """Tree speculative decoding with the reference caches (see :class:`TreeSpeculativeDecoder`)."""
+    return TreeSpeculativeDecoder(tree_verifier=tree_verifier).decode(target, draft, prompt, **kwargs)
