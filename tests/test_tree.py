@@ -180,3 +180,13 @@ def test_each_reference_tree_scheme_is_certified_by_the_tree_checks(factory):
     bad = [(r.id, r.status, r.message[:500]) for r in records if r.status != "passed"]
     assert not bad, bad
     assert certificate_for_records(records, backend=backend, profile="ci")["verdict"]["headline"] == "CERTIFIED"
+
+
+@pytest.mark.parametrize("factory", [recursive_tree_backend, deterministic_tree_backend], ids=lambda f: f.__name__)
+def test_each_reference_tree_scheme_decodes_losslessly(factory):
+    """The tree decoder drafting as each scheme requires passes the sequence law on the exactly-known order-2
+    checkpoint (the default reference, specinfer, is certified by `pytest conformance/` itself)."""
+    backend = factory()
+    records = run_checks(backend, CheckContext(profile="ci"), names=["tree_decoder_sequence_law"])
+    assert [r.status for r in records] == ["passed"], [(r.id, r.message[:500]) for r in records]
+    assert all(s["power"] >= 0.99 for r in records for s in r.statistics)
