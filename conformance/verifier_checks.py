@@ -568,3 +568,111 @@ def check_sampling_ignores_global_rng(backend, ctx: CheckContext):
         f"same generator seed {seed}, different global seeds (1 vs 2): row {int(diff[0])} gave "
         f"{t1[diff[0]].tolist()} vs {t2[diff[0]].tolist()}"
     )
+
+
+# ----------------------------------------------------------------------------- per-row generators
+#
+# Engines decode many requests at once, each with its own seed or none. A backend claiming
+# ``row_generators`` takes one generator per row (``None``: an unseeded row, the global RNG).
+
+
+def _mixed_block(rows: int, seed: int) -> Block:
+    """Even rows: the batch-filler scenario (they get seeds); odd rows: the balanced scenario (unseeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = []
+    for sc in (BATCH_FILLER, STAT_SCENARIOS["balanced"]):
+        q = torch.tensor(sc.draft, dtype=torch.float32)
+        parts.append((draw_drafts(q, rows // 2, gen), q.expand(rows // 2, -1, -1), torch.tensor(sc.target, dtype=torch.float32).expand(rows // 2, -1, -1)))
+
+    def interleave(a, b):
+        return torch.stack([a, b], 1).reshape(rows, *a.shape[1:])
+
+    return Block(*(interleave(a, b) for a, b in zip(*parts)), pattern="seeded filler rows (even) / unseeded balanced rows (odd)")
+
+
+def _row_seeds(rows: int, base: int) -> list[int | None]:
+    return [base + b if b % 2 == 0 else None for b in range(rows)]
+
+
+def _run_with_global_seed(backend, block: Block, seeds: list[int | None], global_seed: int, where: str):
+    """``verify`` with one generator per row (a fresh one per seed, None for unseeded) under a given global RNG state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(global_seed)
+        gens = [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
+        return _call(backend, block, gens, where=where)
+
+
+@check(
+    guards="per-request seeds ignored (one stream for the whole batch, TensorRT-LLM PR 17599), a seeded row's output "
+    "depending on its neighbours or its position, rows regrouped by seeded/unseeded and written back in the wrong order "
+    "(vLLM issue 9441), unseeded rows all given one default seed",
+    requires=("verifier", "sampling", "batched", "row_generators"),
+)
+def check_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
+    """With one generator per row in a batch mixing seeded and unseeded rows, every seeded row's output is
+    bit-identical to verifying it alone with its own generator, and in a permuted batch with other neighbours and
+    another global RNG state; unseeded rows with identical inputs are not copies of each other."""
+    rows = 256
+    block = _mixed_block(rows, ctx.seed_for("row-generators-block"))
+    seeds = _row_seeds(rows, ctx.seed_for("row-generators"))
+    _, t1 = _run_with_global_seed(backend, block, seeds, 1, "mixed batch, global seed 1")
+    for b in range(0, 32, 2):
+        one = Block(block.draft_tokens[b : b + 1], block.draft_probs[b : b + 1], block.target_probs[b : b + 1], "alone")
+        _, alone = _call(backend, one, [torch.Generator().manual_seed(seeds[b])], where=f"row {b} alone, seed {seeds[b]}")
+        assert torch.equal(alone[0], t1[b]), (
+            f"row {b} (generator seed {seeds[b]}) gave {t1[b].tolist()} in the mixed batch but {alone[0].tolist()} verified "
+            "alone with the same generator: a seeded row's output must depend only on its inputs and its own generator"
+        )
+    perm = torch.arange(rows).flip(0)
+    other = _mixed_block(rows, ctx.seed_for("row-generators-neighbours"))
+    shuffled = Block(
+        torch.where(torch.arange(rows)[:, None] % 2 == 0, block.draft_tokens, other.draft_tokens)[perm],
+        block.draft_probs[perm], block.target_probs[perm], "permuted, other unseeded neighbours",
+    )
+    _, t2 = _run_with_global_seed(backend, shuffled, [seeds[int(b)] for b in perm], 2, "permuted batch, global seed 2")
+    back = t2[perm.argsort()]
+    for b in range(0, rows, 2):
+        assert torch.equal(back[b], t1[b]), (
+            f"row {b} (seed {seeds[b]}) gave {t1[b].tolist()} at position {b} but {back[b].tolist()} at position "
+            f"{int(perm.argsort()[b])} of a permuted batch with other unseeded neighbours and another global RNG state"
+        )
+    same = Block(block.draft_tokens[1:2].expand(64, -1), block.draft_probs[1:2].expand(64, -1, -1), block.target_probs[1:2].expand(64, -1, -1), "same input")
+    _, copies = _run_with_global_seed(backend, same, [None] * 64, 3, "64 unseeded rows with identical inputs")
+    assert not (copies == copies[:1]).all(), (
+        f"64 unseeded rows with identical inputs all gave {copies[0].tolist()}: unseeded rows must draw fresh randomness, "
+        "not one default seed each"
+    )
+
+
+@check(
+    guards="rows of a mixed seeded/unseeded batch swapped or regrouped (vLLM issue 9441: garbage for mixed batches), "
+    "unseeded rows drawing from a biased or reused stream",
+    requires=("verifier", "sampling", "batched", "row_generators"),
+    statistical=True,
+)
+def check_sampling_mixed_seeded_batch_laws(backend, ctx: CheckContext):
+    """In batches mixing seeded rows (one scenario) and unseeded rows (another), each group keeps its own
+    scenario's exact laws: accepted length and first emitted token, power 0.99 against TV 0.02 each."""
+    spec = declared_scheme(backend)
+    groups = {"seeded": (BATCH_FILLER, 0), "unseeded": (STAT_SCENARIOS["balanced"], 1)}
+    laws = {name: exact.block_law(spec, sc.target, sc.draft) for name, (sc, _) in groups.items()}
+    tv = 0.02
+    needed = max(required_samples(law.length, tv) for law in laws.values())
+    needed = max([needed] + [required_samples(law.emitted(0), tv) for law in laws.values()])
+    rows = 2048
+    chunks = max(1, -(-scaled_blocks(with_margin(needed), batched=True, scale=ctx.sample_scale) // (rows // 2)))
+    k, vocab = BATCH_FILLER.k, BATCH_FILLER.vocab
+    counts = {name: (np.zeros(k + 1, dtype=np.int64), np.zeros(vocab, dtype=np.int64)) for name in groups}
+    for c in range(chunks):
+        block = _mixed_block(rows, ctx.seed_for("mixed-laws-block", c))
+        m, tokens = _run_with_global_seed(backend, block, _row_seeds(rows, ctx.seed_for("mixed-laws", c)), ctx.seed_for("mixed-global", c), f"mixed batch {c}")
+        for name, (_, parity) in groups.items():
+            length, first = counts[name]
+            length += np.bincount(m[parity::2].numpy(), minlength=k + 1)
+            first += np.bincount(tokens[parity::2, 0].numpy(), minlength=vocab)
+    for name, (sc, _) in groups.items():
+        length, first = counts[name]
+        kw = dict(tv=tv, seed=ctx.seed_for("mixed-laws"), replay=ctx.replay)
+        what = f"{name} rows of mixed seeded/unseeded batches [scheme {spec.label}; scenario {sc.describe()}]: "
+        ctx.record(assert_fits(length, laws[name].length, what=what + "accepted length m", labels=_length_labels(k), **kw))
+        ctx.record(assert_fits(first, laws[name].emitted(0), what=what + "first emitted token", labels=_token_labels(vocab), **kw))

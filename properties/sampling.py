@@ -160,11 +160,17 @@ def emits_bonus(backend) -> bool:
     return bool(getattr(caps, "bonus", True))
 
 
+def row_generator(generator, i: int):
+    """The generator a B = 1 call for row ``i`` gets: the shared one, or row ``i``'s entry of a per-row list."""
+    return generator[i] if isinstance(generator, (list, tuple)) else generator
+
+
 def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, where: str, vocab: int):
     """``verify`` on a batch, one B=1 call per row for a backend that does not claim ``batched``.
 
     Every call's output is structure-checked; returns ``(m[B], tokens[B, k+1])``. The generator is
-    threaded through the calls in row order, so a batch is as reproducible as one batched call.
+    threaded through the calls in row order, so a batch is as reproducible as one batched call (a per-row
+    list gives each call its row's entry).
     """
     __tracebackhide__ = True
     if is_batched(backend):
@@ -177,7 +183,7 @@ def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, 
         dt = draft_tokens[i : i + 1]
         dp = None if draft_probs is None else draft_probs[i : i + 1]
         row_where = f"{where} (row {i}, one B=1 call per row)"
-        out = call_backend(backend.verify, dt, dp, target_probs[i : i + 1], generator=generator, what=f"verify() ({row_where})")
+        out = call_backend(backend.verify, dt, dp, target_probs[i : i + 1], generator=row_generator(generator, i), what=f"verify() ({row_where})")
         mi, ti = check_block_output(dt, out, vocab=vocab, where=row_where, bonus=emits_bonus(backend))
         m[i], tokens[i] = mi[0], ti[0]
     return m, tokens

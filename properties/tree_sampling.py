@@ -16,7 +16,7 @@ from specdec_ref.contract import PAD_TOKEN
 from specdec_ref.verify import sample_from_weights
 
 from .markov import CHUNK, MarkovPair, Simulation, simulate_rounds
-from .sampling import BackendOutputError, call_backend, integer_outputs, is_batched
+from .sampling import BackendOutputError, call_backend, integer_outputs, is_batched, row_generator
 
 #: Schemes whose trees have distinct sibling tokens (drafted without replacement or deterministically).
 DISTINCT_SIBLINGS = ("recursive", "deterministic", "lossy")
@@ -87,7 +87,10 @@ def verify_tree_rows(backend, draft_tokens, parents, draft_probs, target_probs, 
         row = slice(i, i + 1)
         dp = None if draft_probs is None else draft_probs[row]
         row_where = f"{where} (row {i}, one B=1 call per row)"
-        out = call_backend(backend.verify_tree, draft_tokens[row], parents[row], dp, target_probs[row], generator=generator, what=f"verify_tree() ({row_where})")
+        out = call_backend(
+            backend.verify_tree, draft_tokens[row], parents[row], dp, target_probs[row], generator=row_generator(generator, i),
+            what=f"verify_tree() ({row_where})",
+        )
         parts.append(check_tree_output(draft_tokens[row], parents[row], out, vocab=vocab, where=row_where))
     return tuple(torch.cat(ts) for ts in zip(*parts))
 

@@ -34,6 +34,7 @@ class ReferenceBackend:
         top_k=True,
         top_p=True,
         tree=True,
+        row_generators=True,
         tree_decoder=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),

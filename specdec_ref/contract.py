@@ -47,7 +47,10 @@ The verifier contract (FlashInfer's shapes)
   ``tokens[b, m+1:] == PAD_TOKEN`` (``-1``). Both are int64 tensors. A backend declaring
   ``bonus=False`` emits no bonus: when ``m == k``, ``tokens[b, k] == PAD_TOKEN``.
 * Randomness comes only from ``generator`` when one is given (the same generator state gives
-  the same output; the global torch RNG is never read).
+  the same output; the global torch RNG is never read). A backend claiming ``row_generators`` also
+  accepts a list of ``B`` entries, one per row (:mod:`specdec_ref.rng`): row ``b`` draws only from
+  ``generator[b]``, a ``None`` entry is an unseeded row (the global RNG), and a row's output never
+  depends on the other rows or its position (a seeded request reproduces alone or in any batch).
 * A backend that does not claim ``batched`` is only ever called with ``B == 1`` (the suite
   splits batches into one call per row, threading the generator through them in row order).
 
@@ -111,7 +114,8 @@ one call, with FlashInfer's shapes extended by a parent array::
 * Greedy (``draft_probs=None`` for a backend claiming ``greedy``): the longest path whose every
   node's token is its parent row's greedy choice; the final token is the greedy choice of the
   last node's row (EAGLE's tree verification). Exact ties are judged as for chains (any maximiser).
-* Randomness only from ``generator``; a backend not claiming ``batched`` gets ``B == 1``.
+* Randomness only from ``generator`` (or, claiming ``row_generators``, a list of one per row, as for
+  ``verify``); a backend not claiming ``batched`` gets ``B == 1``.
 
 ``Capabilities.tree_scheme`` names how sampled trees are drafted and judged (each exact scheme
 needs its own drafting, which the suite follows when it builds trees):
@@ -188,18 +192,19 @@ Capability flags
 ----------------
 Every flag defaults to ``False``: a backend claims what it implements, nothing else.
 
-================  =====================================================================
-``verifier``      exposes :meth:`Verifier.verify`
-``greedy``        greedy verification (``draft_probs=None``) / greedy decoding
-``sampling``      rejection-sampling verification / sampled decoding
-``batched``       ``verify`` / ``verify_tree`` accept ``B > 1`` in one call (otherwise they get ``B == 1``)
-``cache``         exposes :meth:`CacheBackend.make_cache`; a decoder also calls ``on_round``
-``decoder``       exposes :meth:`Decoder.decode`, a full speculative decoder
-``top_k``         the decoder honours ``SamplingConfig.top_k``
-``top_p``         the decoder honours ``SamplingConfig.top_p``
-``tree``          exposes :meth:`TreeVerifier.verify_tree` (its scheme: ``tree_scheme``)
-``tree_decoder``  exposes ``decode_tree``, a speculative decoder that drafts trees
-================  =====================================================================
+==================  =====================================================================
+``verifier``        exposes :meth:`Verifier.verify`
+``greedy``          greedy verification (``draft_probs=None``) / greedy decoding
+``sampling``        rejection-sampling verification / sampled decoding
+``batched``         ``verify`` / ``verify_tree`` accept ``B > 1`` in one call (otherwise they get ``B == 1``)
+``cache``           exposes :meth:`CacheBackend.make_cache`; a decoder also calls ``on_round``
+``decoder``         exposes :meth:`Decoder.decode`, a full speculative decoder
+``top_k``           the decoder honours ``SamplingConfig.top_k``
+``top_p``           the decoder honours ``SamplingConfig.top_p``
+``tree``            exposes :meth:`TreeVerifier.verify_tree` (its scheme: ``tree_scheme``)
+``row_generators``  ``verify`` / ``verify_tree`` accept one generator per row (a list; ``None`` = unseeded)
+``tree_decoder``    exposes ``decode_tree``, a speculative decoder that drafts trees
+==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
 the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
@@ -251,7 +256,9 @@ PAD_TOKEN = -1
 
 #: Capability flags a backend may claim (see the module docstring). Checks are marked with the
 #: flags they need; an unknown flag name is an error at collection time.
-CAPABILITY_FLAGS = ("verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder")
+CAPABILITY_FLAGS = (
+    "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
+)
 
 #: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
 SCHEMES = ("token", "one_hot_draft", "block", "lossy")
@@ -300,6 +307,7 @@ class Capabilities:
     top_p: bool = False
     tree: bool = False
     tree_decoder: bool = False
+    row_generators: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     scheme: str = "token"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .rng import uniform
 from .verify import RESIDUAL_EPS, BlockVerifier
 
 __all__ = ["OneHotDraftVerifier", "BlockwiseVerifier", "TypicalAcceptanceVerifier"]
@@ -93,7 +94,7 @@ class BlockwiseVerifier(BlockVerifier):
         den = r + 1 - w[:, :k]
         h = torch.where(den > 0, r / den.clamp_min(torch.finfo(den.dtype).tiny), torch.ones_like(r))
         stop_probs = torch.cat([h[:, 1:], w[:, k:]], 1)  # h_1..h_k
-        eta = torch.rand(batch, k, generator=generator, device=p.device, dtype=torch.float32)
+        eta = uniform((batch, k), generator, p.device)
         positions = torch.arange(1, k + 1, device=p.device)
         m = ((eta < stop_probs) * positions).amax(1)
         rows = torch.arange(batch, device=p.device)

@@ -46,6 +46,7 @@ from typing import NamedTuple
 import torch
 
 from .contract import PAD_TOKEN
+from .rng import check_generators, uniform
 from .validate import check_probs
 from .verify import RESIDUAL_EPS, sample_from_weights
 
@@ -147,7 +148,7 @@ class TreeVerifierBase:
 
     def coins(self, parents: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
         """One independent uniform per node: ``u[B, n]``."""
-        return torch.rand(parents.shape, generator=generator, device=parents.device, dtype=torch.float32)
+        return uniform(tuple(parents.shape), generator, parents.device)
 
     def tried(self, parents_i: torch.Tensor, current: torch.Tensor, real_i: torch.Tensor) -> torch.Tensor:
         """Node ``i`` is tried when it is real and its parent is the node the walk stands at."""
@@ -238,6 +239,7 @@ class TreeVerifierBase:
 
         ``validate=False`` skips the input checks (which synchronise with the host).
         """
+        check_generators(generator, draft_tokens.shape[0])
         if validate:
             validate_tree_inputs(draft_tokens, parents, draft_probs, target_probs)
         return self.walk(draft_tokens.long(), parents.long(), draft_probs, target_probs, generator)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from .contract import PAD_TOKEN
+from .rng import Generators, check_generators, exponential_like, uniform
 from .validate import validate_verify_inputs
 
 #: A residual whose total mass is at or below this is treated as empty (p == q
@@ -25,14 +26,14 @@ from .validate import validate_verify_inputs
 RESIDUAL_EPS = 1e-12
 
 
-def sample_from_weights(weights: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def sample_from_weights(weights: torch.Tensor, generator: Generators = None) -> torch.Tensor:
     """One index per row of ``weights[..., V]`` with probability ``w_i / sum(w)``.
 
     The exponential race ``argmax(w_i / E_i)``, ``E_i ~ Exp(1)``, is exact and
     needs neither a cumulative sum nor a host sync; a zero weight can never win
     (``E`` is clamped away from 0 so that ``0 / E`` is never NaN).
     """
-    race = torch.empty_like(weights).exponential_(generator=generator).clamp_min_(1e-30)
+    race = exponential_like(weights, generator).clamp_min_(1e-30)
     return (weights / race).argmax(-1)
 
 
@@ -127,7 +128,7 @@ class BlockVerifier:
         index = draft_tokens[..., None]
         p_d = self.judging_rows(p, k).gather(2, index).squeeze(-1)
         q_d = q.gather(2, index).squeeze(-1)
-        u = torch.rand(batch, k, generator=generator, device=p.device, dtype=torch.float32)
+        u = uniform((batch, k), generator, p.device)
         m = self.accepted_length(self.accept(u, p_d, q_d))
         final = self.sample(self.residual(*self.final_rows(p, q, m)), generator)
         return m, self.assemble(draft_tokens, m, final)
@@ -145,6 +146,7 @@ class BlockVerifier:
 
         ``validate=False`` skips the input checks (which synchronise with the host).
         """
+        check_generators(generator, draft_tokens.shape[0])
         if validate:
             validate_verify_inputs(draft_tokens, draft_probs, target_probs)
         draft_tokens = draft_tokens.long()

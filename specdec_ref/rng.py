@@ -1,0 +1,56 @@
+"""Where a verifier's randomness comes from: one generator for the batch, or one per row.
+
+A verifier's ``generator`` argument is either a single ``torch.Generator`` (or ``None``: the global RNG)
+shared by the whole batch, or a list with one entry per row: row ``b`` draws only from ``generator[b]``,
+and a ``None`` entry is an *unseeded* row that draws from the global RNG (an engine's batch mixing seeded
+and unseeded requests). With per-row generators a row's output depends only on its own inputs and its own
+generator, never on the other rows or its position in the batch: a seeded request decodes bit for bit the
+same alone or in any batch.
+
+Draws happen in the same order either way (all of a row's uniforms, then its exponentials), so a row
+verified alone with a single generator gives exactly what it gives in a batch with that generator in its
+slot of the list.
+"""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import torch
+
+__all__ = ["Generators", "is_per_row", "check_generators", "uniform", "exponential_like"]
+
+#: The ``generator`` argument of ``verify`` / ``verify_tree``.
+Generators = Union[torch.Generator, Sequence[Union[torch.Generator, None]], None]
+
+
+def is_per_row(generator: Generators) -> bool:
+    """Whether ``generator`` is a per-row list (or tuple)."""
+    return isinstance(generator, (list, tuple))
+
+
+def check_generators(generator: Generators, batch: int) -> None:
+    """``ValueError`` for a per-row list of the wrong length or with entries that are not generators or None;
+    ``TypeError`` for anything else that is not a generator or None."""
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if not is_per_row(generator):
+        raise TypeError(f"generator must be a torch.Generator, a list of one per row, or None; got {type(generator).__name__}")
+    if len(generator) != batch:
+        raise ValueError(f"generator is a per-row list of {len(generator)} entries but the batch has B={batch} rows")
+    for b, g in enumerate(generator):
+        if g is not None and not isinstance(g, torch.Generator):
+            raise ValueError(f"generator[{b}] must be a torch.Generator or None (unseeded row), got {type(g).__name__}")
+
+
+def uniform(shape: tuple[int, ...], generator: Generators, device, dtype=torch.float32) -> torch.Tensor:
+    """``torch.rand(shape)``; with a per-row list, row ``b`` (the first dimension) from ``generator[b]``."""
+    if is_per_row(generator):
+        return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generator])
+    return torch.rand(shape, generator=generator, device=device, dtype=dtype)
+
+
+def exponential_like(weights: torch.Tensor, generator: Generators) -> torch.Tensor:
+    """Exp(1) draws shaped like ``weights``; with a per-row list, row ``b`` (the first dimension) from ``generator[b]``."""
+    if is_per_row(generator):
+        return torch.stack([torch.empty_like(w).exponential_(generator=g) for w, g in zip(weights, generator)])
+    return torch.empty_like(weights).exponential_(generator=generator)
