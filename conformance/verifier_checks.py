@@ -650,7 +650,7 @@ def check_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
     requires=("verifier", "sampling", "batched", "row_generators"),
     statistical=True,
 )
-def check_sampling_mixed_seeded_batch_laws(backend, ctx: CheckContext):
+def check_sampling_mixed_batch_group_laws(backend, ctx: CheckContext):
     """In batches mixing seeded rows (one scenario) and unseeded rows (another), each group keeps its own
     scenario's exact laws: accepted length and first emitted token, power 0.99 against TV 0.02 each."""
     spec = declared_scheme(backend)
