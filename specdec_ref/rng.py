@@ -10,6 +10,11 @@ same alone or in any batch.
 Draws happen in the same order either way (all of a row's uniforms, then its exponentials), so a row
 verified alone with a single generator gives exactly what it gives in a batch with that generator in its
 slot of the list.
+
+Known limit (trees): a tree verifier draws one uniform per node *slot*, padding included, before the final
+token's exponentials, so a row of a ragged batch (trees padded to the widest) reproduces bit for bit only at
+the same padded width; its law does not depend on the width. Drawing each row's final exponentials first
+would remove the dependence (left for the batched-decoding work).
 """
 from __future__ import annotations
 
