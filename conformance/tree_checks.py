@@ -148,34 +148,36 @@ def _path_law_fit(backend, ctx: CheckContext, shape: str, *, filler: bool, tv: f
         )
 
 
+def pad_trees(tokens, tree, qs, p, width: int):
+    """Trees padded to ``width`` nodes: padded nodes carry token -1 (and parent -1), their rows copy the last row
+    (valid, never read)."""
+    extra = width - tokens.shape[1]
+    if extra <= 0:
+        return tokens, tree, qs, p
+
+    def ids(t):
+        return torch.cat([t, torch.full((t.shape[0], extra), -1, dtype=t.dtype)], 1)
+
+    def rows(t):
+        return torch.cat([t, t[:, -1:].expand(-1, extra, -1)], 1)
+
+    return ids(tokens), ids(tree), rows(qs), rows(p)
+
+
 def _interleave_filler(batch, scheme: str, seed: int):
     """Even rows: other trees (a star and a deeper random tree, padded to a common width); odd rows: ``batch``."""
-    tokens, tree, qs, p = batch
-    rows, n = tokens.shape
+    rows = batch[0].shape[0]
     other = np.array([-1, -1, 1, 2, 2, 4, -1, 6, 7, 8, 9])
     starts = torch.randint(0, TREE_PAIR.vocab, (rows,), generator=torch.Generator().manual_seed(seed))
-    f_tokens, f_tree, f_qs, f_p = draw_markov_trees(scheme, other, TREE_PAIR, starts, torch.Generator().manual_seed(seed + 1))
-    width = max(n, len(other))
-
-    def pad(t: torch.Tensor, size: int) -> torch.Tensor:
-        """Padded nodes: token -1 (and parent -1); their rows copy the last row (valid, never read)."""
-        extra = size - t.shape[1]
-        if extra <= 0:
-            return t
-        fill = torch.full((t.shape[0], extra), -1, dtype=t.dtype) if t.dim() == 2 else t[:, -1:].expand(-1, extra, -1)
-        return torch.cat([t, fill], 1)
+    filler = draw_markov_trees(scheme, other, TREE_PAIR, starts, torch.Generator().manual_seed(seed + 1))
+    width = max(batch[0].shape[1], len(other))
 
     def mix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         out = torch.empty((2 * rows, *a.shape[1:]), dtype=a.dtype)
         out[0::2], out[1::2] = a, b
         return out
 
-    return (
-        mix(pad(f_tokens, width), pad(tokens, width)),
-        mix(pad(f_tree, width), pad(tree, width)),
-        mix(pad(f_qs, width), pad(qs, width)),
-        mix(pad(f_p, width + 1), pad(p, width + 1)),
-    )
+    return tuple(mix(a, b) for a, b in zip(pad_trees(*filler, width), pad_trees(*batch, width)))
 
 
 # ----------------------------------------------------------------------------- statistical
@@ -464,26 +466,33 @@ def check_tree_sampling_ignores_global_rng(backend, ctx: CheckContext):
     requires=("tree", "sampling", "batched", "row_generators"),
 )
 def check_tree_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
-    """With one generator per row (even rows seeded, odd rows unseeded), every seeded tree row's output is bit-identical
-    verified alone with its own generator and in the reversed batch under another global RNG state."""
+    """With one generator per row (even rows seeded, odd rows unseeded) in a ragged batch (even rows: 6-node trees
+    padded to 10 nodes; odd rows: 10-node EAGLE-like trees), every seeded row's output is bit-identical verified
+    alone, unpadded, with its own generator, and in the reversed batch under another global RNG state."""
     scheme = "deterministic" if tree_scheme_of(backend) == "lossy" else tree_scheme_of(backend)
     rows, base = 128, ctx.seed_for("tree-row-generators")
-    starts = torch.arange(rows) % TREE_PAIR.vocab
-    tokens, tree, qs, p = draw_markov_trees(scheme, TREE_SHAPES["eagle"], TREE_PAIR, starts, torch.Generator().manual_seed(base))
+    starts = torch.arange(rows // 2) % TREE_PAIR.vocab
+    short = draw_markov_trees(scheme, TREE_SHAPES["binary"], TREE_PAIR, starts, torch.Generator().manual_seed(base))
+    long = draw_markov_trees(scheme, TREE_SHAPES["eagle"], TREE_PAIR, starts, torch.Generator().manual_seed(base + 1))
+    width, n_short = len(TREE_SHAPES["eagle"]), len(TREE_SHAPES["binary"])
+    padded = pad_trees(*short, width)
+    tokens, tree, qs, p = (torch.stack([a, b], 1).reshape(rows, *a.shape[1:]) for a, b in zip(padded, long))
     seeds = [base + b if b % 2 == 0 else None for b in range(rows)]
 
-    def run(index: torch.Tensor, global_seed: int, where: str):
+    def run(index: torch.Tensor, global_seed: int, where: str, nodes: int = width):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(global_seed)
             gens = [None if seeds[int(b)] is None else torch.Generator().manual_seed(seeds[int(b)]) for b in index]
-            return verify_tree_rows(backend, tokens[index], tree[index], qs[index], p[index], generator=gens, where=where, vocab=TREE_PAIR.vocab)[2]
+            args = (tokens[index, :nodes], tree[index, :nodes], qs[index, :nodes], p[index, : nodes + 1])
+            return verify_tree_rows(backend, *args, generator=gens, where=where, vocab=TREE_PAIR.vocab)[2]
 
     everything = torch.arange(rows)
-    batch = run(everything, 1, "mixed batch of eagle trees, global seed 1")
+    batch = run(everything, 1, "ragged mixed batch of trees, global seed 1")
     for b in range(0, 16, 2):
-        alone = run(torch.tensor([b]), 5, f"row {b} alone")
-        assert torch.equal(alone[0], batch[b]), (
-            f"tree row {b} (generator seed {seeds[b]}) gave {batch[b].tolist()} in the batch but {alone[0].tolist()} alone"
+        alone = run(torch.tensor([b]), 5, f"row {b} alone, unpadded ({n_short} nodes)", nodes=n_short)
+        assert torch.equal(alone[0], batch[b, : n_short + 1]), (
+            f"tree row {b} (generator seed {seeds[b]}) gave {batch[b].tolist()} padded in the batch but {alone[0].tolist()} "
+            "alone and unpadded: a seeded row's output must not depend on the batch's padded width or its neighbours"
         )
     reversed_out = run(everything.flip(0), 2, "reversed batch, global seed 2").flip(0)
     bad = [b for b in range(0, rows, 2) if not torch.equal(reversed_out[b], batch[b])]

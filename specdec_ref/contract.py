@@ -50,8 +50,8 @@ The verifier contract (FlashInfer's shapes)
   the same output; the global torch RNG is never read). A backend claiming ``row_generators`` also
   accepts a list of ``B`` entries, one per row (:mod:`specdec_ref.rng`): row ``b`` draws only from
   ``generator[b]``, a ``None`` entry is an unseeded row (the global RNG), and a row's output never
-  depends on the other rows or its position (a seeded request reproduces alone or in any batch; for
-  trees, at the same padded width: see :mod:`specdec_ref.rng`).
+  depends on the other rows, its position or (trees) the batch's padded width: a seeded request
+  reproduces alone or in any batch (:mod:`specdec_ref.rng`).
 * A backend that does not claim ``batched`` is only ever called with ``B == 1`` (the suite
   splits batches into one call per row, threading the generator through them in row order).
 

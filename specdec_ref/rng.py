@@ -7,14 +7,11 @@ and unseeded requests). With per-row generators a row's output depends only on i
 generator, never on the other rows or its position in the batch: a seeded request decodes bit for bit the
 same alone or in any batch.
 
-Draws happen in the same order either way (all of a row's uniforms, then its exponentials), so a row
-verified alone with a single generator gives exactly what it gives in a batch with that generator in its
-slot of the list.
-
-Known limit (trees): a tree verifier draws one uniform per node *slot*, padding included, before the final
-token's exponentials, so a row of a ragged batch (trees padded to the widest) reproduces bit for bit only at
-the same padded width; its law does not depend on the width. Drawing each row's final exponentials first
-would remove the dependence (left for the batched-decoding work).
+Chain verifiers draw in the same order either way (all of a row's uniforms, then its exponentials), so a
+row verified alone with a single generator gives exactly what it gives in a batch with that generator in its
+slot of the list. Tree verifiers given per-row generators draw each row's final-sample exponentials *first*,
+then one uniform per node slot: the trailing slots of a padded row come last, so a row reproduces bit for
+bit alone (a one-element list) or padded to any width in a ragged batch.
 """
 from __future__ import annotations
 

@@ -46,9 +46,9 @@ from typing import NamedTuple
 import torch
 
 from .contract import PAD_TOKEN
-from .rng import check_generators, uniform
+from .rng import check_generators, exponential_like, is_per_row, uniform
 from .validate import check_probs
-from .verify import RESIDUAL_EPS, sample_from_weights
+from .verify import RESIDUAL_EPS, race_winner, sample_from_weights
 
 __all__ = [
     "TreeResult",
@@ -175,8 +175,9 @@ class TreeVerifierBase:
     def greedy_choice(self, probs: torch.Tensor) -> torch.Tensor:
         return probs.argmax(-1)
 
-    def sample(self, weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-        return sample_from_weights(weights, generator)
+    def sample(self, weights: torch.Tensor, generator, race: torch.Tensor | None = None) -> torch.Tensor:
+        """A sample of ``weights``; ``race``: the row's Exp(1) draws when they were drawn ahead (per-row generators)."""
+        return sample_from_weights(weights, generator) if race is None else race_winner(weights, race)
 
     def assemble(self, draft_tokens: torch.Tensor, path: torch.Tensor, m: torch.Tensor, final: torch.Tensor) -> TreeResult:
         """``tokens[:m]`` = the path's tokens, ``tokens[m]`` = final, ``-1`` after."""
@@ -202,6 +203,9 @@ class TreeVerifierBase:
         r = p[:, 0]
         drawn = torch.zeros_like(r)
         slots = torch.arange(n, device=device)
+        # Per-row generators: each row's final-sample draws come first, then its coins, so the trailing coins of
+        # padding never shift a row's draws: a row reproduces alone or padded in any ragged batch.
+        race = exponential_like(r, generator) if not greedy and is_per_row(generator) else None
         u = None if greedy else self.coins(parents, generator)
         for i in range(n):
             x = tokens[:, i]
@@ -222,7 +226,7 @@ class TreeVerifierBase:
             path = torch.where(accepted[:, None] & (slots == m[:, None]), i, path)
             m = m + accepted.long()
             current = torch.where(accepted, i, current)
-        final = self.greedy_choice(r) if greedy else self.sample(r, generator)
+        final = self.greedy_choice(r) if greedy else self.sample(r, generator, race)
         return self.assemble(draft_tokens.long(), path, m, final)
 
     def __call__(

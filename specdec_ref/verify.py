@@ -33,8 +33,12 @@ def sample_from_weights(weights: torch.Tensor, generator: Generators = None) -> 
     needs neither a cumulative sum nor a host sync; a zero weight can never win
     (``E`` is clamped away from 0 so that ``0 / E`` is never NaN).
     """
-    race = exponential_like(weights, generator).clamp_min_(1e-30)
-    return (weights / race).argmax(-1)
+    return race_winner(weights, exponential_like(weights, generator))
+
+
+def race_winner(weights: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
+    """``argmax(w / E)`` per row for given ``Exp(1)`` draws ``race`` (the second half of :func:`sample_from_weights`)."""
+    return (weights / race.clamp_min(1e-30)).argmax(-1)
 
 
 def _first_false(flags: torch.Tensor) -> torch.Tensor:

@@ -68,12 +68,16 @@ def test_a_seeded_row_is_the_same_alone_and_in_any_batch(verifier):
 
 
 @pytest.mark.parametrize("scheme", list(TREE_VERIFIERS))
-def test_a_seeded_tree_row_is_the_same_alone_and_in_the_batch(scheme):
-    d, q, p = _block(B=6, k=4)
-    parents = torch.tensor([-1, -1, 0, 1]).expand(6, 4)
-    d = torch.stack([torch.randperm(7, generator=torch.Generator().manual_seed(b))[:4] for b in range(6)])  # distinct siblings
+def test_a_seeded_tree_row_is_the_same_alone_and_padded_in_a_ragged_batch(scheme):
+    """Row 0 has 4 nodes, the others 6: row 0 is padded in the batch; alone (a one-element list) it is not."""
+    d, q, p = _block(B=4, k=6)
+    d = torch.stack([torch.randperm(7, generator=torch.Generator().manual_seed(b))[:6] for b in range(4)])  # distinct siblings
+    d[0, 4:] = -1
+    parents = torch.tensor([-1, -1, 0, 1, 2, 3]).expand(4, 6)
     verifier = TREE_VERIFIERS[scheme]()
-    out = verifier(d, parents, q, p, generator=_gens(range(10, 16)))
-    for b in range(6):
-        alone = verifier(d[b : b + 1], parents[b : b + 1], q[b : b + 1], p[b : b + 1], generator=torch.Generator().manual_seed(10 + b))
-        assert torch.equal(alone.tokens[0], out.tokens[b])
+    out = verifier(d, parents, q, p, generator=_gens(range(10, 14)))
+    alone = verifier(d[:1, :4], parents[:1, :4], q[:1, :4], p[:1, :5], generator=_gens([10]))
+    assert torch.equal(alone.tokens[0], out.tokens[0, :5]) and (out.tokens[0, 5:] == -1).all()
+    for b in range(1, 4):
+        one = verifier(d[b : b + 1], parents[b : b + 1], q[b : b + 1], p[b : b + 1], generator=_gens([10 + b]))
+        assert torch.equal(one.tokens[0], out.tokens[b])
