@@ -18,7 +18,16 @@ from hypothesis import given, note
 
 from properties import tree_exact
 from properties.markov import markov_pair, sequence_labels, sequence_law
-from properties.sample_size import NON_BATCHED_SEQUENCES, required_samples, scaled_blocks, with_margin
+from properties.sample_size import (
+    NON_BATCHED_SEQUENCES,
+    NON_BATCHED_TREES,
+    TREE_PATH_TV,
+    TREE_ROUND_TV,
+    TREE_SEQUENCE_TV,
+    required_samples,
+    scaled_blocks,
+    with_margin,
+)
 from properties.sampling import is_batched
 from properties.stats import assert_fits, estimate_tv
 from properties.strategies import TreeBlock, greedy_maximisers, seeds, tree_blocks
@@ -47,15 +56,9 @@ TREE_SHAPES: dict[str, np.ndarray] = {
 }
 #: Start tokens of the trees drafted for the conditional (given-the-tree) checks: one tree per start.
 TREE_STARTS = (0, 3, 5)
-#: Alternatives the statistical tree checks are sized for (power 0.99 at alpha 1e-6).
-PATH_TV = 0.02
-ROUND_TV = 0.01
-SEQUENCE_TV = 0.01
 #: The tree of the multi-round check: siblings at every level, depth 3.
 SEQUENCE_SHAPE = np.array([-1, -1, 0, 0, 2, 2])
 SEQUENCE_LENGTH = 3
-#: Rows per B = 1 call budget for a backend that does not claim ``batched``.
-NON_BATCHED_TREES = 20_000
 
 
 def declared_tree_scheme(backend) -> str:
@@ -74,7 +77,7 @@ def _shape_cases():
 
 
 def _group(params: dict) -> str:
-    return f"tree-{params.get('shape', 'sequence')}"
+    return f"tree-{params['shape']}"
 
 
 #: Candidate trees drafted per start token; the one whose walk ends at the most varied nodes is kept.
@@ -198,7 +201,7 @@ def check_tree_sampling_path_law(backend, ctx: CheckContext, shape: str):
     Three trees per shape (one per start token), each replicated over many rows; each law is exact
     (properties.tree_exact.outcome_law) and tested at power 0.99 against TV 0.02.
     """
-    _path_law_fit(backend, ctx, shape, filler=False, tv=PATH_TV)
+    _path_law_fit(backend, ctx, shape, filler=False, tv=TREE_PATH_TV)
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,7 +231,7 @@ def check_tree_sampling_round_law(backend, ctx: CheckContext, shape: str):
     law = round_law(scheme, shape)
     vocab = TREE_PAIR.vocab
     depth = len(law) // vocab - 1
-    rows = scaled_blocks(with_margin(required_samples(law, ROUND_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_TREES)
+    rows = scaled_blocks(with_margin(required_samples(law, TREE_ROUND_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_TREES)
     seed = ctx.seed_for("tree-round", shape)
     starts = torch.full((rows,), TREE_PAIR.start)
     tokens, tree, qs, p = draw_markov_trees(scheme, parents, TREE_PAIR, starts, torch.Generator().manual_seed(2 * seed))
@@ -243,7 +246,7 @@ def check_tree_sampling_round_law(backend, ctx: CheckContext, shape: str):
             what=f"(accepted length, final token) of one round, {where} [tree scheme {scheme}; exact mean accepted "
             f"{exact_mean:.4f}, observed {float(m.float().mean()):.4f}]",
             labels=[f"m={j} -> {x}" for j in range(depth + 1) for x in range(vocab)],
-            tv=ROUND_TV,
+            tv=TREE_ROUND_TV,
             seed=seed,
             replay=ctx.replay,
         )
@@ -268,7 +271,7 @@ def check_tree_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     """
     pair, length = TREE_PAIR, SEQUENCE_LENGTH
     law = sequence_law(pair, length)
-    n = scaled_blocks(with_margin(required_samples(law, SEQUENCE_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_SEQUENCES)
+    n = scaled_blocks(with_margin(required_samples(law, TREE_SEQUENCE_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_SEQUENCES)
     seed = ctx.seed_for("tree-sequence-law")
     run = simulate_tree(backend, pair, SEQUENCE_SHAPE, n, length=length, seed=seed)
     what = f"first {length} tokens decoded over rounds of trees {SEQUENCE_SHAPE.tolist()} vs the target's law [{pair.describe()}]"
@@ -283,7 +286,7 @@ def check_tree_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
         }
         ctx.record(estimate_tv(run.counts, law, what=what, extra=extra))
         return
-    ctx.record(assert_fits(run.counts, law, what=what, labels=sequence_labels(pair.vocab, length), tv=SEQUENCE_TV, seed=seed, replay=ctx.replay))
+    ctx.record(assert_fits(run.counts, law, what=what, labels=sequence_labels(pair.vocab, length), tv=TREE_SEQUENCE_TV, seed=seed, replay=ctx.replay))
 
 
 @check(
@@ -295,7 +298,7 @@ def check_tree_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
 )
 def check_tree_sampling_batch_invariance(backend, ctx: CheckContext, shape: str):
     """Rows of a drafted tree interleaved with rows of other, differently shaped and padded trees keep its exact law."""
-    _path_law_fit(backend, ctx, shape, filler=True, tv=PATH_TV)
+    _path_law_fit(backend, ctx, shape, filler=True, tv=TREE_PATH_TV)
 
 
 # ----------------------------------------------------------------------------- deterministic

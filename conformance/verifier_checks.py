@@ -24,6 +24,7 @@ from properties.sample_size import (
     GENERATED_BLOCKS,
     GENERATED_TV,
     LOSSLESS_TV,
+    MIXED_BATCH_TV,
     NON_BATCHED_GENERATED_BLOCKS,
     NON_BATCHED_SEQUENCES,
     required_blocks,
@@ -656,7 +657,7 @@ def check_sampling_mixed_batch_group_laws(backend, ctx: CheckContext):
     spec = declared_scheme(backend)
     groups = {"seeded": (BATCH_FILLER, 0), "unseeded": (STAT_SCENARIOS["balanced"], 1)}
     laws = {name: exact.block_law(spec, sc.target, sc.draft) for name, (sc, _) in groups.items()}
-    tv = 0.02
+    tv = MIXED_BATCH_TV
     needed = max(required_samples(law.length, tv) for law in laws.values())
     needed = max([needed] + [required_samples(law.emitted(0), tv) for law in laws.values()])
     rows = 2048

@@ -38,6 +38,15 @@ NON_BATCHED_GENERATED_BLOCKS = 2_000
 #: its budget for a verifier that does not claim ``batched`` (one call per sequence and round).
 LOSSLESS_TV = 0.005
 NON_BATCHED_SEQUENCES = 20_000
+#: Alternatives of the tree checks (``conformance.tree_checks``): the law given one drafted tree, the law
+#: of one round over the drafting, the sequence law over rounds of trees; and the rows per drafted tree
+#: for a backend that does not claim ``batched`` (one B = 1 call per row).
+TREE_PATH_TV = 0.02
+TREE_ROUND_TV = 0.01
+TREE_SEQUENCE_TV = 0.01
+NON_BATCHED_TREES = 20_000
+#: Alternative of the mixed seeded / unseeded batch laws (per-row generators).
+MIXED_BATCH_TV = 0.02
 
 
 @functools.lru_cache(maxsize=None)

@@ -110,8 +110,7 @@ def validate_tree_inputs(
     if not bool(real[:, 0].all()):
         b = int((~real[:, 0]).nonzero()[0])
         raise ValueError(f"row {b} has no real node (draft_tokens[{b}, 0] = {int(draft_tokens[b, 0])}); every row needs n >= 1 nodes")
-    bad = real & ((draft_tokens < 0) | (draft_tokens >= vocab))
-    bad |= (draft_tokens < PAD_TOKEN) | (draft_tokens >= vocab)
+    bad = (draft_tokens < PAD_TOKEN) | (draft_tokens >= vocab)
     if bool(bad.any()):
         b, i = bad.nonzero()[0].tolist()
         raise ValueError(f"draft_tokens must be in [0, {vocab}) (or -1 for padding); draft_tokens[{b}, {i}] = {int(draft_tokens[b, i])}")
