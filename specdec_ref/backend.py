@@ -36,6 +36,9 @@ class ReferenceBackend:
         tree=True,
         row_generators=True,
         tree_decoder=True,
+        batched_decoder=True,
+        min_p=True,
+        history_sampling=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
     )
@@ -88,6 +91,11 @@ class ReferenceBackend:
             generator=generator,
             on_round=on_round,
         )
+
+    def decode_batch(self, target, draft, requests, *, k, on_round=None):
+        """Batched speculative decoding (:meth:`specdec_ref.decode.SpeculativeDecoder.decode_batch`): one result per
+        request; ``on_round(record, target_cache, draft_cache)`` per row still in the batch after every round."""
+        return self.decoder.decode_batch(target, draft, requests, k=k, on_round=on_round)
 
     def decode_tree(
         self, target, draft, prompt, *, depth, width, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None

@@ -166,6 +166,42 @@ The decoder contract
   one, fed at the start of the next round), and every layer's K/V equals a fresh prefill of
   that prefix. A backend that does not claim ``cache`` may call ``on_round`` or not.
 
+The batched decoder contract
+----------------------------
+A backend claiming ``batched_decoder`` decodes many requests at once, as engines do::
+
+    decode_batch(target, draft, requests: list[Request], *, k: int, on_round=None) -> list[DecodeResult]
+
+* Each :class:`Request` has its own ``prompt`` (any length >= 1), ``max_new_tokens``,
+  :class:`SamplingConfig` (history-dependent settings included, below), ``eos_ids`` (``None``, an id
+  or a collection of ids) and randomness: a ``generator``, a ``seed`` (the backend makes the
+  generator), or neither (*unseeded*: the global RNG). One :class:`DecodeResult` per request, in
+  the requests' order.
+* Rows are independent: every row accepts its own number of drafts each round and stops on its
+  own (EOS, ``max_new_tokens``); a finished row leaves the batch and is never written again.
+* Batch invariance: a seeded request's output is bit-identical (float32) decoded alone, with any
+  other requests (seeded or not), in any order; greedy rows equal AR greedy decoding of the request
+  alone at every batch size. Unseeded rows follow the law, whatever their neighbours.
+* Every result obeys the stop invariants: ``finished_by == "eos"`` iff the last token is one of
+  the request's EOS ids, otherwise exactly ``max_new_tokens`` tokens; no EOS before the last token
+  nor before ``min_new_tokens``; every round but the last emits ``accepted + 1`` tokens.
+* ``on_round(record, target_cache, draft_cache)`` (claiming ``cache``) runs after every round for
+  every row still in the batch, with ``record.row`` its request index and that row's caches (the
+  batch-1 cache invariant, per row).
+* ``decode`` stays the one-request case: a backend claiming both must give the same results.
+
+History-dependent sampling (``history_sampling``): ``repetition_penalty``, ``presence_penalty``,
+``frequency_penalty``, ``logit_bias``, ``min_new_tokens`` (EOS masked before) and ``constraint``
+(a :class:`specdec_ref.history.TokenAutomaton`: allowed next tokens as a function of the
+generated history, a stand-in for grammars) act on the logits **at every position of a block on
+that position's hypothetical history**: the prompt, the committed tokens and the drafts before it;
+identically for the draft's proposals and the target's rows; rejected drafts never enter the
+history. The order is part of the contract (:func:`specdec_ref.history.process_logits`): logit
+bias, repetition penalty (on tokens seen in the prompt or output), presence / frequency penalties
+(output tokens), the ``min_new_tokens`` EOS mask, the constraint, then temperature, top-k, top-p
+and ``min_p`` (claimed separately as ``min_p``). The suite tests each row's continuation law against
+an independent float64 oracle of AR sampling under these settings.
+
 The KV-cache contract
 ---------------------
 ``make_cache(model)`` returns a fresh, empty cache for ``model`` (batch 1) with the
@@ -205,6 +241,9 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``tree``            exposes :meth:`TreeVerifier.verify_tree` (its scheme: ``tree_scheme``)
 ``row_generators``  ``verify`` / ``verify_tree`` accept one generator per row (a list; ``None`` = unseeded)
 ``tree_decoder``    exposes ``decode_tree``, a speculative decoder that drafts trees
+``batched_decoder`` exposes ``decode_batch`` (:class:`BatchedDecoder`): many requests per call
+``min_p``           the decoder honours ``SamplingConfig.min_p``
+``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
 ==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
@@ -240,6 +279,8 @@ __all__ = [
     "Backend",
     "Verifier",
     "Decoder",
+    "BatchedDecoder",
+    "Request",
     "TreeVerifier",
     "KVCache",
     "CacheBackend",
@@ -259,6 +300,7 @@ PAD_TOKEN = -1
 #: flags they need; an unknown flag name is an error at collection time.
 CAPABILITY_FLAGS = (
     "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
+    "batched_decoder", "min_p", "history_sampling",
 )
 
 #: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
@@ -309,6 +351,9 @@ class Capabilities:
     tree: bool = False
     tree_decoder: bool = False
     row_generators: bool = False
+    batched_decoder: bool = False
+    min_p: bool = False
+    history_sampling: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     scheme: str = "token"
@@ -359,7 +404,7 @@ class Capabilities:
 
 @dataclass
 class RoundRecord:
-    """What one speculative round did, and the cache lengths right after its repair."""
+    """What one speculative round did for one request, and its cache lengths right after the repair."""
 
     round: int
     start: int  # committed length before the round
@@ -371,6 +416,7 @@ class RoundRecord:
     committed_len: int
     target_calls: int  # cumulative
     draft_calls: int  # cumulative
+    row: int = 0  # the request's index in the batch it was submitted with
 
     @property
     def pending(self) -> int:
@@ -403,6 +449,24 @@ class DecodeResult:
         d = asdict(self)
         d["rounds"] = [asdict(r) for r in self.rounds]
         return d
+
+
+@dataclass
+class Request:
+    """One request of a batched decode (``decode_batch``): its own prompt, settings, stop ids and randomness.
+
+    ``prompt``: token ids (a list, ``Long[t]`` or ``Long[1, t]``; any length >= 1). ``eos_ids``: ids that end
+    generation (an int, a sequence, or None). ``generator`` (a ``torch.Generator``) or ``seed`` (an int; the
+    decoder makes the generator) makes the request reproducible; with neither it is *unseeded* and draws
+    from the global RNG.
+    """
+
+    prompt: Any
+    max_new_tokens: int
+    sampling: SamplingConfig = GREEDY
+    eos_ids: Any = None
+    generator: torch.Generator | None = None
+    seed: int | None = None
 
 
 # ----------------------------------------------------------------------------- protocols
@@ -491,6 +555,14 @@ class Decoder(Backend, Protocol):
 
 
 @runtime_checkable
+class BatchedDecoder(Backend, Protocol):
+    """A backend claiming ``batched_decoder`` (the batched decoder contract in the module docstring)."""
+
+    def decode_batch(self, target: Any, draft: Any, requests: list[Request], *, k: int,
+                     on_round: RoundHook | None = None) -> list[DecodeResult]: ...
+
+
+@runtime_checkable
 class CacheBackend(Backend, Protocol):
     """A backend claiming ``cache``: ``make_cache(model)`` returns a fresh, empty :class:`KVCache`."""
 
@@ -524,6 +596,12 @@ _CAPABILITY_METHODS: dict[str, tuple[str, tuple, dict, str]] = {
         (None, None, None, None),
         {"generator": None},
         "verify_tree(draft_tokens, parents, draft_probs, target_probs, *, generator=None)",
+    ),
+    "batched_decoder": (
+        "decode_batch",
+        (None, None, None),
+        dict(k=1, on_round=None),
+        "decode_batch(target, draft, requests, *, k, on_round=None)",
     ),
     "tree_decoder": (
         "decode_tree",

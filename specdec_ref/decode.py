@@ -1,46 +1,55 @@
-"""The reference decoders: plain autoregressive (the oracle) and speculative decoding.
+"""The reference decoders: plain autoregressive (the oracle) and speculative decoding, batched.
 
-Speculative round (batch 1), with ``C`` committed tokens of which the last one
-is *pending* (committed but not yet fed to either cache):
+Both decode a *batch of requests* (:class:`~specdec_ref.contract.Request`): each has its own prompt
+(any length), :class:`SamplingConfig` (history-dependent settings included, :mod:`specdec_ref.history`),
+``max_new_tokens``, EOS ids and generator; the batch-1 functions are the one-request case of the same
+code. Every row keeps its own cache lengths (:class:`~specdec_ref.row_cache.RowCaches`); finished
+requests leave the batch at the end of the round in which they stop.
 
-1. the draft feeds the pending token and proposes ``d_1..d_k``, sampling each
-   from ``q_i = warp(draft logits)`` (``k`` draft calls);
-2. the target feeds ``[pending, d_1..d_k]`` in one call: its rows 0..k are
-   ``saved_next`` (after the pending token), the rows judging ``d_2..d_k`` and
-   the bonus row (the alignment table of docs/algorithm.md: row ``i`` judges ``d_{i+1}``);
-3. the verifier returns ``m`` and the emitted tokens; EOS ends the round and
-   generation right after it, ``max_new_tokens`` is never exceeded;
-4. repair: both caches keep exactly the committed tokens minus the new pending
-   one (``commit(C' - 1)``); when all ``k`` drafts were accepted the draft also
-   feeds ``d_k`` (it had only fed ``d_1..d_{k-1}``). The replacement or bonus is
-   the new pending token, fed at the start of the next round, so it is written
-   once to each cache and the target needs one call per round.
+Speculative round, for every row at once, with ``C_b`` committed tokens in row ``b`` of which the last
+one is *pending* (committed but not yet fed to either cache):
 
-Invariant after every round: ``target_len == draft_len == committed_len - 1``;
-nothing after an EOS is ever fed to either cache.
+1. the draft feeds the pending tokens and proposes ``d_1..d_k`` per row, sampling each from
+   ``q_i``, the draft's logits processed with the row's settings on the history ``G + d_1..d_{i-1}``
+   (``k`` draft calls for the batch);
+2. the target feeds ``[pending, d_1..d_k]`` in one call; its rows 0..k are processed the same way
+   (row ``i`` on ``G + d_1..d_i``: it judges ``d_{i+1}``; docs/algorithm.md);
+3. the verifier returns each row's ``m`` and emitted tokens; EOS ends the row's generation right
+   after it, its ``max_new_tokens`` is never exceeded;
+4. repair, per row: both caches keep exactly the committed tokens minus the new pending one; rows
+   that accepted all ``k`` drafts also feed ``d_k`` to the draft (one extra draft call for those rows).
+   The sampling history advances by the committed tokens only, so drafts never leak into it.
 
-Host synchronisation: one per round (reading the emitted tokens to decide
-EOS and how many to commit); none per drafted token. Acceptance is decided on
-the device by :mod:`specdec_ref.verify`.
+Every round drafts exactly ``k`` tokens per row (the emitted tokens are cut at ``max_new_tokens``), so a
+row's random draws depend on its own request only: a seeded request decodes the same alone or in any
+batch. (``k`` shrinks only where a row would write past the models' max positions.)
+
+Invariant after every round, per row: ``target_len == draft_len == committed_len - 1``; nothing after
+an EOS is ever fed to either cache.
+
+Host synchronisation: one per round for the whole batch (reading the emitted tokens); none per drafted
+token. Acceptance is decided on the device by :mod:`specdec_ref.verify`.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 
 from .cache import ModelCache
-from .contract import DecodeResult, RoundHook, RoundRecord
-from .forward import as_prompt
+from .contract import DecodeResult, NotSupportedError, Request, RoundHook, RoundRecord
+from .forward import as_ids, as_prompt
+from .history import SamplingState, warp_rows
 from .models import model_dims
+from .row_cache import RowCaches
 from .static_cache import fastest_cache
 from .verify import BlockVerifier, sample_from_weights, verify_block
 from .warp import GREEDY, SamplingConfig, warp
 
-def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling) -> torch.Tensor:
-    if not isinstance(sampling, SamplingConfig):
-        raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+def _shared_limits(target, draft) -> tuple[int, int]:
+    """``(V, max positions)`` of a target (and draft, ValueError on a vocabulary mismatch); 0 positions: unbounded."""
     dims = model_dims(target)
     vocab, max_pos = dims["vocab_size"], dims["max_positions"]
     if draft is not None:
@@ -48,6 +57,15 @@ def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, samp
         if draft_vocab != vocab:
             raise ValueError(f"vocabulary mismatch: target has V={vocab}, draft has V={draft_vocab}")
         max_pos = min(max_pos, model_dims(draft)["max_positions"])
+    return vocab, max_pos
+
+
+def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling, *, history_ok: bool = False) -> torch.Tensor:
+    if not isinstance(sampling, SamplingConfig):
+        raise ValueError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+    if sampling.history_dependent and not history_ok:
+        raise NotSupportedError(f"this decoder does not apply history-dependent settings ({sampling.label()})")
+    vocab, max_pos = _shared_limits(target, draft)
     prompt = as_prompt(prompt, vocab=vocab, device=next(target.parameters()).device)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
@@ -85,7 +103,7 @@ def open_caches(make_cache, make_draft_cache, target, draft, prompt: torch.Tenso
 
 
 def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, draft_cache, *, start: int, proposed: int,
-              accepted: int, emitted: int, committed: int, hit_eos: bool) -> bool:
+              accepted: int, emitted: int, committed: int, hit_eos: bool, row: int = 0) -> bool:
     """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair), call
     ``on_round``, and mark an EOS finish; True when generation ends here."""
     record = RoundRecord(
@@ -99,6 +117,7 @@ def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, dr
         committed_len=committed,
         target_calls=result.target_calls,
         draft_calls=result.draft_calls,
+        row=row,
     )
     result.rounds.append(record)
     if on_round is not None:
@@ -108,10 +127,153 @@ def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, dr
     return hit_eos
 
 
-def _truncate(emitted: list[int], eos_id: int | None) -> tuple[list[int], bool]:
-    if eos_id is not None and eos_id in emitted:
-        return emitted[: emitted.index(eos_id) + 1], True
+def _truncate(emitted: list[int], eos_id) -> tuple[list[int], bool]:
+    """``emitted`` cut right after its first EOS (``eos_id``: an id, a collection of ids, or None); True if cut."""
+    stops = () if eos_id is None else (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+    for i, token in enumerate(emitted):
+        if token in stops:
+            return emitted[: i + 1], True
     return emitted, False
+
+
+@dataclass
+class _Batch:
+    """The validated requests of one batched decode (rows in request order)."""
+
+    prompts: list[torch.Tensor]  # Long[1, t_b] on the target's device
+    configs: list[SamplingConfig]
+    eos: list[tuple[int, ...]]
+    max_new: list[int]
+    generators: list[torch.Generator | None]
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _eos_ids(eos, vocab: int, where: str) -> tuple[int, ...]:
+    ids = () if eos is None else (eos,) if isinstance(eos, int) and not isinstance(eos, bool) else eos
+    try:
+        ids = tuple(ids)
+    except TypeError:
+        raise ValueError(f"{where}: eos_ids must be None, a token id or a sequence of ids, got {eos!r}") from None
+    for e in ids:
+        if isinstance(e, bool) or not isinstance(e, int) or not 0 <= e < vocab:
+            raise ValueError(f"{where}: eos id {e!r} is not a token id in [0, {vocab})")
+    return ids
+
+
+def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Batch:
+    """Check every request (ValueError naming the request and the field) and make seeded generators."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if not isinstance(requests, (list, tuple)) or not requests:
+        raise ValueError(f"requests must be a non-empty list of Request, got {requests!r}")
+    vocab, max_pos = _shared_limits(target, draft)
+    device = next(target.parameters()).device
+    batch = _Batch([], [], [], [], [])
+    for i, r in enumerate(requests):
+        where = f"request {i}"
+        if not isinstance(r, Request):
+            raise ValueError(f"{where}: must be a specdec_ref.contract.Request, got {type(r).__name__}")
+        if not isinstance(r.sampling, SamplingConfig):
+            raise ValueError(f"{where}: sampling must be a SamplingConfig, got {type(r.sampling).__name__}")
+        prompt = as_prompt(r.prompt, vocab=vocab, device=device, what=f"{where}: prompt")
+        n = r.max_new_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{where}: max_new_tokens must be an int >= 0, got {n!r}")
+        if max_pos and prompt.shape[1] + n > max_pos + 1:
+            raise ValueError(
+                f"{where}: prompt length {prompt.shape[1]} + max_new_tokens {n} exceeds the models' max positions "
+                f"{max_pos} (+1 for the last token, which is never fed)"
+            )
+        gen = r.generator
+        if gen is not None and not isinstance(gen, torch.Generator):
+            raise ValueError(f"{where}: generator must be a torch.Generator or None, got {type(gen).__name__}")
+        if r.seed is not None:
+            if gen is not None:
+                raise ValueError(f"{where}: give a generator or a seed, not both")
+            if isinstance(r.seed, bool) or not isinstance(r.seed, int):
+                raise ValueError(f"{where}: seed must be an int, got {r.seed!r}")
+            gen = torch.Generator(device=device).manual_seed(r.seed)
+        batch.prompts.append(prompt)
+        batch.configs.append(r.sampling)
+        batch.eos.append(_eos_ids(r.eos_ids, vocab, where))
+        batch.max_new.append(n)
+        batch.generators.append(gen)
+    return batch
+
+
+def _row_generators(gens: list, rows: Sequence[int] | None = None):
+    """The ``generator`` argument for the live rows: the generator itself for one row, else a per-row list."""
+    live = gens if rows is None else [gens[i] for i in rows]
+    return live[0] if len(live) == 1 else list(live)
+
+
+def choose_rows(probs: torch.Tensor, configs: Sequence[SamplingConfig], generator) -> torch.Tensor:
+    """Token per row of ``probs [B, V]``: argmax for greedy rows, a sample (from the row's generator) otherwise."""
+    greedy = [c.greedy for c in configs]
+    if all(greedy):
+        return probs.argmax(-1)
+    sampled = sample_from_weights(probs, generator)
+    if not any(greedy):
+        return sampled
+    mask = torch.tensor(greedy, device=probs.device)
+    return torch.where(mask, probs.argmax(-1), sampled)
+
+
+def _open_row_caches(make_cache, model, batch: _Batch, extra: int) -> tuple[RowCaches, bool]:
+    needed = max(p.shape[1] + n for p, n in zip(batch.prompts, batch.max_new)) + extra
+    limit = model_dims(model)["max_positions"] or needed
+    cache = RowCaches(make_cache(model, batch_size=len(batch), check_ids=False, max_length=min(needed, limit)))
+    return cache, cache.prefill(batch.prompts)
+
+
+def batched_autoregressive_decode(
+    target, requests: Sequence[Request], *, make_cache: Callable[..., ModelCache] = ModelCache,
+) -> list[DecodeResult]:
+    """Plain decoding of every request from its processed target logits: the oracle speculative decoding must equal.
+
+    One target call per step for the batch; a row's next token depends on its own history and generator only.
+    As the oracle it runs the transformers forward (``ModelCache``; batches need ``fastest_cache``).
+    """
+    batch = validate_requests(target, None, requests, 1)
+    results = [DecodeResult(tokens=[], prompt_len=p.shape[1], finished_by="max_new_tokens") for p in batch.prompts]
+    live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
+    if not live:
+        return results
+    sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
+    vocab = model_dims(target)["vocab_size"]
+    state = SamplingState([p[0].tolist() for p in sub.prompts], sub.configs, sub.eos, vocab, sub.prompts[0].device)
+    cache, fed = _open_row_caches(make_cache, target, sub, 0)
+    pending = torch.cat([p[:, -1:] for p in sub.prompts])
+    calls = int(fed)  # the prompts' prefill, when any prompt has more than one token
+    while live:
+        logits = cache.feed(pending)
+        calls += 1
+        probs = warp_rows(logits, sub.configs, state)[:, -1]
+        token = choose_rows(probs, sub.configs, _row_generators(sub.generators))
+        values = token.tolist()  # the one host sync of the step
+        state.commit(token[:, None], torch.ones_like(token))
+        keep = []
+        for j, (i, value) in enumerate(zip(live, values)):
+            res = results[i]
+            res.tokens.append(value)
+            res.host_syncs += 1
+            res.target_calls = calls
+            if value in sub.eos[j]:
+                res.finished_by = "eos"
+            elif len(res.tokens) < sub.max_new[j]:
+                keep.append(j)
+        cache.commit(cache.tentative)
+        if len(keep) < len(live):
+            live = [live[j] for j in keep]
+            for f in ("prompts", "configs", "eos", "max_new", "generators"):
+                setattr(sub, f, [getattr(sub, f)[j] for j in keep])
+            state.select(keep)
+            cache.select(keep)
+            token = token[keep] if keep else token[:0]
+        pending = token[:, None]
+    return results
 
 
 def autoregressive_decode(
@@ -124,39 +286,18 @@ def autoregressive_decode(
     generator: torch.Generator | None = None,
     make_cache: Callable[..., ModelCache] = ModelCache,
 ) -> DecodeResult:
-    """Plain decoding from ``warp(target logits)``: the oracle speculative decoding must equal.
-
-    As the oracle it runs the transformers forward (``ModelCache``); benchmarks may pass
-    ``make_cache=fastest_cache`` for the fastest plain decoding on the same weights.
-    """
-    prompt = _validate_decode_args(target, None, prompt, 1, max_new_tokens, eos_id, sampling)
-    result = DecodeResult(tokens=[], prompt_len=prompt.shape[1], finished_by="max_new_tokens")
-    if max_new_tokens == 0:
-        return result
-    capacity = min(model_dims(target)["max_positions"] or 1 << 30, prompt.shape[1] + max_new_tokens)
-    cache = make_cache(target, check_ids=False, max_length=capacity)
-    logits = cache.feed(prompt)[:, -1]
-    result.target_calls = 1
-    while True:
-        token = _choose(warp(logits, sampling), sampling, generator)
-        value = int(token.item())
-        result.host_syncs += 1
-        result.tokens.append(value)
-        if eos_id is not None and value == eos_id:
-            result.finished_by = "eos"
-            break
-        if len(result.tokens) == max_new_tokens:
-            break
-        logits = cache.feed(token[:, None])[:, -1]
-        result.target_calls += 1
-    return result
+    """Plain decoding from the processed target logits: the oracle speculative decoding must equal (one request of
+    :func:`batched_autoregressive_decode`; benchmarks may pass ``make_cache=fastest_cache``)."""
+    request = Request(prompt=prompt, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_id, generator=generator)
+    _validate_decode_args(target, None, prompt, 1, max_new_tokens, eos_id, sampling, history_ok=True)
+    return batched_autoregressive_decode(target, [request], make_cache=make_cache)[0]
 
 
 class SpeculativeDecoder:
-    """The reference speculative decoder; one overridable method per step (mutants override one).
+    """The reference speculative decoder, batched; one overridable method per step (mutants override one).
 
-    Caches default to :func:`~specdec_ref.static_cache.fastest_cache`: the static-buffer lean
-    forward for Llama/Qwen2 models, the transformers ``DynamicCache`` adapter otherwise.
+    Caches default to :func:`~specdec_ref.static_cache.fastest_cache`: the static-buffer lean forward for
+    Llama/Qwen2 models (any batch), the transformers ``DynamicCache`` adapter otherwise (one request).
     """
 
     def __init__(
@@ -166,44 +307,190 @@ class SpeculativeDecoder:
         make_draft_cache: Callable[..., ModelCache] | None = None,
     ):
         self.verifier = verifier
+        self.sampling_state = SamplingState  # the history-dependent settings' per-row state (its class)
         self.make_cache = make_cache
         self.make_draft_cache = make_draft_cache or make_cache
 
     # -- steps -------------------------------------------------------------------------
-    def draft_probs(self, logits: torch.Tensor, sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor]:
-        """(distribution the draft samples from, distribution reported to the verifier as q)."""
-        q = warp(logits, sampling)
+    def draft_probs(self, logits: torch.Tensor, configs, state: SamplingState, drafts: torch.Tensor):
+        """(distribution the draft samples from, distribution reported to the verifier as q) for the next draft of
+        every row: ``logits [B, 1, V]`` processed on the history ``G + drafts`` (``drafts [B, i]``)."""
+        q = warp_rows(logits, configs, state, drafts)[:, -1]
         return q, q
 
-    def propose(self, draft_cache: ModelCache, pending: torch.Tensor, k: int, sampling, generator):
-        """Feed the pending token, then draft ``k`` tokens; the draft cache ends at ``+k`` positions minus d_k."""
+    def propose(self, draft_cache: RowCaches, pending: torch.Tensor, k: int, configs, state, generator):
+        """Feed the pending tokens, then draft ``k`` tokens per row; the draft cache ends at ``+k`` positions minus d_k."""
         tokens, qs = [], []
         x = pending
-        for _ in range(k):
-            logits = draft_cache.feed(x)[:, -1]
-            sample_probs, q = self.draft_probs(logits, sampling)
-            token = _choose(sample_probs, sampling, generator)
+        for i in range(k):
+            logits = draft_cache.feed(x)[:, -1:]
+            sample_probs, q = self.draft_probs(logits, configs, state, torch.stack(tokens, 1) if tokens else pending[:, :0])
+            token = choose_rows(sample_probs, configs, generator)
             tokens.append(token)
             qs.append(q)
             x = token[:, None]
         return torch.stack(tokens, 1), torch.stack(qs, 1)
 
-    def target_rows(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """Target rows 0..k from the block forward of ``[pending, d_1..d_k]``: row i judges d_{i+1}."""
-        return warp(logits, sampling)
+    def target_rows(self, logits: torch.Tensor, configs, state: SamplingState, drafts: torch.Tensor) -> torch.Tensor:
+        """Target rows 0..k from the block forward of ``[pending, d_1..d_k]``: row i judges d_{i+1}, processed on
+        the history ``G + d_1..d_i``."""
+        return warp_rows(logits, configs, state, drafts)
 
-    def repair(self, target_cache: ModelCache, draft_cache: ModelCache, drafts: torch.Tensor, new_len: int, fed_all: bool):
-        """Make both caches hold exactly the committed tokens minus the new pending one (``new_len``)."""
-        target_cache.commit(new_len)
-        if fed_all:  # all k accepted: the draft never fed d_k
-            draft_cache.feed(drafts[:, -1:])
-        draft_cache.commit(new_len)
+    def judge(self, drafts: torch.Tensor, qs: torch.Tensor, rows: torch.Tensor, configs, generator):
+        """The verifier on the batch: greedy verification when every row is greedy; in a mixed batch the greedy rows
+        are judged as one-hot target and draft rows (accept while the draft is the argmax; the argmax replaces)."""
+        greedy = [c.greedy for c in configs]
+        if all(greedy):
+            return self.verifier(drafts, None, rows, generator=generator, validate=False)
+        if any(greedy):
+            vocab = rows.shape[-1]
+            mask = torch.tensor(greedy, device=rows.device)[:, None, None]
+            rows = torch.where(mask, torch.nn.functional.one_hot(rows.argmax(-1), vocab).to(rows.dtype), rows)
+            qs = torch.where(mask, torch.nn.functional.one_hot(drafts, vocab).to(qs.dtype), qs)
+        return self.verifier(drafts, qs, rows, generator=generator, validate=False)
+
+    def repair(self, target_cache: RowCaches, draft_cache: RowCaches, drafts: torch.Tensor, new_lens: list[int],
+               fed_all: list[bool]) -> int:
+        """Make both caches hold exactly each row's committed tokens minus its new pending one (``new_lens``);
+        returns the draft calls spent (feeding ``d_k`` to rows that accepted every draft, which never fed it)."""
+        target_cache.commit(new_lens)
+        return self.repair_draft(draft_cache, drafts, new_lens, fed_all)
+
+    def repair_draft(self, draft_cache: RowCaches, drafts: torch.Tensor, new_lens: list[int], fed_all: list[bool]) -> int:
+        """The draft's half of :meth:`repair`: feed ``d_k`` to the rows that accepted every draft, then roll back."""
+        calls = 0
+        if any(fed_all):
+            draft_cache.feed(drafts[:, -1:], advance=fed_all)
+            calls = 1
+        draft_cache.commit(new_lens)
+        return calls
 
     def kept_in_cache(self, emitted: list[int], untruncated: list[int]) -> int:
         """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""
         return len(emitted)
 
+    def finished(self, emitted_total: int, max_new: int, hit_eos: bool) -> bool:
+        """Whether a row stops after this round: EOS, or ``max_new_tokens`` reached."""
+        return hit_eos or emitted_total >= max_new
+
+    def row_generators(self, generators: list) -> torch.Generator | list | None:
+        """The ``generator`` argument of this round's sampling calls: each live row's own generator (a list; the
+        generator itself for one row), so a row's draws never depend on its neighbours."""
+        return _row_generators(generators)
+
+    def advance_history(self, state: SamplingState, drafts: torch.Tensor, tokens: torch.Tensor, keep: torch.Tensor) -> None:
+        """The sampling history after a round: each row's committed tokens (``tokens[b, :keep[b]]``) join it; the
+        rejected drafts never do."""
+        state.commit(tokens, keep)
+
+    def leave(self, live: list[int], done: list[bool]) -> list[int]:
+        """Positions (in the live batch) of the rows that stay for the next round, in order."""
+        return [j for j, d in enumerate(done) if not d]
+
     # -- loop ----------------------------------------------------------------------------
+    def decode_batch(
+        self,
+        target,
+        draft,
+        requests: Sequence[Request],
+        *,
+        k: int,
+        on_round: RoundHook | None = None,
+        timed: bool = False,
+    ) -> list[DecodeResult]:
+        """Speculative decoding of every request (module docstring); one :class:`DecodeResult` per request, in order.
+
+        ``on_round(record, target_cache, draft_cache)`` runs after every round for every row still in the batch,
+        with that row's caches (``record.row`` is its request index)."""
+        batch = validate_requests(target, draft, requests, k)
+        results = [DecodeResult(tokens=[], prompt_len=p.shape[1], finished_by="max_new_tokens") for p in batch.prompts]
+        live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
+        if not live:
+            return results
+        sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
+        clock = time.perf_counter if timed else None
+        seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
+        tick = clock() if clock else 0.0
+        vocab = model_dims(target)["vocab_size"]
+        state = self.sampling_state([p[0].tolist() for p in sub.prompts], sub.configs, sub.eos, vocab, sub.prompts[0].device)
+        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k)
+        draft_cache, _ = _open_row_caches(self.make_draft_cache, draft, sub, k)
+        limit = min(c.cache.max_positions or 1 << 30 for c in (target_cache, draft_cache))
+        calls = {"target": int(fed), "draft": int(fed)}
+        committed = [p.shape[1] for p in sub.prompts]
+        pending = torch.cat([p[:, -1:] for p in sub.prompts])
+        if clock:
+            seconds["prefill"] += clock() - tick
+        while live:
+            tick = clock() if clock else 0.0
+            starts = list(committed)
+            k_round = min(k, limit - max(starts))  # never write past the models' positions
+            generator = self.row_generators(sub.generators)
+            if k_round == 0:  # no room for drafts: a plain target step
+                draft_cache.feed(pending)
+                calls["draft"] += 1
+                drafts = pending[:, :0]
+                rows = self.target_rows(target_cache.feed(pending), sub.configs, state, drafts)
+                tokens = choose_rows(rows[:, -1], sub.configs, generator)[:, None]
+                m = torch.zeros_like(tokens[:, 0])
+            else:
+                drafts, qs = self.propose(draft_cache, pending, k_round, sub.configs, state, generator)
+                calls["draft"] += k_round
+                if clock:
+                    now = clock()
+                    seconds["draft"] += now - tick
+                    tick = now
+                logits = target_cache.feed(torch.cat([pending, drafts], 1))
+                rows = self.target_rows(logits, sub.configs, state, drafts)
+                m, tokens = self.judge(drafts, qs, rows, sub.configs, generator)
+            calls["target"] += 1
+            flat = torch.cat([m[:, None], tokens], 1).tolist()  # the one host sync of the round
+            if clock:
+                now = clock()
+                seconds["verify"] += now - tick
+                tick = now
+            new_lens, fed_all, emitted_counts, done, finals = [], [], [], [], []
+            for j, i in enumerate(live):
+                accepted, *row = flat[j]
+                res = results[i]
+                untruncated = [x for x in row if x >= 0][: sub.max_new[j] - len(res.tokens)]
+                emitted, hit_eos = _truncate(untruncated, sub.eos[j])
+                kept = self.kept_in_cache(emitted, untruncated)
+                res.tokens.extend(emitted)
+                res.host_syncs += 1
+                committed[j] += len(emitted)
+                new_lens.append(starts[j] + kept - 1)
+                fed_all.append(k_round > 0 and kept == k_round + 1)
+                emitted_counts.append(len(emitted))
+                done.append(self.finished(len(res.tokens), sub.max_new[j], hit_eos))
+                finals.append((accepted, len(emitted), hit_eos))
+            calls["draft"] += self.repair(target_cache, draft_cache, drafts, new_lens, fed_all)
+            keep_n = torch.tensor(emitted_counts, device=tokens.device)
+            self.advance_history(state, drafts, tokens, keep_n)
+            pending = tokens.gather(1, (keep_n - 1).clamp_min(0)[:, None])
+            if clock:
+                seconds["repair"] += clock() - tick
+            for j, i in enumerate(live):
+                res = results[i]
+                res.target_calls, res.draft_calls = calls["target"], calls["draft"]
+                accepted, n_emitted, hit_eos = finals[j]
+                end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j], proposed=k_round,
+                          accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i)
+            stay = self.leave(live, done)
+            if len(stay) < len(live):
+                live = [live[j] for j in stay]
+                for f in ("prompts", "configs", "eos", "max_new", "generators"):
+                    setattr(sub, f, [getattr(sub, f)[j] for j in stay])
+                committed = [committed[j] for j in stay]
+                state.select(stay)
+                target_cache.select(stay)
+                draft_cache.select(stay)
+                pending = pending[stay] if stay else pending[:0]
+        if timed:
+            for res in results:
+                res.seconds = dict(seconds)
+        return results
+
     def decode(
         self,
         target,
@@ -218,72 +505,17 @@ class SpeculativeDecoder:
         on_round: RoundHook | None = None,
         timed: bool = False,
     ) -> DecodeResult:
-        prompt = _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling)
-        t = prompt.shape[1]
-        result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
-        if max_new_tokens == 0:
-            return result
-        clock = time.perf_counter if timed else None
-        seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
-        tick = clock() if clock else 0.0
-        # positions ever written: below t + max_new_tokens + k (the last pending token is never fed)
-        needed = t + max_new_tokens + k
-        target_cache, draft_cache = open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt, needed, result)
-        pending = prompt[:, -1:]
-        committed = t
-        if clock:
-            seconds["prefill"] += clock() - tick
-        while len(result.tokens) < max_new_tokens:
-            remaining = max_new_tokens - len(result.tokens)
-            k_round = min(k, remaining - 1)
-            start = committed
-            tick = clock() if clock else 0.0
-            if k_round == 0:  # one token left: a plain target step
-                draft_cache.feed(pending)
-                result.draft_calls += 1
-                logits = target_cache.feed(pending)
-                result.target_calls += 1
-                tokens = _choose(self.target_rows(logits, sampling)[:, -1], sampling, generator)[:, None]
-                drafts = tokens[:, :0]
-                m = torch.zeros_like(tokens[:, 0])
-                if clock:
-                    seconds["verify"] += clock() - tick
-            else:
-                drafts, qs = self.propose(draft_cache, pending, k_round, sampling, generator)
-                result.draft_calls += k_round
-                if clock:
-                    now = clock()
-                    seconds["draft"] += now - tick
-                    tick = now
-                logits = target_cache.feed(torch.cat([pending, drafts], 1))
-                result.target_calls += 1
-                rows = self.target_rows(logits, sampling)
-                m, tokens = self.verifier(drafts, None if sampling.greedy else qs, rows, generator=generator, validate=False)
-                if clock:
-                    now = clock()
-                    seconds["verify"] += now - tick
-                    tick = now
-            accepted, *row = torch.cat([m[:1, None], tokens[:1]], 1)[0].tolist()  # the one host sync of the round
-            result.host_syncs += 1
-            untruncated = [x for x in row if x >= 0]  # accepted drafts and the final token (none without a bonus)
-            emitted, hit_eos = _truncate(untruncated, eos_id)
-            kept = self.kept_in_cache(emitted, untruncated)
-            committed += len(emitted)
-            fed_all = k_round > 0 and kept == k_round + 1
-            self.repair(target_cache, draft_cache, drafts, start + kept - 1, fed_all)
-            result.draft_calls += int(fed_all)
-            result.tokens.extend(emitted)
-            pending = tokens[:, len(emitted) - 1 : len(emitted)]
-            if clock:
-                seconds["repair"] += clock() - tick
-            if end_round(result, on_round, target_cache, draft_cache, start=start, proposed=k_round, accepted=accepted,
-                         emitted=len(emitted), committed=committed, hit_eos=hit_eos):
-                break
-        if timed:
-            result.seconds = seconds
-        return result
+        """One request (batch 1): :meth:`decode_batch` with ``[Request(prompt, max_new_tokens, sampling, eos_id, generator)]``."""
+        _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling, history_ok=True)
+        request = Request(prompt=prompt, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_id, generator=generator)
+        return self.decode_batch(target, draft, [request], k=k, on_round=on_round, timed=timed)[0]
 
 
 def speculative_decode(target, draft, prompt, **kwargs) -> DecodeResult:
     """Speculative decoding with the reference verifier and cache (see :class:`SpeculativeDecoder`)."""
     return SpeculativeDecoder().decode(target, draft, prompt, **kwargs)
+
+
+def batched_speculative_decode(target, draft, requests: Sequence[Request], *, k: int, **kwargs) -> list[DecodeResult]:
+    """Batched speculative decoding with the reference verifier and caches (:meth:`SpeculativeDecoder.decode_batch`)."""
+    return SpeculativeDecoder().decode_batch(target, draft, requests, k=k, **kwargs)

@@ -283,6 +283,28 @@ class StaticModelCache(ModelCache):
         sin = self._sin.index_select(1, positions)
         return self._lean_layers(ids, start, cos, sin, mask, causal=False)
 
+    # ------------------------------------------------------------------ ragged rows (specdec_ref.row_cache)
+    def ragged_forward(self, ids: torch.Tensor, starts: torch.Tensor, end: int) -> torch.Tensor:
+        """Row ``b`` of ``ids [B, n]`` written at slots ``starts[b] .. starts[b] + n - 1`` with those position ids,
+        each query seeing its own row's slots up to itself; ``end >= max(starts) + n`` (a Python int) bounds the
+        slots read. Lengths are the caller's (:class:`specdec_ref.row_cache.RowCaches`); float32 logits ``[B, n, V]``."""
+        n = ids.shape[1]
+        if end > self.max_length:
+            raise ValueError(f"ragged feed reaches slot {end - 1}, beyond max_length {self.max_length}")
+        slots = starts.unsqueeze(1) + torch.arange(n, device=self.device)  # [B, n]
+        mask = (torch.arange(end, device=self.device) <= slots.unsqueeze(-1)).unsqueeze(1)  # [B, 1, n, end]
+        with torch.inference_mode():
+            logits = self._lean_layers(ids, 0, self._cos[0][slots], self._sin[0][slots], mask,
+                                       causal=False, slots=slots, end=end)
+        return logits.float() if logits.dtype != torch.float32 else logits.clone()
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep only batch rows ``rows`` (Long, in that order): the buffers are re-gathered and ``batch_size`` shrinks."""
+        with torch.inference_mode():
+            self._cache.keys = [k.index_select(0, rows) for k in self._cache.keys]
+            self._cache.values = [v.index_select(0, rows) for v in self._cache.values]
+        self.batch_size = int(rows.shape[0])
+
     # ------------------------------------------------------------------ the forward
     def _rms(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # transformers' LlamaRMSNorm / Qwen2RMSNorm, op for op. In float32 the fused F.rms_norm
@@ -306,10 +328,12 @@ class StaticModelCache(ModelCache):
         causal = n > 1 and start == 0
         return self._lean_layers(ids, start, cos, sin, mask, causal=causal)
 
-    def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool) -> torch.Tensor:
-        """The layer stack: writes K/V at slots ``start .. start + n - 1``, attends over ``[:start + n]`` with ``mask``."""
+    def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool, slots=None, end=None) -> torch.Tensor:
+        """The layer stack: writes K/V at slots ``start .. start + n - 1`` (or per row at ``slots [B, n]``), attends
+        over ``[:end]`` (default ``start + n``) with ``mask``."""
         b, n = ids.shape
-        end = start + n
+        end = start + n if end is None else end
+        rows = None if slots is None else torch.arange(b, device=ids.device).unsqueeze(1)
         nh, nkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         nqk = nh + nkv
         half = d // 2
@@ -323,8 +347,12 @@ class StaticModelCache(ModelCache):
             qk = qk * cos + qk.roll(half, -1) * sin
             q = qk[:, :, :nh].transpose(1, 2)
             kbuf, vbuf = keys[i], values[i]
-            kbuf[:, :, start:end] = qk[:, :, nh:].transpose(1, 2)
-            vbuf[:, :, start:end] = qkv[:, :, nqk:].transpose(1, 2)
+            if slots is None:
+                kbuf[:, :, start:end] = qk[:, :, nh:].transpose(1, 2)
+                vbuf[:, :, start:end] = qkv[:, :, nqk:].transpose(1, 2)
+            else:  # advanced indices first: the target view is [B, n, kv_heads, D], the layout of qkv
+                kbuf[rows, :, slots] = qk[:, :, nh:]
+                vbuf[rows, :, slots] = qkv[:, :, nqk:]
             o = F.scaled_dot_product_attention(
                 q, kbuf[:, :, :end], vbuf[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=nh != nkv
             )

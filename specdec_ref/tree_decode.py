@@ -197,8 +197,8 @@ class TreeSpeculativeDecoder:
         return len(emitted)
 
     def shape(self, depth: int, width: int, remaining: int, room: int | None) -> tuple[int, int]:
-        """(levels, width) of this round: at most ``remaining - 1`` levels, and ``1 + nodes <= room`` target slots."""
-        depth = min(depth, remaining - 1)
+        """(levels, width) of this round: ``depth`` levels (the emitted tokens are cut at ``max_new_tokens``, as in the
+        chain decoder) while ``1 + nodes <= room`` target slots."""
         if room is None:
             return depth, width
         while depth > 0 and 1 + tree_nodes(depth, width) > room:
@@ -289,7 +289,7 @@ class TreeSpeculativeDecoder:
                     seconds["verify"] += now - tick
                     tick = now
             result.host_syncs += 1
-            untruncated = [x for x in row if x >= 0]  # accepted path tokens and the final token
+            untruncated = [x for x in row if x >= 0][: max_new_tokens - len(result.tokens)]  # accepted path, final token
             emitted, hit_eos = _truncate(untruncated, eos_id)
             kept = self.kept_in_cache(emitted, untruncated)
             if levels == 0:

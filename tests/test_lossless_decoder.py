@@ -256,11 +256,13 @@ def test_sample_size_gives_the_stated_power(case):
 
 def _buggy_warp(make):
     class BuggyWarp(SpeculativeDecoder):
-        def draft_probs(self, logits, sampling):
-            q = make(sampling)(logits.double()).float()
+        def draft_probs(self, logits, configs, state, drafts):
+            (sampling,) = set(configs)  # one request per decode here
+            q = make(sampling)(logits[:, -1].double()).float()
             return q, q
 
-        def target_rows(self, logits, sampling):
+        def target_rows(self, logits, configs, state, drafts):
+            (sampling,) = set(configs)
             return make(sampling)(logits.double()).float()
 
     return BuggyWarp
@@ -309,6 +311,10 @@ def test_decoder_mutant_fails_the_sequence_law(name):
     make, case = MUTANTS[name]
     profile = "ci" if name == "draft_temperature_mismatch" else "dev"
     record = run_case(_case(case), make(), CheckContext(profile=profile))
+    if name == "draft_only_rollback" and record.status == "error":
+        # the target never rolls back, so its cache runs past the exact model's 7 positions: a named error
+        assert "exceed the model's max positions" in record.message, record.message[:2000]
+        return
     assert record.status == "failed", (name, record.status, record.message[:2000])
     (stat,) = record.statistics
     assert stat["p_value"] < ALPHA and "continuations of length" in record.message

@@ -1,0 +1,142 @@
+"""Per-row KV-cache lengths for batched decoding: every request keeps its own committed prefix.
+
+:class:`RowCaches` wraps one cache of ``B`` rows and tracks a tentative and a committed length *per row*.
+A feed ``ids [B, n]`` writes row ``b`` at its own slots ``tentative[b] .. tentative[b] + n - 1`` (its own
+position ids), each query attending to its own row's slots up to itself only; rows whose ``advance`` flag
+is False are computed but do not grow (what they wrote lies past their length: never read, overwritten
+later). Rollback and commit only move the per-row Python ints, as in :class:`~specdec_ref.cache.ModelCache`.
+
+Invariant (checked by the decoder checks through :meth:`RowCaches.row`): row ``b``'s first
+``tentative[b]`` slots hold the keys and values of a fresh prefill of its tokens.
+
+* ``B == 1``: the wrapped cache is used through its own scalar API (``feed`` / ``commit``), so any
+  :class:`~specdec_ref.cache.ModelCache` works, transformers' ``DynamicCache`` included; the batch-1
+  decoder is this case.
+* ``B > 1``: the cache must run ragged rows (:meth:`~specdec_ref.static_cache.StaticModelCache.ragged_forward`,
+  the lean Llama / Qwen2 forward); others raise :class:`~specdec_ref.contract.NotSupportedError`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .contract import NotSupportedError
+
+__all__ = ["RowCaches", "RowView"]
+
+
+class RowView:
+    """Row ``b`` of a :class:`RowCaches` seen as a one-row cache (``layer_kv``, lengths); read-only."""
+
+    def __init__(self, owner: "RowCaches", b: int):
+        self._owner = owner
+        self._b = b
+
+    @property
+    def tentative_length(self) -> int:
+        return self._owner.tentative[self._b]
+
+    @property
+    def committed_length(self) -> int:
+        return self._owner.committed[self._b]
+
+    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        end = self.tentative_length
+        b = self._b
+        return [(k[b : b + 1, :, :end], v[b : b + 1, :, :end]) for k, v in self._owner.layer_kv_full()]
+
+
+class RowCaches:
+    """``B`` rows of one cache with per-row lengths (see the module docstring)."""
+
+    def __init__(self, cache):
+        self.cache = cache
+        b = cache.batch_size
+        if b > 1 and not hasattr(cache, "ragged_forward"):
+            raise NotSupportedError(
+                f"batched decoding (B={b}) needs a cache with per-row lengths (StaticModelCache: llama / qwen2); "
+                f"{type(cache).__name__} on model_type={getattr(getattr(cache.model, 'config', None), 'model_type', '?')} "
+                "runs one request at a time"
+            )
+        self.scalar = b == 1
+        self.tentative = [cache.tentative_length] * b
+        self.committed = [cache.committed_length] * b
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.tentative)
+
+    def layer_kv_full(self):
+        """Per-layer buffers ``(B, heads, >= max tentative, D)`` (row ``b`` valid up to ``tentative[b]``)."""
+        if self.scalar:
+            return self.cache.layer_kv()
+        return list(zip(self.cache._cache.keys, self.cache._cache.values))
+
+    def row(self, b: int):
+        """Row ``b`` as a one-row cache (the wrapped cache itself when ``B == 1``)."""
+        return self.cache if self.scalar else RowView(self, b)
+
+    def feed(self, ids: torch.Tensor, advance: Sequence[bool] | None = None) -> torch.Tensor:
+        """Row ``b`` of ``ids [B, n]`` at its own next slots; rows with ``advance[b]`` False do not grow.
+        Float32 logits ``[B, n, V]``."""
+        n = ids.shape[1]
+        if self.scalar:
+            if advance is not None and not advance[0]:
+                return None
+            logits = self.cache.feed(ids)
+            self.tentative = [self.cache.tentative_length]
+            return logits
+        starts = torch.tensor(self.tentative, dtype=torch.long, device=ids.device)
+        logits = self.cache.ragged_forward(ids, starts, max(self.tentative) + n)
+        self.tentative = [t + n if (advance is None or advance[b]) else t for b, t in enumerate(self.tentative)]
+        return logits
+
+    def prefill(self, prompts: Sequence[torch.Tensor]) -> bool:
+        """Write every prompt but its last token (the first pending one); True when a forward ran."""
+        lengths = [int(p.shape[-1]) - 1 for p in prompts]
+        longest = max(lengths)
+        if longest == 0:
+            return False
+        if self.scalar:
+            self.feed(prompts[0].reshape(1, -1)[:, :-1])
+            self.commit([lengths[0]])
+            return True
+        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=prompts[0].device)
+        for b, p in enumerate(prompts):
+            ids[b, : lengths[b]] = p.reshape(-1)[:-1]
+        self.feed(ids)
+        self.tentative = list(lengths)
+        self.commit(lengths)
+        return True
+
+    def commit(self, lengths: Sequence[int]) -> None:
+        """Row ``b`` keeps its first ``lengths[b]`` slots, all committed (``committed[b] <= lengths[b] <= tentative[b]``)."""
+        lengths = [int(n) for n in lengths]
+        for b, n in enumerate(lengths):
+            if not self.committed[b] <= n <= self.tentative[b]:
+                raise ValueError(
+                    f"commit: row {b} to {n}, outside [committed {self.committed[b]}, tentative {self.tentative[b]}]"
+                )
+        if self.scalar:
+            self.cache.commit(lengths[0])
+            lengths = [self.cache.committed_length]
+        self.tentative = list(lengths)
+        self.committed = list(lengths)
+
+    def select(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (finished requests leave the batch), in that order."""
+        rows = list(rows)
+        if rows == list(range(self.batch_size)):
+            return
+        if self.scalar or len(rows) == 0:
+            self.tentative = [self.tentative[i] for i in rows]
+            self.committed = [self.committed[i] for i in rows]
+            return
+        self.cache.select_rows(torch.tensor(rows, dtype=torch.long, device=self.cache.device))
+        self.tentative = [self.tentative[i] for i in rows]
+        self.committed = [self.committed[i] for i in rows]
+        if len(rows) == 1:  # what is left is one request: its own scalar cache from here on
+            self.cache._tentative = self.tentative[0]
+            self.cache._committed = self.committed[0]
+            self.scalar = True
