@@ -399,15 +399,18 @@ def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int |
     Top-k keeps every token tied with the k-th, but a top-p cut can fall inside a tie group: then *which*
     tied tokens survive depends on how the sampler sorts equal values (``torch.sort`` descending keeps
     the lowest ids, transformers' ascending ``TopPLogitsWarper`` the highest), so the law is not
-    determined by the settings. One line per such prefix (generated tokens so far, kept and cut tokens).
+    determined by the settings. Ties are judged on each prefix's processed logits (history-dependent
+    settings applied on its own history, :func:`properties.sequences.processed_logits64`), the logits the
+    cut actually sees. One line per such prefix (generated tokens so far, kept and cut tokens).
     """
     if sampling.greedy:
         return []
-    law = _law(model, prompt, n, sampling, eos_id)
-    prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
-    rows = next_logits64(model, [list(prompt) + list(p) for p in prefixes])
+    from properties.sequences import processed_logits64
     from specdec_ref.warp import warp
 
+    law = _law(model, prompt, n, sampling, eos_id)
+    prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
+    rows = processed_logits64(model, list(prompt), prefixes, sampling, eos_id=eos_id)
     kept = warp(rows, sampling, dtype=torch.float64) > 0
     problems = []
     for prefix, z, keep in zip(prefixes, rows, kept):

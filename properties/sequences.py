@@ -14,6 +14,14 @@ where ``z64`` are the target's next-token logits from a float64 copy of the mode
 steps; :func:`boundary_margin` uses them too, so the law cannot drift from the decoder).
 :func:`continuation_law` computes it level by level: all live prefixes of one length go through
 the model in one batched forward, so V=16, n=3 (4096 leaves) takes a few hundred milliseconds.
+
+History-dependent settings (``logit_bias``, repetition / presence / frequency penalties,
+``min_new_tokens``, ``constraint``) make a position's law depend on its whole prefix, not only on
+the model's logits: before the warp, every prefix's float64 logits go through
+:func:`properties.history_law.history_logits` (an independent numpy statement of the five steps of
+:mod:`specdec_ref.history`, with history ``prompt + prefix``; ``min_new_tokens`` masks ``eos_id``).
+:func:`processed_logits64` gives those logits and :func:`next_token_law` the per-position law, of
+which the law of a continuation is the product along its path.
 With ``eos_id`` a continuation stops right after emitting EOS (a shorter tuple ending in
 ``eos_id``); otherwise every continuation has length exactly n. Greedy (``config.greedy``) puts
 mass 1 on the float64 first-index argmax path.
@@ -31,10 +39,12 @@ a few million samples can see. At a boundary it is not small: the *support* itse
 Top-k keeps the k largest logits, so a near-tie between the k-th and (k+1)-th logit can swap which
 token is kept; top-p keeps the shortest prefix of the sorted distribution whose mass reaches
 ``top_p``, so a cumulative mass within rounding of ``top_p`` (or a near-tie at the cut) can add or
-drop a token; greedy can flip at a near-tie of the top two. :func:`boundary_margin` reports, over
-every enumerated prefix of positive probability, the smallest logit gap at the cut (raw logit
-units, comparable to :func:`properties.flips.tolerance_for`) and the smallest distance of a
-cumulative mass from ``top_p``; tests should assert both are far above the precision under test
+drop a token; min-p drops tokens below ``max + log(min_p)``, so a logit within rounding of that
+threshold can go either way; greedy can flip at a near-tie of the top two. :func:`boundary_margin`
+reports, over every enumerated prefix of positive probability, the smallest logit gap at the cut,
+the smallest distance of a logit from the min-p threshold (both in processed logit units: history
+steps applied, before temperature; comparable to :func:`properties.flips.tolerance_for`) and the
+smallest distance of a cumulative mass from ``top_p``; tests should assert both are far above the precision under test
 (:meth:`BoundaryMargin.assert_safe`) before trusting a chi-square verdict.
 """
 from __future__ import annotations
@@ -47,6 +57,7 @@ import numpy as np
 import torch
 
 from properties.flips import tolerance_for
+from properties.history_law import history_logits, history_settings_on
 from specdec_ref.forward import as_prompt, reference_logits
 from specdec_ref.warp import SamplingConfig, nucleus_masses, warp, warp_logits
 
@@ -59,8 +70,11 @@ __all__ = [
     "BoundaryMargin",
     "continuation_law",
     "next_logits64",
+    "processed_logits64",
+    "next_token_law",
     "law_to_cells",
     "boundary_margin",
+    "row_margins",
     "sequence_label",
 ]
 
@@ -123,16 +137,41 @@ def next_logits64(model, contexts) -> torch.Tensor:
     return torch.stack(out)
 
 
-def _next_logits(model, prompt: list[int], prefixes: list[tuple[int, ...]]) -> torch.Tensor:
-    """float64 next-token logits ``[len(prefixes), V]`` after ``prompt + prefix``."""
-    return next_logits64(model, [prompt + list(p) for p in prefixes])
+def processed_logits64(model, prompt: Sequence[int], prefixes: Sequence[Sequence[int]], config: SamplingConfig, *,
+                       eos_id: int | None = None) -> torch.Tensor:
+    """float64 logits ``[len(prefixes), V]`` after ``prompt + prefix``, history-dependent steps applied.
+
+    Row ``i`` is :func:`next_logits64` of ``prompt + prefixes[i]`` put through the five history steps
+    (:func:`properties.history_law.history_logits`, generated tokens = ``prefixes[i]``); it is the raw
+    row when ``config`` has no history setting. Temperature and the filters are not applied.
+    """
+    prompt = [int(t) for t in prompt]
+    prefixes = [tuple(int(t) for t in p) for p in prefixes]
+    raw = next_logits64(model, [prompt + list(p) for p in prefixes])
+    vocab = raw.shape[-1]
+    if eos_id is not None and not 0 <= eos_id < vocab:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
+    if not history_settings_on(config):
+        return raw
+    return torch.from_numpy(history_logits(raw.cpu().numpy(), config, prompt, prefixes, eos_id))
 
 
 def _step_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Probabilities of processed logits: the one-hot first-index argmax (greedy) or the float64 warp."""
     if config.greedy:
         # first-index argmax, as in torch.argmax
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(torch.float64)
     return warp(logits, config, dtype=torch.float64)
+
+
+def next_token_law(model, prompt: Sequence[int], prefixes: Sequence[Sequence[int]], config: SamplingConfig, *,
+                   eos_id: int | None = None) -> torch.Tensor:
+    """float64 ``[len(prefixes), V]``: the law of the token after ``prompt + prefix`` under ``config``.
+
+    History steps on the prefix's own history (:func:`processed_logits64`), then greedy one-hot or
+    temperature / top-k / top-p / min-p and the softmax. Every row sums to 1.
+    """
+    return _step_probs(processed_logits64(model, prompt, prefixes, config, eos_id=eos_id), config)
 
 
 def continuation_law(
@@ -150,7 +189,8 @@ def continuation_law(
     ``specdec_ref.exact_models.ExactModel`` (its table logits are used; no forward).
     ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
     tokens (length n, or shorter ending in ``eos_id``); only continuations of positive
-    probability appear. ``min_prob > 0`` prunes every branch (prefix) whose probability falls
+    probability appear. History-dependent settings are applied at every position on that
+    position's own history (:func:`next_token_law`); ``min_new_tokens`` masks ``eos_id``. ``min_prob > 0`` prunes every branch (prefix) whose probability falls
     below it, at the level where it falls below (recorded in ``pruned_mass`` /
     ``pruned_prefixes``; :func:`law_to_cells` folds it into an ``OTHER`` cell). Asserts that the
     probabilities plus the pruned mass sum to 1 within 1e-9.
@@ -165,13 +205,9 @@ def continuation_law(
     leaves: dict[tuple[int, ...], float] = {}
     pruned_mass = 0.0
     pruned: set[tuple[int, ...]] = set()
-    vocab = None
     for level in range(n):
-        logits = _next_logits(target_model, prompt_ids, frontier)
-        vocab = logits.shape[-1]
-        if eos_id is not None and not 0 <= eos_id < vocab:
-            raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
-        joint = frontier_p[:, None] * _step_probs(logits, config)  # [F, V]
+        step = next_token_law(target_model, prompt_ids, frontier, config, eos_id=eos_id)
+        joint = frontier_p[:, None] * step  # [F, V]
         rows, toks = torch.nonzero(joint > 0, as_tuple=True)
         probs = joint[rows, toks]
         next_frontier, next_p = [], []
@@ -289,13 +325,18 @@ def law_to_cells(law: ContinuationLaw, min_expected_prob: float = 0.0) -> Cells:
 
 @dataclass(frozen=True)
 class BoundaryMargin:
-    """Distance of a law's support from the top-k / top-p / greedy set boundaries.
+    """Distance of a law's support from the top-k / top-p / min-p / greedy set boundaries.
 
-    ``logit_gap``: smallest raw-logit gap (before temperature) between the last kept and the
-    first dropped token of the warped set (greedy: top-1 minus top-2), over all enumerated
+    Logits here are *processed*: history-dependent steps applied (:func:`processed_logits64`), before
+    temperature; for a config without history settings they are the raw logits.
+    ``logit_gap``: smallest processed-logit gap between the last kept and the first dropped token of
+    the warped set (greedy: top-1 minus top-2; a token at ``-inf`` is no boundary), over all enumerated
     prefixes; ``inf`` when nothing is filtered. ``mass_gap``: smallest ``|mass_before_j - top_p|``
-    over the sorted tokens of every prefix (top-p only, else ``inf``). ``where_*``: the prefix
-    (generated tokens) attaining each minimum. ``prefixes``: how many prefixes were examined.
+    over the sorted tokens of every prefix (top-p only, else ``inf``). ``min_p_gap``: smallest
+    ``|z - (max z + temperature * log(min_p))|`` over the tokens min-p sees (after top-k / top-p; the
+    row's argmax itself excluded), i.e. the distance from the min-p threshold in the same units as
+    ``logit_gap`` (min-p only, else ``inf``). ``where_*``: the prefix (generated tokens) attaining each
+    minimum. ``prefixes``: how many prefixes were examined.
     """
 
     logit_gap: float
@@ -303,13 +344,15 @@ class BoundaryMargin:
     where_logit: tuple[int, ...] | None
     where_mass: tuple[int, ...] | None
     prefixes: int
+    min_p_gap: float = math.inf
+    where_min_p: tuple[int, ...] | None = None
 
     def assert_safe(self, dtype: torch.dtype = torch.float32, *, factor: float = 10.0, mass_tol: float | None = None) -> None:
         """Assert the settings are far from every boundary for a sampler computing in ``dtype``.
 
-        Logit side: ``logit_gap > factor * tolerance_for(dtype)`` (flip tolerance at the default
-        logit scale). Mass side: ``mass_gap > mass_tol`` (default ``factor * 1e-6`` for float32,
-        ``factor * 1e-2`` for bf16 / fp16).
+        Logit side: ``logit_gap`` and ``min_p_gap > factor * tolerance_for(dtype)`` (flip tolerance at
+        the default logit scale). Mass side: ``mass_gap > mass_tol`` (default ``factor * 1e-6`` for
+        float32, ``factor * 1e-2`` for bf16 / fp16).
         """
         __tracebackhide__ = True
         need_logit = factor * tolerance_for(dtype)
@@ -318,6 +361,8 @@ class BoundaryMargin:
         problems = []
         if not self.logit_gap > need_logit:
             problems.append(f"logit gap {self.logit_gap:.3g} at prefix {self.where_logit} <= {need_logit:.3g}")
+        if not self.min_p_gap > need_logit:
+            problems.append(f"min-p threshold gap {self.min_p_gap:.3g} at prefix {self.where_min_p} <= {need_logit:.3g}")
         if not self.mass_gap > mass_tol:
             problems.append(f"top-p mass gap {self.mass_gap:.3g} at prefix {self.where_mass} <= {mass_tol:.3g}")
         if problems:
@@ -325,6 +370,51 @@ class BoundaryMargin:
                 f"sampling settings are too close to a support boundary for {dtype}: " + "; ".join(problems)
                 + " -- the float64 law may differ in support from what the sampler uses; choose other settings"
             )
+
+
+def row_margins(z: torch.Tensor, config: SamplingConfig) -> dict[str, torch.Tensor]:
+    """Per row of processed logits ``z [F, V]`` (float64), the distances :class:`BoundaryMargin` takes minima of.
+
+    ``"logit"``: smallest gap at a top-k or final-support cut (a ``-inf`` token is no boundary);
+    ``"mass"``: smallest ``|mass_before - top_p|`` over the tokens top-p sorts; ``"min_p"``: smallest
+    distance from the min-p threshold, pre-temperature units, the row's argmax excluded. ``inf`` where a
+    step is off or nothing is cut.
+    """
+    inf = torch.full((z.shape[0],), math.inf, dtype=torch.float64)
+    sampling = not config.greedy
+    return {
+        "logit": _cut_gaps(z, config),
+        "mass": _mass_gaps(z, config) if sampling and config.top_p is not None and config.top_p < 1.0 else inf,
+        "min_p": _min_p_gaps(z, config) if sampling and config.min_p is not None else inf,
+    }
+
+
+def _cut_gaps(z: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    sorted_z, _ = torch.sort(z, dim=-1, descending=True)
+    vocab = z.shape[-1]
+    cuts = [(_step_probs(z, config) > 0).sum(-1)]  # the final support
+    if not config.greedy and config.top_k is not None and config.top_k < vocab:
+        cuts.append(torch.full_like(cuts[0], config.top_k))  # an exact tie at the k-th logit keeps more than k tokens
+    best = torch.full((z.shape[0],), math.inf, dtype=torch.float64)
+    for s in cuts:
+        last_kept = sorted_z.gather(-1, (s - 1).clamp(0, vocab - 1)[:, None])[:, 0]
+        first_dropped = sorted_z.gather(-1, s.clamp(max=vocab - 1)[:, None])[:, 0]
+        gap = torch.where((s < vocab) & torch.isfinite(first_dropped), last_kept - first_dropped, math.inf)
+        best = torch.minimum(best, gap)
+    return best
+
+
+def _min_p_gaps(z: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    x = warp_logits(z, replace(config, min_p=None), dtype=torch.float64)  # what min-p sees
+    threshold = x.max(-1, keepdim=True).values + math.log(config.min_p)
+    dist = ((x - threshold).abs() * config.temperature).masked_fill(~torch.isfinite(x), math.inf)
+    return dist.scatter(-1, x.argmax(-1, keepdim=True), math.inf).min(-1).values
+
+
+def _mass_gaps(z: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    x = warp_logits(z, replace(config, top_p=None, min_p=None), dtype=torch.float64)  # what top-p sees
+    _, sp, before = nucleus_masses(x)
+    return (before - config.top_p).abs().masked_fill(sp == 0, math.inf).min(-1).values
 
 
 def boundary_margin(
@@ -338,7 +428,8 @@ def boundary_margin(
     """:class:`BoundaryMargin` over every prefix of positive probability of :func:`continuation_law`.
 
     The prefixes examined are the empty one and every proper prefix of a continuation (prefixes
-    ending in ``eos_id`` are not extended, so not examined).
+    ending in ``eos_id`` are not extended, so not examined). Gaps are measured on each prefix's
+    processed logits (history steps applied on its own history).
     """
     law = continuation_law(target_model, prompt, n, config, eos_id=eos_id)
     prefixes = {()}
@@ -348,33 +439,13 @@ def boundary_margin(
                 prefixes.add(seq[:i])
             else:
                 break
-    by_len: dict[int, list[tuple[int, ...]]] = {}
-    for p in prefixes:
-        by_len.setdefault(len(p), []).append(p)
-    best_logit, where_logit = math.inf, None
-    best_mass, where_mass = math.inf, None
-    for length in sorted(by_len):
-        group = sorted(by_len[length])
-        logits = _next_logits(target_model, law.prompt, group)
-        probs = _step_probs(logits, config)
-        kept = (probs > 0).sum(-1)
-        sorted_z, _ = torch.sort(logits, dim=-1, descending=True)
-        vocab = logits.shape[-1]
-        cuts = []
-        if not config.greedy and config.top_k is not None and config.top_k < vocab:
-            cuts.append(config.top_k)  # an exact tie at the k-th logit keeps more than k tokens
-        for row, prefix in enumerate(group):
-            for s in cuts + [int(kept[row])]:
-                if s < vocab:
-                    gap = float(sorted_z[row, s - 1] - sorted_z[row, s])
-                    if gap < best_logit:
-                        best_logit, where_logit = gap, prefix
-        if not config.greedy and config.top_p is not None and config.top_p < 1.0:
-            x = warp_logits(logits, replace(config, top_p=None), dtype=torch.float64)  # what top-p sees
-            _, sp, before = nucleus_masses(x)
-            dist = (before - config.top_p).abs().masked_fill(sp == 0, math.inf)
-            row_min, _ = dist.min(-1)
-            r = int(row_min.argmin())
-            if float(row_min[r]) < best_mass:
-                best_mass, where_mass = float(row_min[r]), group[r]
-    return BoundaryMargin(best_logit, best_mass, where_logit, where_mass, len(prefixes))
+    group = sorted(prefixes, key=lambda p: (len(p), p))
+    margins = row_margins(processed_logits64(target_model, law.prompt, group, config, eos_id=eos_id), config)
+    best = {}
+    for name, per_row in margins.items():
+        r = int(per_row.argmin())  # the first prefix attaining the minimum
+        best[name] = (float(per_row[r]), group[r]) if float(per_row[r]) < math.inf else (math.inf, None)
+    return BoundaryMargin(
+        best["logit"][0], best["mass"][0], best["logit"][1], best["mass"][1], len(prefixes),
+        min_p_gap=best["min_p"][0], where_min_p=best["min_p"][1],
+    )

@@ -1,0 +1,92 @@
+"""Independent float64 oracle of the history-dependent sampling steps (plain numpy, one row at a time).
+
+This module deliberately does not import :mod:`specdec_ref.history` (the implementation under test): it
+re-states the five steps from their definition and only reads the settings off
+:class:`specdec_ref.warp.SamplingConfig` (and the ``transitions`` / ``start`` data of its constraint
+automaton). At a position whose history is the prompt ``P`` and the generated tokens ``G``, the raw
+logits ``z`` become, in this order:
+
+1. ``z[v] += logit_bias[v]``;
+2. repetition penalty ``r``: for ``v`` in ``P`` or ``G``, ``z[v] / r`` if ``z[v] > 0`` else ``z[v] * r``;
+3. ``z[v] -= presence * [count_G(v) > 0] + frequency * count_G(v)`` (generated tokens only);
+4. while ``len(G) < min_new_tokens``, ``z[eos_id] = -inf`` (nothing when ``eos_id`` is None);
+5. with a constraint, ``z[v] = -inf`` for every ``v`` forbidden in the state reached by reading ``G``
+   from the automaton's start (the prompt is not read).
+
+Temperature / top-k / top-p / min-p come after and are not applied here.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["history_settings_on", "automaton_state", "history_row", "history_logits"]
+
+
+def history_settings_on(config) -> bool:
+    """Whether any of the five history steps can change a logit (the oracle's own reading of ``config``)."""
+    return bool(
+        config.logit_bias
+        or config.repetition_penalty != 1.0
+        or config.presence_penalty
+        or config.frequency_penalty
+        or config.min_new_tokens
+        or config.constraint is not None
+    )
+
+
+def automaton_state(constraint, generated: Sequence[int]) -> int:
+    """The state after reading ``generated`` from ``constraint.start``; ValueError at a forbidden token."""
+    state = constraint.start
+    for i, t in enumerate(generated):
+        nxt = constraint.transitions[state][t]
+        if nxt < 0:
+            raise ValueError(f"generated token {t} at position {i} is forbidden by the constraint (state {state})")
+        state = nxt
+    return state
+
+
+def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_id: int | None = None) -> np.ndarray:
+    """Steps 1-5 (module docstring) on one row of raw logits ``z [V]``: a new float64 array.
+
+    Raises ValueError when a token id is outside the vocabulary or when no token is left (e.g. a
+    constraint state allowing only EOS while ``min_new_tokens`` masks it).
+    """
+    z = np.array(z, dtype=np.float64)
+    vocab = z.shape[-1]
+    for t in list(prompt) + list(generated) + [t for t, _ in config.logit_bias]:
+        if not 0 <= t < vocab:
+            raise ValueError(f"token {t} is outside the vocabulary [0, {vocab})")
+    counts = np.bincount(np.asarray(list(generated), dtype=np.int64), minlength=vocab).astype(np.float64)
+    for t, b in config.logit_bias:  # 1
+        z[t] += b
+    r = config.repetition_penalty
+    if r != 1.0:  # 2
+        seen = counts > 0
+        seen[list(prompt)] = True
+        z = np.where(seen, np.where(z > 0, z / r, z * r), z)
+    z = z - (config.presence_penalty * (counts > 0) + config.frequency_penalty * counts)  # 3
+    if eos_id is not None and len(generated) < config.min_new_tokens:  # 4
+        z[eos_id] = -np.inf
+    if config.constraint is not None:  # 5
+        table = np.asarray(config.constraint.transitions[automaton_state(config.constraint, generated)])
+        if table.shape[0] != vocab:
+            raise ValueError(f"constraint automaton has {table.shape[0]} tokens per state, the vocabulary has V={vocab}")
+        z[table < 0] = -np.inf
+    if not np.isfinite(z).any():
+        raise ValueError(f"no token is allowed after generated tokens {list(generated)} ({config.label()})")
+    return z
+
+
+def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Sequence[int]], eos_id: int | None = None) -> np.ndarray:
+    """Row ``i`` of ``logits [F, V]`` after :func:`history_row` with history ``prompt`` + ``generated[i]``.
+
+    Returns the logits unchanged (as float64) when no history setting is on.
+    """
+    z = np.array(logits, dtype=np.float64)
+    if z.ndim != 2 or z.shape[0] != len(generated):
+        raise ValueError(f"logits must be [F={len(generated)}, V], got {z.shape}")
+    if not history_settings_on(config):
+        return z
+    return np.stack([history_row(row, config, prompt, g, eos_id) for row, g in zip(z, generated)]) if len(z) else z
