@@ -50,6 +50,46 @@ def prompts(seed: int, count: int, length: int = 6, vocab: int = 16) -> list[tor
     return [torch.randint(0, vocab, (1, length), generator=g) for _ in range(count)]
 
 
+def assert_stops(result, *, max_new_tokens: int, eos_ids, min_new_tokens: int = 0, bonus: bool = True, where: str) -> None:
+    """Stop and round invariants of one decode's result (run on every decode the suite makes; deterministic).
+
+    The finish reason is ``eos`` iff the last token is one of ``eos_ids``, otherwise exactly ``max_new_tokens``
+    tokens were emitted; no EOS before the last token, none before ``min_new_tokens``; the rounds' emitted counts add
+    up to the output; every round but the last emits ``accepted + 1`` tokens (``accepted`` for a fully accepted round
+    of a no-bonus backend).
+    """
+    __tracebackhide__ = True
+    tokens = result.tokens
+    eos = () if eos_ids is None else (eos_ids,) if isinstance(eos_ids, int) else tuple(eos_ids)
+    n = max_new_tokens
+    assert len(tokens) <= n, f"{where}: {len(tokens)} tokens emitted, max_new_tokens is {n}: {tokens}"
+    early = [i for i, t in enumerate(tokens[:-1]) if t in eos]
+    assert not early, f"{where}: EOS emitted at position {early[0] if early else 0} and generation went on: {tokens}"
+    ends_in_eos = bool(tokens) and tokens[-1] in eos
+    finished_by = getattr(result, "finished_by", None)
+    if finished_by == "eos":
+        assert ends_in_eos, f"{where}: finished_by='eos' but the last token is not an EOS id {eos}: {tokens}"
+    else:
+        assert finished_by == "max_new_tokens", f"{where}: finished_by={finished_by!r} (eos | max_new_tokens)"
+        assert not ends_in_eos, f"{where}: the output ends in EOS {tokens[-1]} but finished_by='max_new_tokens': {tokens}"
+        assert len(tokens) == n, f"{where}: finished by max_new_tokens after {len(tokens)} tokens, not {n}: {tokens}"
+    if ends_in_eos and min_new_tokens:
+        assert len(tokens) > min_new_tokens, (
+            f"{where}: EOS at position {len(tokens) - 1} although min_new_tokens={min_new_tokens}: {tokens}"
+        )
+    rounds = list(getattr(result, "rounds", None) or [])
+    if rounds:
+        emitted = sum(r.emitted for r in rounds)
+        assert emitted == len(tokens), f"{where}: the rounds emitted {emitted} tokens in all, the output has {len(tokens)}"
+        for r in rounds[:-1]:
+            expected = r.accepted if (not bonus and r.proposed and r.accepted == r.proposed) else r.accepted + 1
+            assert r.emitted == expected, (
+                f"{where}, round {r.round}: emitted {r.emitted} tokens with {r.accepted} of {r.proposed} drafts accepted; "
+                f"a round that does not end generation emits exactly {expected} (the accepted drafts and one "
+                "replacement / bonus)"
+            )
+
+
 def _decode(backend, target, draft, prompt, **kw):
     """backend.decode with its failures named: an exception is a BackendError naming the call
     (an ``error`` record), a malformed result fails the check."""
@@ -59,6 +99,9 @@ def _decode(backend, target, draft, prompt, **kw):
     tokens = getattr(result, "tokens", None)
     if not isinstance(tokens, list) or not all(isinstance(x, int) for x in tokens):
         raise AssertionError(f"decode() must return a result whose .tokens is a list of ints, got {type(tokens).__name__}")
+    sampling = kw.get("sampling", GREEDY)
+    assert_stops(result, max_new_tokens=kw["max_new_tokens"], eos_ids=kw.get("eos_id"), min_new_tokens=sampling.min_new_tokens,
+                 bonus=getattr(backend.capabilities, "bonus", True), where=f"decode() (prompt {prompt.tolist()}, {settings})")
     return result
 
 

@@ -60,7 +60,7 @@ def exact_scheme(backend, lossy_reason: str):
 
 @dataclass
 class CheckContext:
-    """What a check needs besides the backend: seed, profile, time limit, and where results go."""
+    """What a check needs besides the backend: seed, profile, time limit, device, and where results go."""
 
     seed: int = DEFAULT_SEED
     profile: str = DEFAULT_PROFILE
@@ -68,6 +68,7 @@ class CheckContext:
     findings: list = field(default_factory=list)  # non-failing observations, e.g. classified numerical flips
     replay: str = ""  # the command that re-runs the current check, shown in failures
     timeout: float | None = DEFAULT_TIMEOUT  # per-check limit in seconds (conformance.watchdog); 0 or None: none
+    device: str = "cpu"  # where the verifier and tree checks put verify()/verify_tree() inputs and generators (--specdec-device)
 
     @property
     def sample_scale(self) -> float:
@@ -299,4 +300,4 @@ def run_checks(
 
 def load_check_modules() -> None:
     """Import the check modules (they register on import)."""
-    from . import cache_checks, contract_checks, decoder_checks, tree_checks, tree_decoder_checks, verifier_checks  # noqa: F401
+    from . import batch_checks, cache_checks, contract_checks, decoder_checks, tree_checks, tree_decoder_checks, verifier_checks  # noqa: F401

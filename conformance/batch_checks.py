@@ -1,0 +1,423 @@
+"""Conformance checks of a batched speculative decoder (``backend.decode_batch``), as engines decode.
+
+The batched decoder contract::
+
+    decode_batch(target, draft, requests: list[Request], *, k, on_round=None) -> list[DecodeResult]
+
+Each :class:`~specdec_ref.contract.Request` has its own prompt (any length), ``SamplingConfig`` (history-dependent
+settings included), ``max_new_tokens``, EOS ids and generator or seed (or none: unseeded). Rows accept their own
+number of drafts every round and stop on their own. The checks here are built on laws a correct engine cannot
+break whatever its batching: a row's output depends on its own request only (batch invariance), greedy equals
+AR decoding at every batch size, each row's caches equal a fresh prefill of its committed tokens, stops are
+exact, and each row's sampled continuations follow the exact law of AR sampling under its settings.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from properties.sampling import call_backend
+from specdec_ref.contract import Request
+from specdec_ref.decode import autoregressive_decode
+from specdec_ref.history import TokenAutomaton
+from specdec_ref.warp import GREEDY, SamplingConfig
+
+from .decoder_checks import _cache_hook, assert_stops, model_pair, sequence_models
+from .registry import CheckContext, NotApplicable, check, exact_scheme
+
+#: Settings of the deterministic checks: plain sampling, with filters, and with every history-dependent setting.
+PLAIN = SamplingConfig(temperature=0.9)
+FILTERED = SamplingConfig(temperature=1.2, top_k=6, top_p=0.9)
+PENALISED = SamplingConfig(temperature=0.8, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6,
+                           logit_bias={3: 1.5, 5: -2.0}, min_new_tokens=4, min_p=0.05)
+
+
+def _needs(backend, config: SamplingConfig) -> list[str]:
+    """The capabilities a request with ``config`` needs that the backend does not claim."""
+    flags = ["greedy"] if config.greedy else ["sampling"]
+    flags += [f for f in ("top_k", "top_p", "min_p") if not config.greedy and getattr(config, f) is not None]
+    if config.history_dependent:
+        flags.append("history_sampling")
+    return [f for f in flags if not backend.capabilities.has(f)]
+
+
+def _claimed(backend, configs) -> list[SamplingConfig]:
+    return [c for c in configs if not _needs(backend, c)]
+
+
+def decode_batch(backend, target, draft, requests: list[Request], *, k: int, where: str, on_round=None):
+    """``backend.decode_batch`` with failures named and every result's stops checked."""
+    __tracebackhide__ = True
+    results = call_backend(backend.decode_batch, target, draft, requests, k=k, on_round=on_round,
+                           what=f"decode_batch() ({where}, {len(requests)} requests, k={k})")
+    assert isinstance(results, (list, tuple)) and len(results) == len(requests), (
+        f"{where}: decode_batch must return one result per request ({len(requests)}), got {type(results).__name__} "
+        f"of length {len(results) if hasattr(results, '__len__') else '?'}"
+    )
+    for i, (res, req) in enumerate(zip(results, requests)):
+        tokens = getattr(res, "tokens", None)
+        assert isinstance(tokens, list) and all(isinstance(x, int) for x in tokens), (
+            f"{where}, request {i}: .tokens must be a list of ints, got {type(tokens).__name__}"
+        )
+        assert_stops(res, max_new_tokens=req.max_new_tokens, eos_ids=req.eos_ids, min_new_tokens=req.sampling.min_new_tokens,
+                     bonus=backend.capabilities.bonus, where=f"{where}, request {i} (prompt {_ids(req.prompt)})")
+    return results
+
+
+def _ids(prompt) -> list[int]:
+    return prompt.reshape(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+
+
+def _mixed_requests(seed: int, configs, count: int, vocab: int = 16) -> list[Request]:
+    """``count`` requests with ragged prompts (1..9 tokens), budgets (3..14), EOS ids and settings drawn from ``configs``;
+    every other one seeded."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        length = int(torch.randint(1, 10, (1,), generator=g))
+        prompt = torch.randint(0, vocab, (length,), generator=g).tolist()
+        config = configs[i % len(configs)]
+        eos = int(torch.randint(0, vocab, (1,), generator=g)) if i % 3 else None
+        out.append(Request(prompt=prompt, max_new_tokens=int(torch.randint(3, 15, (1,), generator=g)), sampling=config,
+                           eos_ids=eos, seed=seed * 100 + i if i % 2 == 0 else None))
+    return out
+
+
+@check(
+    guards="one random stream for the whole batch, rows permuted or verified against another slot, per-request seeds "
+    "ignored, draws that depend on the batch composition (vLLM #9441, TensorRT-LLM #17599 / #3456)",
+    requires=("batched_decoder", "sampling"),
+)
+def check_batch_seeded_requests_reproduce_alone(backend, ctx: CheckContext):
+    """Every seeded request decodes bit for bit the same in a mixed batch (seeded and unseeded rows, ragged prompts,
+    budgets, EOS and settings), alone, and in another batch (reversed, other neighbours); unseeded copies of one
+    request are not copies of each other."""
+    target, draft = model_pair("llama", "noisy", 0.2)
+    configs = _claimed(backend, [PLAIN, FILTERED, PENALISED, GREEDY])
+    requests = _mixed_requests(ctx.seed_for("batch-mixed"), configs, 9)
+    results = decode_batch(backend, target, draft, requests, k=3, where="mixed batch")
+    others = _mixed_requests(ctx.seed_for("batch-others"), configs, 5)
+    shuffled = [r for r in requests if r.seed is not None][::-1] + others
+    again = {id(r): res for r, res in zip(shuffled, decode_batch(backend, target, draft, shuffled, k=3, where="reversed batch"))}
+    for i, (req, res) in enumerate(zip(requests, results)):
+        if req.seed is None:
+            continue
+        alone = decode_batch(backend, target, draft, [req], k=3, where=f"request {i} alone")[0]
+        settings = req.sampling.label()
+        assert res.tokens == alone.tokens == again[id(req)].tokens, (
+            f"seeded request {i} (prompt {req.prompt}, seed {req.seed}, {settings}, eos {req.eos_ids}, max_new_tokens "
+            f"{req.max_new_tokens}) depends on its batch:\n  in the mixed batch: {res.tokens}\n  alone:              "
+            f"{alone.tokens}\n  in another batch:   {again[id(req)].tokens}\n  replay: {ctx.replay}"
+        )
+    sampled = [c for c in configs if not c.greedy]
+    if sampled:
+        copy = Request(prompt=[1, 2, 3], max_new_tokens=16, sampling=replace(sampled[0], temperature=1.5))
+        outs = decode_batch(backend, target, draft, [copy] * 4, k=3, where="four unseeded copies")
+        assert len({tuple(o.tokens) for o in outs}) > 1, (
+            f"four unseeded copies of one request (temperature 1.5, 16 tokens) gave the same output {outs[0].tokens}: "
+            "unseeded rows share one fixed stream"
+        )
+
+
+@check(
+    guards="rows verified against another row's target, padding or masks leaking between rows, per-row positions off, "
+    "greedy output that changes with the batch size or composition (TGI #1411, vLLM batch invariance)",
+    requires=("batched_decoder", "greedy"),
+    cases=[("identical-draft", {"family": "identical"}), ("noisy-draft", {"family": "noisy"})],
+)
+def check_batch_greedy_equals_ar_at_every_batch_size(backend, ctx: CheckContext, family: str):
+    """In float32, every row of greedy batches of 1, 2, 3, 5, 8 and 16 requests (ragged prompts and budgets, EOS)
+    equals AR greedy decoding of its request alone; with an identical draft every round accepts all k drafts."""
+    target, draft = model_pair("llama", family, 0.2 if family == "noisy" else 0.0)
+    for size in (1, 2, 3, 5, 8, 16):
+        requests = [replace(r, sampling=GREEDY, seed=None) for r in _mixed_requests(ctx.seed_for("batch-greedy", size), [GREEDY], size)]
+        results = decode_batch(backend, target, draft, requests, k=4, where=f"greedy batch of {size}")
+        for i, (req, res) in enumerate(zip(requests, results)):
+            ar = autoregressive_decode(target, req.prompt, max_new_tokens=req.max_new_tokens, eos_id=req.eos_ids)
+            assert res.tokens == ar.tokens, (
+                f"greedy batch of {size}, request {i} (prompt {req.prompt}, eos {req.eos_ids}, max_new_tokens "
+                f"{req.max_new_tokens}, draft {family}): differs from AR greedy decoding alone\n  batched: {res.tokens}\n"
+                f"  AR:      {ar.tokens}\n  replay: {ctx.replay}"
+            )
+            if family == "identical":
+                short = [r for r in res.rounds[:-1] if r.accepted != r.proposed]
+                assert not short, (
+                    f"greedy batch of {size}, request {i}: with a draft identical to the target every draft must be "
+                    f"accepted, round {short[0].round if short else '?'} accepted {short[0].accepted} of {short[0].proposed}"
+                )
+
+
+@check(
+    guards="a row's cache not rolled back with ragged acceptance, another row's K/V or positions, finished rows still "
+    "written to the cache, tokens past EOS cached",
+    requires=("batched_decoder", "cache"),
+    cases=[("greedy", {"mode": "greedy"}), ("sampling", {"mode": "sampling"})],
+)
+def check_batch_cache_matches_prefill_every_round(backend, ctx: CheckContext, mode: str):
+    """After every round, for every row still in the batch, both caches hold exactly that row's committed tokens but the
+    pending last one, and every layer's K/V equals a fresh prefill of them; rows accept different numbers of drafts and
+    finish at different rounds."""
+    target, draft = model_pair("llama", "noisy", 0.2)
+    configs = [GREEDY] if mode == "greedy" else _claimed(backend, [FILTERED, PENALISED])
+    seed = ctx.seed_for("batch-cache", mode)
+    requests = [replace(r, seed=seed + i) for i, r in enumerate(_mixed_requests(seed, configs, 6))]
+    first = decode_batch(backend, target, draft, requests, k=3, where=f"{mode} batch")
+    full = [_ids(r.prompt) + res.tokens for r, res in zip(requests, first)]
+    seen: list[set] = [set() for _ in requests]
+
+    def hook(record, target_cache, draft_cache):
+        __tracebackhide__ = True
+        i = record.row
+        assert 0 <= i < len(requests), f"on_round: record.row={i} is not a request index"
+        seen[i].add(record.round)
+        _cache_hook(target, draft, full[i], f"{mode} batch, request {i} (seed {requests[i].seed})")(record, target_cache, draft_cache)
+
+    again = decode_batch(backend, target, draft, [replace(r) for r in requests], k=3, where=f"{mode} batch, replayed", on_round=hook)
+    for i, (a, b) in enumerate(zip(first, again)):
+        if requests[i].seed is not None:
+            assert a.tokens == b.tokens, f"request {i} (seed {requests[i].seed}): two runs gave {a.tokens} and {b.tokens}"
+        rounds = len(b.rounds)
+        assert not rounds or seen[i] == set(range(rounds)), (
+            f"request {i}: on_round was called for rounds {sorted(seen[i])} of its {rounds}"
+        )
+    ends = {len(r.rounds) for r in again}
+    assert len(ends) > 1, f"every request finished after the same number of rounds {ends}: the case tests no ragged finish"
+
+
+#: Power 0.99 against every law at this TV at alpha 1e-6, per case: batched decoding makes it cheap (the whole
+#: sample is decoded as rows of a few batches; ~6 000 decodes per CPU-second on the exact checkpoints).
+BATCH_SEQUENCE_TV = 0.03
+#: Rows per ``decode_batch`` call of the sequence-law check.
+SEQUENCE_BATCH = 1024
+#: Every so many rows of the sequence-law batches is unseeded (the rest seeded one by one): a mixed batch, as in
+#: vLLM #9441, where seeded and unseeded rows must both keep the law.
+UNSEEDED_EVERY = 4
+
+
+@dataclass(frozen=True)
+class HistoryCase:
+    """One case of ``batch_sequence_law``: an exact pair, a prompt, history-dependent settings, and what they expose."""
+
+    pair: str
+    prompt: tuple[int, ...]
+    sampling: SamplingConfig
+    length: int
+    k: int
+    sensitive_to: str
+    needs: tuple[str, ...] = field(default=())
+
+
+#: A parity automaton over the exact pairs' 8 tokens: after an even token only odd tokens or EOS (7) may follow.
+PARITY = TokenAutomaton((
+    tuple(1 if v % 2 == 0 else 0 for v in range(8)),  # state 0: anything; an even token leads to state 1
+    tuple(0 if v % 2 == 1 else -1 for v in range(8)),  # state 1: odd tokens only (7 = EOS is odd)
+))
+
+HISTORY_CASES: dict[str, HistoryCase] = {
+    # repeats inside a block: the close draft often proposes the same token twice, so a penalty computed on the
+    # committed history alone (or counts not rolled back after a rejection) changes the law
+    "penalties": HistoryCase(
+        pair="order1-close", prompt=(6,),
+        sampling=SamplingConfig(temperature=1.0, repetition_penalty=1.6, presence_penalty=0.5, frequency_penalty=0.9),
+        length=3, k=2,
+        sensitive_to="penalties computed on the committed history only (drafts earlier in the block ignored), penalty "
+        "counts not rolled back after a rejection, penalties applied to the draft but not to the target rows",
+    ),
+    "bias_min_p": HistoryCase(
+        pair="order1-far", prompt=(4,), sampling=SamplingConfig(temperature=0.9, min_p=0.12, logit_bias={2: 1.25, 5: -1.5}),
+        length=3, k=2, needs=("min_p",),
+        sensitive_to="logit_bias or min_p skipped on verified tokens (vLLM #42744), applied to one side only",
+    ),
+    "min_new_tokens": HistoryCase(
+        pair="order1-close", prompt=(1,), sampling=SamplingConfig(temperature=0.7, min_new_tokens=2),
+        length=3, k=2,
+        sensitive_to="min_new_tokens counting rounds or steps instead of tokens (SGLang #33643), EOS masked on one side only",
+    ),
+    "constraint": HistoryCase(
+        pair="order1-close", prompt=(6,), sampling=SamplingConfig(temperature=1.0, frequency_penalty=0.6, constraint=PARITY),
+        length=3, k=2,
+        sensitive_to="a grammar state not restored after rejected drafts, constraints applied to the draft only",
+    ),
+    # everything at once, filters included: penalties and bias act before temperature / top-k / top-p / min-p
+    "combined": HistoryCase(
+        pair="order1-close", prompt=(2,),
+        sampling=SamplingConfig(temperature=1.1, top_k=6, top_p=0.92, min_p=0.05, repetition_penalty=1.4,
+                                frequency_penalty=0.5, logit_bias={3: 1.0}, min_new_tokens=1, constraint=PARITY),
+        length=3, k=2, needs=("top_k", "top_p", "min_p"),
+        sensitive_to="history-dependent steps applied after the filters or on one side only, any of the above when "
+        "the settings are combined",
+    ),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def history_law(case: str):
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_pair
+
+    spec = HISTORY_CASES[case]
+    table = exact_pair(spec.pair).target
+    return continuation_law(table, list(spec.prompt), spec.length, spec.sampling, eos_id=table.eos_id)
+
+
+def history_samples(case: str, tv: float = BATCH_SEQUENCE_TV) -> int:
+    import numpy as np
+
+    from properties.sample_size import required_samples
+
+    return required_samples(np.asarray(list(history_law(case).values()), dtype=np.float64), tv)
+
+
+@check(
+    guards="history-dependent sampling computed on the wrong history inside a block: penalties from committed tokens "
+    "only, counts not rolled back, processors on one side only, min_new_tokens counting rounds, logit_bias / min_p "
+    "skipped, grammar state not restored (vLLM #18902 / #42744, SGLang #33643, TensorRT-LLM #17701)",
+    requires=("batched_decoder", "sampling", "history_sampling"),
+    cases=[(name, {"case": name}) for name in HISTORY_CASES],
+    statistical=True,
+)
+def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
+    """Each row's continuation on an exactly-known checkpoint pair follows the exact law of AR sampling under its
+    history-dependent settings (``properties.sequences.continuation_law``: every position processed on its own
+    history); N rows decoded in batches of mixed seeded (one seed per row) and unseeded rows; power 0.99 against
+    TV >= BATCH_SEQUENCE_TV."""
+    from properties.sequences import boundary_margin, law_to_cells
+    from properties.stats import goodness_of_fit
+    from specdec_ref.exact_models import exact_pair
+
+    spec = HISTORY_CASES[case]
+    unclaimed = [f for f in spec.needs if not backend.capabilities.has(f)]
+    if unclaimed:
+        raise NotApplicable(f"case {case} samples with {spec.needs}; the backend does not claim {unclaimed}")
+    table = exact_pair(spec.pair).target
+    boundary_margin(table, list(spec.prompt), spec.length, spec.sampling, eos_id=table.eos_id).assert_safe()
+    target, draft = sequence_models(spec.pair)
+    cells = law_to_cells(history_law(case))
+    n = math.ceil(history_samples(case) * ctx.sample_scale)
+    seed = ctx.seed_for("batch-sequence", case)
+    outputs = []
+    with torch.random.fork_rng(devices=[]):  # the unseeded rows draw from the global stream: seed it, restore it
+        torch.manual_seed(seed)
+        for first in range(0, n, SEQUENCE_BATCH):
+            requests = [
+                Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
+                        eos_ids=table.eos_id, seed=None if i % UNSEEDED_EVERY == 0 else seed + i)
+                for i in range(first, min(n, first + SEQUENCE_BATCH))
+            ]
+            results = decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, rows {first}..")
+            outputs += [tuple(r.tokens) for r in results]
+    result = goodness_of_fit(
+        cells.counts(outputs), cells.probs,
+        what=f"batched rows: continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} "
+        f"({spec.sampling.label()}, eos_id={table.eos_id}, k={spec.k})",
+        labels=cells.labels, tv=BATCH_SEQUENCE_TV, seed=seed, replay=ctx.replay,
+    )
+    ctx.record(result)
+    if not result.passed:
+        message = result.report()
+        if result.impossible:
+            message += f"\nimpossible continuations, e.g.: {cells.impossible_examples(outputs)}"
+        raise AssertionError(message + f"\nthis case is sensitive to: {spec.sensitive_to}")
+
+
+#: The efficiency checks: an order-1 exact pair, short prompts, k = 2, and settings with strong penalties *and*
+#: filters (the close draft often repeats a token inside a block, where the penalties bite).
+ACCEPTANCE_PAIR = "order1-close"
+ACCEPTANCE_K = 2
+ACCEPTANCE_REQUESTS = 1000
+ACCEPTANCE_NEW_TOKENS = 6
+ACCEPTANCE_SAMPLING = SamplingConfig(temperature=1.0, top_k=4, top_p=0.9, repetition_penalty=2.0, frequency_penalty=1.0)
+GREEDY_PENALISED = SamplingConfig(greedy=True, repetition_penalty=1.8, frequency_penalty=0.8, logit_bias={4: 0.6})
+
+
+def _acceptance_requests(seed: int, sampling: SamplingConfig, count: int, vocab: int) -> list[Request]:
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(0, vocab, (count, 2), generator=g).tolist()
+    return [Request(prompt=p, max_new_tokens=ACCEPTANCE_NEW_TOKENS, sampling=sampling, seed=None if sampling.greedy else seed + i)
+            for i, p in enumerate(prompts)]
+
+
+def _rounds_with_history(request: Request, result):
+    """``(round, generated tokens before it, its emitted tokens)`` for every round with drafts."""
+    at = 0
+    for r in result.rounds:
+        yield r, result.tokens[:at], result.tokens[at: at + r.emitted]
+        at += r.emitted
+
+
+@check(
+    guards="greedy acceptance lost: the draft proposing from other settings or another history than the target's "
+    "(penalties or bias skipped on the draft side), drafts verified against the wrong rows, early rejection",
+    requires=("batched_decoder", "greedy", "history_sampling"),
+)
+def check_batch_greedy_acceptance_is_exact(backend, ctx: CheckContext):
+    """On the exactly-known order-1 pair, greedy with penalties and a logit bias (k = 2): every round but the last
+    accepts exactly the drafts an ideal draft would (the leading positions where the draft's argmax on the same
+    history, settings applied, equals the emitted greedy token; ``properties.acceptance.greedy_accepted``)."""
+    from properties.acceptance import greedy_accepted
+    from specdec_ref.exact_models import exact_pair
+
+    pair = exact_pair(ACCEPTANCE_PAIR)
+    target, draft = sequence_models(ACCEPTANCE_PAIR)
+    requests = _acceptance_requests(ctx.seed_for("batch-greedy-acceptance"), GREEDY_PENALISED, 48, pair.target.vocab)
+    results = decode_batch(backend, target, draft, requests, k=ACCEPTANCE_K, where="greedy acceptance batch")
+    checked = 0
+    for i, (req, res) in enumerate(zip(requests, results)):
+        for r, generated, emitted in list(_rounds_with_history(req, res))[:-1]:
+            if r.proposed == 0:
+                continue
+            exact = greedy_accepted(pair.draft, req.prompt, generated, emitted, GREEDY_PENALISED, r.proposed)
+            if exact is None:
+                continue
+            checked += 1
+            assert r.accepted == exact, (
+                f"request {i} (prompt {req.prompt}, {GREEDY_PENALISED.label()}), round {r.round} after generated "
+                f"{generated}: accepted {r.accepted} of {r.proposed} drafts, an ideal greedy draft has {exact} accepted "
+                f"(emitted {emitted}); the draft does not propose the argmax of its processed logits on the same history"
+            )
+    assert checked >= 50, f"only {checked} rounds could be judged (the rest ended a decode or had draft ties): inconclusive"
+
+
+@check(
+    guards="acceptance lost without bias under penalties and filters: the draft sampling from unpenalised or "
+    "unfiltered logits (reported q consistent), penalties on one side, another scheme than declared",
+    requires=("batched_decoder", "sampling", "history_sampling", "top_k", "top_p"),
+    statistical=True,
+)
+def check_batch_acceptance_is_ideal(backend, ctx: CheckContext):
+    """Accepted drafts per round equal the declared scheme's exact expectation for the warped ``p`` and ``q`` of each
+    row's own history (``properties.acceptance.round_acceptance_moments``: penalties, top-k and top-p applied at every
+    block position), on the exactly-known order-1 pair, rows seeded one by one; normal test of the total over every
+    round with drafts, power stated against the smallest detectable shift of the mean per round."""
+    from properties.acceptance import round_acceptance_moments
+    from properties.stats import assert_total
+    from specdec_ref.exact_models import exact_pair
+
+    scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")
+    pair = exact_pair(ACCEPTANCE_PAIR)
+    target, draft = sequence_models(ACCEPTANCE_PAIR)
+    n = math.ceil(ACCEPTANCE_REQUESTS * ctx.sample_scale)
+    requests = _acceptance_requests(ctx.seed_for("batch-acceptance"), ACCEPTANCE_SAMPLING, n, pair.target.vocab)
+    results = decode_batch(backend, target, draft, requests, k=ACCEPTANCE_K, where="acceptance batch")
+    memo: dict[tuple, tuple[float, float]] = {}
+    means, variances, accepted = [], [], 0
+    for req, res in zip(requests, results):
+        for r, generated, _ in _rounds_with_history(req, res):
+            if r.proposed == 0:
+                continue
+            key = (tuple(req.prompt), tuple(generated), r.proposed)
+            if key not in memo:
+                memo[key] = round_acceptance_moments(pair.target, pair.draft, req.prompt, generated, ACCEPTANCE_SAMPLING,
+                                                     r.proposed, scheme)
+            mean, var = memo[key]
+            means.append(mean)
+            variances.append(var)
+            accepted += r.accepted
+    ctx.record(assert_total(
+        accepted, means, variances, unit="accepted drafts",
+        what=f"accepted drafts per round vs the exact expectation of the declared scheme ({scheme.label}) on "
+        f"{ACCEPTANCE_PAIR} under {ACCEPTANCE_SAMPLING.label()}, k={ACCEPTANCE_K}",
+    ))
