@@ -12,11 +12,15 @@ see :mod:`conformance.backends`), ``--specdec-seed``, ``--specdec-report=PATH`` 
 certificate plus a Markdown summary next to it; under xdist only the controller writes it),
 ``--specdec-xfails=FILE`` (exact check or case ids, see :mod:`conformance.xfails`),
 ``--specdec-timeout``, ``--specdec-replay=PATH`` (only the check case saved in a replay file,
-with its seed and profile). Hypothesis's ``--hypothesis-profile`` picks ``ci`` (default),
-``dev`` or ``thorough`` (:mod:`conformance.profiles`).
+with its seed and profile), ``--specdec-device=cpu|cuda`` (where the verifier and tree-verifier
+checks put the tensors and generators they hand to the backend; ``cuda`` needs
+``torch.cuda.is_available()``, and checks of a backend not claiming ``device:cuda`` are skipped).
+Hypothesis's ``--hypothesis-profile`` picks ``ci`` (default), ``dev`` or ``thorough``
+(:mod:`conformance.profiles`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 
@@ -25,6 +29,11 @@ import pytest
 # Register the suite's Hypothesis profiles at import, before Hypothesis's own plugin reads --hypothesis-profile.
 from . import profiles as _profiles  # noqa: F401
 from .backends import DEFAULT_BACKEND, ENV_BACKEND, BackendLoadError, load_backend, resolve_spec
+
+#: Values of --specdec-device.
+DEVICES = ("cpu", "cuda")
+#: Check families whose backend calls honour --specdec-device (:attr:`conformance.registry.Check.family`).
+DEVICE_FAMILIES = ("verifier", "tree")
 
 
 def pytest_addoption(parser):
@@ -65,6 +74,14 @@ def pytest_addoption(parser):
         help="run only the check case saved in the replay file PATH (fixtures/replays/NAME.json, see "
         "conformance.replay), with the file's seed and profile",
     )
+    group.addoption(
+        "--specdec-device",
+        choices=DEVICES,
+        default="cpu",
+        help="device of the tensors and generators the verifier and tree-verifier checks hand to verify() / verify_tree() "
+        "(default cpu; the other checks run on the CPU). cuda needs torch.cuda.is_available(); checks of a backend that "
+        "does not claim device:cuda are skipped with that reason",
+    )
 
 
 def backend_spec(config) -> str:
@@ -89,12 +106,38 @@ def pytest_configure(config):
 
         torch.set_num_threads(1)
     config._specdec_profile = _profiles.current_profile_name()
+    config._specdec_device = load_device_option(config)
     config._specdec_replay = load_replay_option(config)
     config._specdec_xfails = load_xfails(config)
     if not hasattr(config, "workerinput"):  # the xdist controller (or a serial run) decides the verdict
         report_path = config.getoption("specdec_report", None)
         path = os.path.join(str(config.invocation_params.dir), report_path) if report_path else None
         config.pluginmanager.register(CertificateCollector(config, path), "specdec-certificate")
+
+
+def load_device_option(config) -> str:
+    """Parse --specdec-device: ``cpu`` or ``cuda``; ``cuda`` without a usable CUDA device is a UsageError."""
+    device = config.getoption("specdec_device", None) or "cpu"
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                "--specdec-device=cuda: torch.cuda.is_available() is False (no CUDA device visible, or a CPU-only torch "
+                f"build: torch {torch.__version__}); run on a CUDA machine or use --specdec-device=cpu"
+            )
+    return device
+
+
+def device_case(case, device: str):
+    """``case`` as it runs on ``device``: a verifier or tree check on a device other than the CPU also requires
+    ``device:<device>``, so :func:`conformance.registry.run_case` skips it with its usual reason ("backend ... does
+    not claim capability device:cuda") when the backend does not claim the device. The one place the device
+    requirement is added; other cases (and every case on the CPU) are returned unchanged."""
+    flag = f"device:{device}"
+    if device == "cpu" or case.check.family not in DEVICE_FAMILIES or flag in case.check.requires:
+        return case
+    return dataclasses.replace(case, check=dataclasses.replace(case.check, requires=(*case.check.requires, flag)))
 
 
 def load_xfails(config) -> list[tuple[str, str]]:
@@ -179,7 +222,8 @@ def pytest_collection_modifyitems(config, items):
         if case is not None:
             # item-level properties travel with every phase's report (also to the xdist controller)
             item.user_properties.append(("specdec_check", case.id))
-            item.user_properties.append(("specdec_requires", list(case.check.requires)))
+            requires = device_case(case, getattr(config, "_specdec_device", "cpu")).check.requires
+            item.user_properties.append(("specdec_requires", list(requires)))
             reason = reason_for(config._specdec_xfails, case)
             if reason is not None:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
@@ -209,8 +253,11 @@ def specdec_ctx(request, pytestconfig):
         f"pytest {shlex.quote(request.node.nodeid)} --specdec-backend={backend_spec(pytestconfig)} "
         f"--specdec-seed={seed} --hypothesis-profile={pytestconfig._specdec_profile}"
     )
+    device = pytestconfig._specdec_device
+    if device != "cpu":
+        replay += f" --specdec-device={device}"
     timeout = pytestconfig.getoption("specdec_timeout", None)
-    ctx = CheckContext(seed=seed, profile=pytestconfig._specdec_profile, replay=replay)
+    ctx = CheckContext(seed=seed, profile=pytestconfig._specdec_profile, replay=replay, device=device)
     if timeout is not None:
         ctx.timeout = timeout
     return ctx
@@ -255,7 +302,7 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
 
     from .report import backend_info
 
-    record = run_case(case, backend, ctx)
+    record = run_case(device_case(case, ctx.device), backend, ctx)
     request.node.user_properties.append(("specdec_record", record.as_entry()))
     if not any(key == "specdec_backend" for key, _ in request.node.user_properties):
         request.node.user_properties.append(("specdec_backend", backend_info(backend)))
@@ -271,7 +318,7 @@ def pytest_report_header(config):
         f"specdec backend: {backend.name} {getattr(backend, 'version', '?')} ({backend_spec(config)})",
         f"specdec capabilities: {backend.capabilities.as_dict()}",
         f"specdec profile: {config._specdec_profile}, base seed: {base_seed(config)}",
-    ]
+    ] + ([f"specdec device: {config._specdec_device} (verifier and tree checks)"] if config._specdec_device != "cpu" else [])
 
 
 class CertificateCollector:

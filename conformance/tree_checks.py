@@ -7,6 +7,10 @@ reference): the law of (last accepted node, final token) *given* a drafted tree,
 (accepted length, final token) of one round marginalised over the drafting, and the target's own
 law over many rounds. Deterministic checks run on Hypothesis trees (chains, stars, k-ary, random;
 depth 1..8, up to 64 nodes; rows of different trees, padded, in one batch).
+
+Trees are drafted on the CPU and handed to ``verify_tree`` on ``ctx.device`` (``--specdec-device``) with
+generators made there (``device=`` of :func:`properties.tree_sampling.verify_tree_rows`,
+:func:`properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
 """
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import is_batched
+from properties.sampling import device_generator, is_batched
 from properties.stats import assert_fits, estimate_tv
 from properties.strategies import TreeBlock, greedy_maximisers, seeds, tree_blocks
 from properties.tree_sampling import (
@@ -127,14 +131,14 @@ def _path_law_fit(backend, ctx: CheckContext, shape: str, *, filler: bool, tv: f
     seed = ctx.seed_for("tree-draft", shape)
     tokens, tree, qs, p, laws = drafted_trees(scheme, shape, seed)
     n, vocab = tree.shape[1], TREE_PAIR.vocab
-    gen = torch.Generator().manual_seed(ctx.seed_for("tree-verify", shape, filler))
+    gen = device_generator(ctx.seed_for("tree-verify", shape, filler), ctx.device)
     for i, law in enumerate(laws):
         rows = scaled_blocks(with_margin(required_samples(law, tv)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_TREES)
         where = _describe_tree(shape, tokens[i], TREE_STARTS[i])
         batch = (tokens[i : i + 1].expand(rows, -1), tree[i : i + 1].expand(rows, -1), qs[i : i + 1].expand(rows, -1, -1), p[i : i + 1].expand(rows, -1, -1))
         if filler:
             batch = _interleave_filler(batch, scheme, ctx.seed_for("tree-filler", shape, i))
-        m, path, out = verify_tree_rows(backend, *batch, generator=gen, where=where, vocab=vocab)
+        m, path, out = verify_tree_rows(backend, *batch, generator=gen, where=where, vocab=vocab, device=ctx.device)
         if filler:
             m, path, out = m[1::2], path[1::2, :n], out[1::2, : n + 1]
         counts = np.bincount(end_cells(m, path, out, vocab).numpy(), minlength=(n + 1) * vocab)
@@ -236,7 +240,9 @@ def check_tree_sampling_round_law(backend, ctx: CheckContext, shape: str):
     starts = torch.full((rows,), TREE_PAIR.start)
     tokens, tree, qs, p = draw_markov_trees(scheme, parents, TREE_PAIR, starts, torch.Generator().manual_seed(2 * seed))
     where = f"tree {shape!r} (parents {parents.tolist()}) freshly drafted per row from start token {TREE_PAIR.start}"
-    m, _, out = verify_tree_rows(backend, tokens, tree, qs, p, generator=torch.Generator().manual_seed(2 * seed + 1), where=where, vocab=vocab)
+    m, _, out = verify_tree_rows(
+        backend, tokens, tree, qs, p, generator=device_generator(2 * seed + 1, ctx.device), where=where, vocab=vocab, device=ctx.device
+    )
     counts = np.bincount(depth_cells(m, out, vocab).numpy(), minlength=len(law))
     exact_mean = float(law.reshape(depth + 1, vocab).sum(1) @ np.arange(depth + 1))
     ctx.record(
@@ -273,7 +279,7 @@ def check_tree_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     law = sequence_law(pair, length)
     n = scaled_blocks(with_margin(required_samples(law, TREE_SEQUENCE_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_SEQUENCES)
     seed = ctx.seed_for("tree-sequence-law")
-    run = simulate_tree(backend, pair, SEQUENCE_SHAPE, n, length=length, seed=seed)
+    run = simulate_tree(backend, pair, SEQUENCE_SHAPE, n, length=length, seed=seed, device=ctx.device)
     what = f"first {length} tokens decoded over rounds of trees {SEQUENCE_SHAPE.tolist()} vs the target's law [{pair.describe()}]"
     if tree_scheme_of(backend) == "lossy":
         exact_per_round = tree_exact.tree_tokens_per_round("deterministic", SEQUENCE_SHAPE, pair)
@@ -304,11 +310,12 @@ def check_tree_sampling_batch_invariance(backend, ctx: CheckContext, shape: str)
 # ----------------------------------------------------------------------------- deterministic
 
 
-def _call(backend, block: TreeBlock, generator=None):
+def _call(backend, block: TreeBlock, generator=None, *, device=None):
+    """``verify_tree`` on the block with its tensors on ``device`` (the generator must live there); outputs on the CPU."""
     __tracebackhide__ = True
     return verify_tree_rows(
         backend, block.draft_tokens, block.parents, block.draft_probs, block.target_probs,
-        generator=generator, where=block.describe(), vocab=block.vocab,
+        generator=generator, where=block.describe(), vocab=block.vocab, device=device,
     )
 
 
@@ -327,7 +334,7 @@ def check_tree_structure_sampling(backend, ctx: CheckContext):
     @given(block=tree_blocks(greedy=False, distinct_siblings=_distinct(backend)), seed=seeds)
     def structure(block, seed):
         note(block.describe())
-        _call(backend, block, torch.Generator().manual_seed(seed))
+        _call(backend, block, device_generator(seed, ctx.device), device=ctx.device)
 
     structure()
 
@@ -342,7 +349,7 @@ def check_tree_structure_greedy(backend, ctx: CheckContext):
     @given(block=tree_blocks(greedy=True))
     def structure(block):
         note(block.describe())
-        _call(backend, block)
+        _call(backend, block, device=ctx.device)
 
     structure()
 
@@ -360,7 +367,7 @@ def check_tree_greedy_longest_path(backend, ctx: CheckContext):
     @given(block=tree_blocks(greedy=True))
     def longest(block):
         note(block.describe())
-        m, path, tokens = _call(backend, block)
+        m, path, tokens = _call(backend, block, device=ctx.device)
         rows = block.target_probs.numpy()
         drafts, parents = block.draft_tokens.numpy(), block.parents.numpy()
         for b in range(drafts.shape[0]):
@@ -402,7 +409,7 @@ def check_tree_sampling_one_hot_target_is_deterministic(backend, ctx: CheckConte
         one_hot = torch.nn.functional.one_hot(hot, block.vocab).float()
         block = TreeBlock(block.draft_tokens, block.parents, block.draft_probs, one_hot, block.kinds)
         note(block.describe())
-        m, path, tokens = _call(backend, block, torch.Generator().manual_seed(seed))
+        m, path, tokens = _call(backend, block, device_generator(seed, ctx.device), device=ctx.device)
         drafts, parents = block.draft_tokens, block.parents
         for b in range(drafts.shape[0]):
             expected, current = [], -1
@@ -424,25 +431,27 @@ def check_tree_sampling_one_hot_target_is_deterministic(backend, ctx: CheckConte
     deterministic()
 
 
-def _seeded_tree_run(backend, seed: int, rows: int = 4096):
+def _seeded_tree_run(backend, seed: int, device, rows: int = 4096):
     scheme = tree_scheme_of(backend)
     parents = TREE_SHAPES["eagle"]
     starts = torch.full((rows,), TREE_PAIR.start)
     tokens, tree, qs, p = draw_markov_trees("deterministic" if scheme == "lossy" else scheme, parents, TREE_PAIR, starts, torch.Generator().manual_seed(12345))
     where = f"{rows} eagle trees, generator seed {seed}"
-    return verify_tree_rows(backend, tokens, tree, qs, p, generator=torch.Generator().manual_seed(seed), where=where, vocab=TREE_PAIR.vocab)
+    return verify_tree_rows(
+        backend, tokens, tree, qs, p, generator=device_generator(seed, device), where=where, vocab=TREE_PAIR.vocab, device=device
+    )
 
 
 @check(guards="seeds ignored by tree verification: results that differ for the same generator seed, or do not change with it", requires=("tree", "sampling"))
 def check_tree_sampling_seeded_reproducible(backend, ctx: CheckContext):
     """The same generator seed gives bit-identical tree results; another seed gives different ones."""
     seed = ctx.seed_for("tree-seeded")
-    _, _, t1 = _seeded_tree_run(backend, seed)
-    _, _, t2 = _seeded_tree_run(backend, seed)
+    _, _, t1 = _seeded_tree_run(backend, seed, ctx.device)
+    _, _, t2 = _seeded_tree_run(backend, seed, ctx.device)
     diff = (t1 != t2).any(1).nonzero()
     row = int(diff[0]) if len(diff) else 0
     assert len(diff) == 0, f"generator seed {seed} gave different results in row {row}: {t1[row].tolist()} vs {t2[row].tolist()}"
-    _, _, t3 = _seeded_tree_run(backend, seed + 1)
+    _, _, t3 = _seeded_tree_run(backend, seed + 1, ctx.device)
     assert not torch.equal(t1, t3), f"generator seeds {seed} and {seed + 1} gave identical results on 4096 trees: is the generator used?"
 
 
@@ -453,9 +462,9 @@ def check_tree_sampling_ignores_global_rng(backend, ctx: CheckContext):
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(1)
-        _, _, t1 = _seeded_tree_run(backend, seed)
+        _, _, t1 = _seeded_tree_run(backend, seed, ctx.device)
         torch.manual_seed(2)
-        _, _, t2 = _seeded_tree_run(backend, seed)
+        _, _, t2 = _seeded_tree_run(backend, seed, ctx.device)
     finally:
         torch.random.set_rng_state(state)
     diff = (t1 != t2).any(1).nonzero()
@@ -485,9 +494,9 @@ def check_tree_sampling_row_generators_reproduce_alone(backend, ctx: CheckContex
     def run(index: torch.Tensor, global_seed: int, where: str, nodes: int = width):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(global_seed)
-            gens = [None if seeds[int(b)] is None else torch.Generator().manual_seed(seeds[int(b)]) for b in index]
+            gens = [None if seeds[int(b)] is None else device_generator(seeds[int(b)], ctx.device) for b in index]
             args = (tokens[index, :nodes], tree[index, :nodes], qs[index, :nodes], p[index, : nodes + 1])
-            return verify_tree_rows(backend, *args, generator=gens, where=where, vocab=TREE_PAIR.vocab)[2]
+            return verify_tree_rows(backend, *args, generator=gens, where=where, vocab=TREE_PAIR.vocab, device=ctx.device)[2]
 
     everything = torch.arange(rows)
     batch = run(everything, 1, "ragged mixed batch of trees, global seed 1")

@@ -7,6 +7,10 @@ that gives every check on the scenario :data:`properties.stats.TARGET_POWER`
 against TV :data:`properties.stats.TV` at :data:`properties.stats.ALPHA`.
 Every check calls ``verify`` through :func:`properties.sampling.verify_rows`,
 so a backend that does not claim ``batched`` gets one B = 1 call per row.
+
+Inputs are drawn on the CPU and handed to ``verify`` on ``ctx.device`` (``--specdec-device``) with
+generators made there (:func:`properties.sampling.on_device` inside ``verify_rows``,
+:func:`properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
 """
 from __future__ import annotations
 
@@ -33,7 +37,7 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import BlockCounts, count_blocks, draw_drafts, emits_bonus, is_batched, verify_rows
+from properties.sampling import BlockCounts, count_blocks, device_generator, draw_drafts, emits_bonus, is_batched, verify_rows
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario, for_scheme
 from properties.stats import ALPHA, assert_fits, estimate_tv
 from properties.strategies import (
@@ -78,9 +82,9 @@ def scenario_counts(
     scenario, law = scheme_scenario(name, declared_scheme(backend))
     n = scaled_blocks(blocks or required_blocks(scenario, law), batched=is_batched(backend), scale=ctx.sample_scale)
     seed = ctx.seed_for("scenario", name, batch_filler)
-    key = (id(backend), name, n, seed, batch_filler)
+    key = (id(backend), name, n, seed, batch_filler, ctx.device)
     if key not in _SAMPLES:
-        counts = count_blocks(backend, scenario, n, seed, filler=BATCH_FILLER if batch_filler else None)
+        counts = count_blocks(backend, scenario, n, seed, filler=BATCH_FILLER if batch_filler else None, device=ctx.device)
         _SAMPLES[key] = (backend, counts)  # keep the backend alive so its id is not reused
     return _SAMPLES[key][1]
 
@@ -300,7 +304,7 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
         note(f"draft rows: {draft.tolist()}")
         law = exact.block_law(spec, target, draft)
         blocks = scaled_blocks(GENERATED_BLOCKS, batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_GENERATED_BLOCKS)
-        counts = count_blocks(backend, sc, blocks, seed)
+        counts = count_blocks(backend, sc, blocks, seed, device=ctx.device)
         kw = dict(alpha=alpha, tv=GENERATED_TV, seed=seed, replay=ctx.replay)
         ctx.record(assert_fits(counts.length, law.length, what="accepted length m", labels=_length_labels(sc.k), **kw))
         ctx.record(assert_fits(counts.emitted(0), law.emitted(0), what="first emitted token", labels=_token_labels(sc.vocab), **kw))
@@ -338,6 +342,7 @@ def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     cap = NON_BATCHED_SEQUENCES
     n = scaled_blocks(with_margin(required_samples(law, LOSSLESS_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=cap)
     seed = ctx.seed_for("sequence-law-over-rounds")
+    # properties.markov.simulate takes no device yet: this check's verify() calls get CPU tensors on every --specdec-device
     run = simulate(backend, pair, n, length=length, k=LOSSLESS_K, seed=seed)
     what = f"first {length} tokens decoded over rounds (k={LOSSLESS_K}) vs the target's law [{pair.describe()}]"
     if getattr(getattr(backend, "capabilities", None), "scheme", "token") == "lossy":
@@ -360,12 +365,13 @@ def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
 # ----------------------------------------------------------------------------- deterministic
 
 
-def _call(backend, block: Block, generator=None, where: str = ""):
-    """``verify`` on the block (one B = 1 call per row for a non-batched backend), output structure-checked."""
+def _call(backend, block: Block, generator=None, where: str = "", *, device=None):
+    """``verify`` on the block (one B = 1 call per row for a non-batched backend) with its tensors on ``device``
+    (the generator must live there), output structure-checked and back on the CPU."""
     __tracebackhide__ = True
     return verify_rows(
         backend, block.draft_tokens, block.draft_probs, block.target_probs,
-        generator=generator, where=where or block.describe(), vocab=block.vocab,
+        generator=generator, where=where or block.describe(), vocab=block.vocab, device=device,
     )
 
 
@@ -379,7 +385,7 @@ def check_structure_sampling(backend, ctx: CheckContext):
     @given(block=sampling_blocks(), seed=seeds)
     def structure(block, seed):
         note(block.describe())
-        _call(backend, block, torch.Generator().manual_seed(seed))
+        _call(backend, block, device_generator(seed, ctx.device), device=ctx.device)
 
     structure()
 
@@ -394,7 +400,7 @@ def check_structure_greedy(backend, ctx: CheckContext):
     @given(block=greedy_blocks())
     def structure(block):
         note(block.describe())
-        _call(backend, block)
+        _call(backend, block, device=ctx.device)
 
     structure()
 
@@ -414,7 +420,7 @@ def check_greedy_valid_path(backend, ctx: CheckContext):
     @given(block=greedy_blocks())
     def valid_path(block):
         note(block.describe())
-        m, tokens = _call(backend, block)
+        m, tokens = _call(backend, block, device=ctx.device)
         rows = block.target_probs.numpy()
         drafts = block.draft_tokens.numpy()
         for b in range(drafts.shape[0]):
@@ -464,7 +470,7 @@ def check_sampling_p_equals_q_accepts_all(backend, ctx: CheckContext):
             target_probs=torch.tensor(target, dtype=torch.float32).expand(batch, -1, -1),
             pattern="p == q",
         )
-        m, tokens = _call(backend, block, gen)
+        m, tokens = _call(backend, block, device_generator(seed, ctx.device, cpu=gen), device=ctx.device)
         rejected = (m < k).nonzero()
         assert len(rejected) == 0, (
             f"p == q but row {int(rejected[0])} stopped at m={int(m[rejected[0]])} < k={k} "
@@ -487,7 +493,7 @@ def check_sampling_one_hot_target_is_deterministic(backend, ctx: CheckContext):
         one_hot = torch.nn.functional.one_hot(hot, block.vocab).float()
         block = Block(block.draft_tokens, block.draft_probs, one_hot, block.pattern + " (one-hot target)")
         note(block.describe())
-        m, tokens = _call(backend, block, torch.Generator().manual_seed(seed))
+        m, tokens = _call(backend, block, device_generator(seed, ctx.device), device=ctx.device)
         expected_m = (block.draft_tokens == hot[:, : block.k]).long().cumprod(1).sum(1)
         bonus_emitted = emits_bonus(backend)
         for b in range(len(m)):
@@ -517,7 +523,7 @@ def check_sampling_zero_target_prob_rejected(backend, ctx: CheckContext):
         gen = torch.Generator().manual_seed(seed)
         qt = torch.tensor(q, dtype=torch.float32)
         block = Block(draw_drafts(qt, batch, gen), qt.expand(batch, -1, -1), torch.tensor(target, dtype=torch.float32).expand(batch, -1, -1), "p=0 drafts")
-        m, _ = _call(backend, block, gen)
+        m, _ = _call(backend, block, device_generator(seed, ctx.device, cpu=gen), device=ctx.device)
         p_d = block.target_probs.gather(2, block.draft_tokens[..., None].long())[..., 0][:, :k]
         zero = (p_d == 0).long()
         first_zero = torch.cat([zero, torch.ones(batch, 1, dtype=torch.long)], 1).argmax(1)
@@ -530,25 +536,25 @@ def check_sampling_zero_target_prob_rejected(backend, ctx: CheckContext):
     rejected()
 
 
-def _seeded_run(backend, seed: int, batch: int = 4096):
+def _seeded_run(backend, seed: int, device, batch: int = 4096):
     sc = STAT_SCENARIOS["balanced"]
     draft = torch.tensor(sc.draft, dtype=torch.float32)
     drafts = draw_drafts(draft, batch, torch.Generator().manual_seed(12345))
     block = Block(drafts, draft.expand(batch, -1, -1), torch.tensor(sc.target, dtype=torch.float32).expand(batch, -1, -1), "seeded")
-    return _call(backend, block, torch.Generator().manual_seed(seed), where=f"balanced scenario, generator seed {seed}")
+    return _call(backend, block, device_generator(seed, device), where=f"balanced scenario, generator seed {seed}", device=device)
 
 
 @check(guards="seeds ignored: results that differ for the same generator seed, or do not change with it", requires=("verifier", "sampling"))
 def check_sampling_seeded_reproducible(backend, ctx: CheckContext):
     """The same generator seed gives bit-identical results; another seed gives different ones."""
     seed = ctx.seed_for("seeded")
-    m1, t1 = _seeded_run(backend, seed)
-    m2, t2 = _seeded_run(backend, seed)
+    m1, t1 = _seeded_run(backend, seed, ctx.device)
+    m2, t2 = _seeded_run(backend, seed, ctx.device)
     diff = (t1 != t2).any(1).nonzero()
     assert len(diff) == 0, (
         f"generator seed {seed} gave different results in row {int(diff[0])}: {t1[diff[0]].tolist()} vs {t2[diff[0]].tolist()}"
     )
-    m3, t3 = _seeded_run(backend, seed + 1)
+    m3, t3 = _seeded_run(backend, seed + 1, ctx.device)
     assert not torch.equal(t1, t3), f"generator seeds {seed} and {seed + 1} gave identical results on 4096 blocks: is the generator used?"
 
 
@@ -559,9 +565,9 @@ def check_sampling_ignores_global_rng(backend, ctx: CheckContext):
     state = torch.random.get_rng_state()
     try:
         torch.manual_seed(1)
-        _, t1 = _seeded_run(backend, seed)
+        _, t1 = _seeded_run(backend, seed, ctx.device)
         torch.manual_seed(2)
-        _, t2 = _seeded_run(backend, seed)
+        _, t2 = _seeded_run(backend, seed, ctx.device)
     finally:
         torch.random.set_rng_state(state)
     diff = (t1 != t2).any(1).nonzero()
@@ -595,12 +601,12 @@ def _row_seeds(rows: int, base: int) -> list[int | None]:
     return [base + b if b % 2 == 0 else None for b in range(rows)]
 
 
-def _run_with_global_seed(backend, block: Block, seeds: list[int | None], global_seed: int, where: str):
-    """``verify`` with one generator per row (a fresh one per seed, None for unseeded) under a given global RNG state."""
+def _run_with_global_seed(backend, block: Block, seeds: list[int | None], global_seed: int, where: str, device):
+    """``verify`` with one generator per row (a fresh one per seed on ``device``, None for unseeded) under a given global RNG state."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(global_seed)
-        gens = [None if s is None else torch.Generator().manual_seed(s) for s in seeds]
-        return _call(backend, block, gens, where=where)
+        gens = [None if s is None else device_generator(s, device) for s in seeds]
+        return _call(backend, block, gens, where=where, device=device)
 
 
 @check(
@@ -616,10 +622,10 @@ def check_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
     rows = 256
     block = _mixed_block(rows, ctx.seed_for("row-generators-block"))
     seeds = _row_seeds(rows, ctx.seed_for("row-generators"))
-    _, t1 = _run_with_global_seed(backend, block, seeds, 1, "mixed batch, global seed 1")
+    _, t1 = _run_with_global_seed(backend, block, seeds, 1, "mixed batch, global seed 1", ctx.device)
     for b in range(0, 32, 2):
         one = Block(block.draft_tokens[b : b + 1], block.draft_probs[b : b + 1], block.target_probs[b : b + 1], "alone")
-        _, alone = _call(backend, one, [torch.Generator().manual_seed(seeds[b])], where=f"row {b} alone, seed {seeds[b]}")
+        _, alone = _call(backend, one, [device_generator(seeds[b], ctx.device)], where=f"row {b} alone, seed {seeds[b]}", device=ctx.device)
         assert torch.equal(alone[0], t1[b]), (
             f"row {b} (generator seed {seeds[b]}) gave {t1[b].tolist()} in the mixed batch but {alone[0].tolist()} verified "
             "alone with the same generator: a seeded row's output must depend only on its inputs and its own generator"
@@ -630,7 +636,7 @@ def check_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
         torch.where(torch.arange(rows)[:, None] % 2 == 0, block.draft_tokens, other.draft_tokens)[perm],
         block.draft_probs[perm], block.target_probs[perm], "permuted, other unseeded neighbours",
     )
-    _, t2 = _run_with_global_seed(backend, shuffled, [seeds[int(b)] for b in perm], 2, "permuted batch, global seed 2")
+    _, t2 = _run_with_global_seed(backend, shuffled, [seeds[int(b)] for b in perm], 2, "permuted batch, global seed 2", ctx.device)
     back = t2[perm.argsort()]
     for b in range(0, rows, 2):
         assert torch.equal(back[b], t1[b]), (
@@ -638,7 +644,7 @@ def check_sampling_row_generators_reproduce_alone(backend, ctx: CheckContext):
             f"{int(perm.argsort()[b])} of a permuted batch with other unseeded neighbours and another global RNG state"
         )
     same = Block(block.draft_tokens[1:2].expand(64, -1), block.draft_probs[1:2].expand(64, -1, -1), block.target_probs[1:2].expand(64, -1, -1), "same input")
-    _, copies = _run_with_global_seed(backend, same, [None] * 64, 3, "64 unseeded rows with identical inputs")
+    _, copies = _run_with_global_seed(backend, same, [None] * 64, 3, "64 unseeded rows with identical inputs", ctx.device)
     assert not (copies == copies[:1]).all(), (
         f"64 unseeded rows with identical inputs all gave {copies[0].tolist()}: unseeded rows must draw fresh randomness, "
         "not one default seed each"
@@ -666,7 +672,9 @@ def check_sampling_mixed_batch_group_laws(backend, ctx: CheckContext):
     counts = {name: (np.zeros(k + 1, dtype=np.int64), np.zeros(vocab, dtype=np.int64)) for name in groups}
     for c in range(chunks):
         block = _mixed_block(rows, ctx.seed_for("mixed-laws-block", c))
-        m, tokens = _run_with_global_seed(backend, block, _row_seeds(rows, ctx.seed_for("mixed-laws", c)), ctx.seed_for("mixed-global", c), f"mixed batch {c}")
+        m, tokens = _run_with_global_seed(
+            backend, block, _row_seeds(rows, ctx.seed_for("mixed-laws", c)), ctx.seed_for("mixed-global", c), f"mixed batch {c}", ctx.device
+        )
         for name, (_, parity) in groups.items():
             length, first = counts[name]
             length += np.bincount(m[parity::2].numpy(), minlength=k + 1)

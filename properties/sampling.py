@@ -5,6 +5,11 @@ gets its own seeded generator. Every chunk of output is checked for structure
 (shape, dtype, range, contiguous prefix, padding) before it is counted, so a
 misbehaving backend fails with a named :class:`BackendOutputError` instead of
 corrupting the statistics.
+
+Device placement: the suite draws its own inputs on the CPU; :func:`on_device` puts what a backend
+call gets on the device under test (``--specdec-device``) and :func:`device_generator` makes the
+backend's generator there. Outputs come back to the CPU (:func:`integer_outputs`) before anything
+is counted. On the CPU both are the identity, so CPU results are bit for bit what they were.
 """
 from __future__ import annotations
 
@@ -30,6 +35,30 @@ class BackendError(Exception):
     Raised by the helpers that call a backend (``verify_rows`` here, the decoder checks' ``_decode``),
     so a check's outcome can tell "the backend raised" from a fault of the check itself.
     """
+
+
+def on_device(*tensors, device=None) -> tuple:
+    """``tensors`` on ``device`` (``None`` entries stay ``None``; ``device=None`` leaves every tensor where it is).
+
+    The one place the suite moves a backend's inputs. A tensor already on ``device`` is returned itself
+    (``Tensor.to`` makes no copy), so on the CPU nothing is copied or changed.
+    """
+    if device is None:
+        return tensors
+    return tuple(None if t is None else t.to(device) for t in tensors)
+
+
+def device_generator(seed: int, device=None, *, cpu: torch.Generator | None = None) -> torch.Generator:
+    """The generator a backend gets with its inputs on ``device`` (the CPU for ``None``): a new one seeded ``seed`` there.
+
+    ``cpu``: a CPU generator the suite already drew the inputs with and hands on to the backend; it is
+    returned itself when ``device`` is the CPU (so the CPU keeps that shared stream bit for bit), while
+    on another device the backend gets its own generator seeded ``seed``.
+    """
+    device = torch.device(device or "cpu")
+    if cpu is not None and device.type == "cpu":
+        return cpu
+    return torch.Generator(device=device).manual_seed(seed)
 
 
 def call_backend(method, *args, what: str, **kwargs):
@@ -165,14 +194,16 @@ def row_generator(generator, i: int):
     return generator[i] if isinstance(generator, (list, tuple)) else generator
 
 
-def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, where: str, vocab: int):
+def verify_rows(backend, draft_tokens, draft_probs, target_probs, *, generator, where: str, vocab: int, device=None):
     """``verify`` on a batch, one B=1 call per row for a backend that does not claim ``batched``.
 
-    Every call's output is structure-checked; returns ``(m[B], tokens[B, k+1])``. The generator is
+    Every call's output is structure-checked; returns ``(m[B], tokens[B, k+1])`` on the CPU. The generator is
     threaded through the calls in row order, so a batch is as reproducible as one batched call (a per-row
-    list gives each call its row's entry).
+    list gives each call its row's entry). ``device``: where the inputs are put (:func:`on_device`; the
+    generators must already live there, :func:`device_generator`); ``None`` leaves them where they are.
     """
     __tracebackhide__ = True
+    draft_tokens, draft_probs, target_probs = on_device(draft_tokens, draft_probs, target_probs, device=device)
     if is_batched(backend):
         out = call_backend(backend.verify, draft_tokens, draft_probs, target_probs, generator=generator, what=f"verify() ({where})")
         return check_block_output(draft_tokens, out, vocab=vocab, where=where, bonus=emits_bonus(backend))
@@ -198,6 +229,7 @@ def count_blocks(
     filler: Scenario | None = None,
     chunk: int = CHUNK,
     max_blocks: int | None = None,
+    device=None,
 ) -> BlockCounts:
     """Verify ``n`` blocks of ``scenario`` and count the outcomes.
 
@@ -209,6 +241,8 @@ def count_blocks(
     block (the drafts are drawn exactly as for a batched backend) and, with
     ``max_blocks``, stops after that many blocks; the returned ``n`` is the number
     actually verified, so every statistic built on it states its own power.
+
+    ``device``: where the backend's inputs and its generator live (drafts are always drawn on the CPU).
     """
     batched = is_batched(backend)
     if not batched:
@@ -225,7 +259,7 @@ def count_blocks(
         f_target = torch.tensor(filler.target, dtype=torch.float32)
         f_draft = torch.tensor(filler.draft, dtype=torch.float32)
     draft_gen = torch.Generator().manual_seed(2 * seed)
-    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
+    verify_gen = device_generator(2 * seed + 1, device)
     length = np.zeros(k + 1, dtype=np.int64)
     steps = np.zeros(k * 2 * vocab, dtype=np.int64)
     bonus = np.zeros(vocab, dtype=np.int64)
@@ -242,7 +276,7 @@ def count_blocks(
             tp = torch.stack([f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
             dp = torch.stack([f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
         where = f"scenario {scenario.name!r}, seed {seed}, blocks {done}..{done + b - 1}"
-        m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab)
+        m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab, device=device)
         if filler is not None:
             m, tokens = m[1::2], tokens[1::2]
         length += np.bincount(m.numpy(), minlength=k + 1)

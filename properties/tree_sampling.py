@@ -6,6 +6,8 @@ its target row is ``target[its own token]`` (``target[start]`` at the root), so 
 token have the same rows, as with a real model. How siblings are drawn is the declared scheme's
 (:func:`draw_markov_trees`): i.i.d. for ``specinfer``, without replacement for ``recursive``, the
 draft row's most likely tokens for ``deterministic`` (and ``lossy``, e.g. threshold kernels).
+Trees are drafted on the CPU; what ``verify_tree`` gets is put on the device under test by
+:func:`properties.sampling.on_device` (and its generator made there, :func:`properties.sampling.device_generator`).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from specdec_ref.contract import PAD_TOKEN
 from specdec_ref.verify import sample_from_weights
 
 from .markov import CHUNK, MarkovPair, Simulation, simulate_rounds
-from .sampling import BackendOutputError, call_backend, integer_outputs, is_batched, row_generator
+from .sampling import BackendOutputError, call_backend, device_generator, integer_outputs, is_batched, on_device, row_generator
 
 #: Schemes whose trees have distinct sibling tokens (drafted without replacement or deterministically).
 DISTINCT_SIBLINGS = ("recursive", "deterministic", "lossy")
@@ -73,12 +75,15 @@ def check_tree_output(draft_tokens: torch.Tensor, parents: torch.Tensor, result,
     return m, path, tokens
 
 
-def verify_tree_rows(backend, draft_tokens, parents, draft_probs, target_probs, *, generator, where: str, vocab: int):
+def verify_tree_rows(backend, draft_tokens, parents, draft_probs, target_probs, *, generator, where: str, vocab: int, device=None):
     """``verify_tree`` on a batch (one B = 1 call per row for a backend not claiming ``batched``), structure-checked.
 
-    The generator is threaded through the calls in row order. Returns ``(m[B], path[B, n], tokens[B, n+1])``.
+    The generator is threaded through the calls in row order. Returns ``(m[B], path[B, n], tokens[B, n+1])`` on the
+    CPU. ``device``: where the inputs are put (:func:`properties.sampling.on_device`; the generators must already
+    live there); ``None`` leaves them where they are.
     """
     __tracebackhide__ = True
+    draft_tokens, parents, draft_probs, target_probs = on_device(draft_tokens, parents, draft_probs, target_probs, device=device)
     if is_batched(backend):
         out = call_backend(backend.verify_tree, draft_tokens, parents, draft_probs, target_probs, generator=generator, what=f"verify_tree() ({where})")
         return check_tree_output(draft_tokens, parents, out, vocab=vocab, where=where)
@@ -155,17 +160,19 @@ def depth_cells(m: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Tens
     return m * vocab + tokens.gather(1, m[:, None]).squeeze(1)
 
 
-def simulate_tree(backend, pair: MarkovPair, parents: np.ndarray, n: int, *, length: int, seed: int, chunk: int = CHUNK) -> Simulation:
+def simulate_tree(
+    backend, pair: MarkovPair, parents: np.ndarray, n: int, *, length: int, seed: int, chunk: int = CHUNK, device=None
+) -> Simulation:
     """Decode ``n`` sequences of ``length`` tokens through ``backend.verify_tree``, one tree of shape
     ``parents`` per round, drafted as the backend's declared scheme requires (drafting generator seeded
-    ``2 * seed``, the backend's ``2 * seed + 1``)."""
+    ``2 * seed``, on the CPU; the backend's ``2 * seed + 1``, on ``device`` with its inputs)."""
     scheme = tree_scheme_of(backend)
     draft_gen = torch.Generator().manual_seed(2 * seed)
-    verify_gen = torch.Generator().manual_seed(2 * seed + 1)
+    verify_gen = device_generator(2 * seed + 1, device)
 
     def round_fn(last: torch.Tensor, where: str):
         tokens, tree, qs, p = draw_markov_trees(scheme, parents, pair, last, draft_gen)
-        m, _, out = verify_tree_rows(backend, tokens, tree, qs, p, generator=verify_gen, where=where, vocab=pair.vocab)
+        m, _, out = verify_tree_rows(backend, tokens, tree, qs, p, generator=verify_gen, where=where, vocab=pair.vocab, device=device)
         return m + 1, out
 
     step = chunk if is_batched(backend) else min(chunk, 4096)
