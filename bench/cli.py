@@ -16,6 +16,10 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m b
   sampling, variants interleaved over the repeats; acceptance, calls per token, phase shares,
   token-for-token equality with AR (greedy) and with transformers at the same seed, and the
   ">= 2x transformers' assisted generation" goal verdict.
+* ``batch`` (:mod:`bench.batch`): batched speculative decoding vs batched AR on the same lean static-cache
+  forward at B = 1, 8, 64 (k grid, greedy and sampling): tokens/s, tokens per target call, acceptance, the
+  measured speedup against Leviathan et al.'s predicted one (measured draft/target cost ratio) and a refined
+  prediction, greedy token-for-token equality with AR, and whether transformers' assisted generation runs at B > 1.
 
 Adding a subcommand: a module with ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
 returning one dict per table row, its column list and (optionally) a ``summarise_X(args, rows) ->
@@ -34,12 +38,14 @@ import sys
 import time
 from typing import Sequence
 
-from . import checks, decoder, tree_decoder, tree_verifier, verifier
+from . import batch, checks, decoder, tree_decoder, tree_verifier, verifier
 from .kit import Subcommand, environment, format_table, jsonable, load_average
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     s.name: s
-    for s in (verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND)
+    for s in (
+        verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND, batch.SUBCOMMAND
+    )
 }
 
 

@@ -150,12 +150,12 @@ def test_checks_unloadable_backend_is_a_clear_error():
 def test_python_dash_m_bench_runs_the_command_line():
     done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder", "tree-verifier", "tree-decoder"))
+    assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder", "tree-verifier", "tree-decoder", "batch"))
 
 
 def test_every_subcommand_has_its_own_parser_and_json_option():
     parser = cli.build_parser()
-    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder", "tree-verifier", "tree-decoder"}
+    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder", "tree-verifier", "tree-decoder", "batch"}
     for name in cli.SUBCOMMANDS:
         args = parser.parse_args([name, "--json", "x.json"])
         assert args.command == name and args.json == "x.json"
@@ -205,6 +205,62 @@ def test_decoder_rows_table_and_json(tmp_path):
     assert "goal (our speculative decoder >= 2x" in text and "at our best k=2" in text
     assert "every output equals AR token for token" in text
 
+
+
+def test_batch_rows_table_greedy_equality_and_json(tmp_path):
+    path = tmp_path / "batch.json"
+    threads = torch.get_num_threads()
+    status, text = _run(
+        [
+            "batch", "--batch", "1,2", "--k", "2", "--new-tokens", "8", "--prompt-length", "8", "--repeats", "1",
+            "--cost-seconds", "0.005", "--json", str(path),
+        ]
+    )  # fmt: skip
+    assert status == 0, text  # 0: every greedy spec row equals ar-lean token for token
+    assert torch.get_num_threads() == threads, "the benchmark must restore the thread count"
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["mode"], r["batch"], r["label"]) for r in rows] == [
+        (m, b, label) for m in ("greedy", "sampling") for b in (1, 2) for label in ("ar-lean", "spec k=2")
+    ]
+    for r in rows:
+        assert r["repeats"] == 1 and r["new_tokens"] == 8 and r["threads"] == 1 and r["tokens_per_s_median"] > 0
+        assert r["target_forward_s"] > 0 and r["draft_forward_s"] > 0 and r["round_cost"] > 0
+        if r["variant"] == "ar-lean":
+            assert r["vs_ar_lean"] == 1.0 and r["acceptance"] is None and r["leviathan_speedup"] is None
+            assert r["tokens_per_target_call"] == r["batch"]  # one token per row per batched call
+        else:
+            assert 0 <= r["acceptance"] <= 1 and 1 <= r["tokens_per_round"] <= 3
+            assert r["batch"] <= r["tokens_per_target_call"] <= 3 * r["batch"]
+            assert r["cost_ratio"] > 0 and r["block_ratio"] > 0 and r["leviathan_speedup"] > 0 and r["refined_speedup"] > 0
+            assert r["gap_leviathan"] == pytest.approx(r["vs_ar_lean"] / r["leviathan_speedup"] - 1)
+        if r["mode"] == "greedy":
+            assert r["mismatched_rows"] == 0 and r["rows_compared"] == r["batch"]
+        assert (r["hf_assisted_error"] is None) == (r["batch"] == 1)
+    for header in ("variant", "tok/s", "x lean", "tok/tgt", "alpha", "tok/rnd", "S'", "gap S", "kc+r", "= lean"):
+        assert header in text
+    assert "greedy B=2 k=2: measured" in text and "Leviathan S" in text and "refined S'" in text
+    assert "greedy: every spec row equals ar-lean token for token (3 rows)" in text
+    assert "speculation pays" in text and "specdec-bench decoder" in text
+
+
+def test_batch_exit_status_flags_a_greedy_mismatch():
+    status = cli.SUBCOMMANDS["batch"].exit_status
+    assert status([{"mismatched_rows": 0}, {"mismatched_rows": None}]) == 0
+    assert status([{"mismatched_rows": 0}, {"mismatched_rows": 2}]) == 1
+
+
+def test_leviathan_speedup_known_values():
+    from bench.batch import expected_tokens_per_round, leviathan_speedup, refined_speedup
+
+    assert leviathan_speedup(0.0, 4, 0.25) == pytest.approx(1 / (4 * 0.25 + 1))  # alpha = 0: only the target's token
+    assert leviathan_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # alpha = 1: (k + 1) / (k c + 1)
+    assert leviathan_speedup(1 - 1e-9, 3, 0.5) == pytest.approx(4 / 2.5)  # ... the limit of the closed form
+    # alpha = 0.5, k = 2, c = 0.1: (1 - 0.125) / (0.5 * 1.2) = 1.458333...
+    assert leviathan_speedup(0.5, 2, 0.1) == pytest.approx(0.875 / 0.6)
+    assert expected_tokens_per_round(0.8, 4) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert refined_speedup(2.5, 2, 0.25, 1.5) == pytest.approx(2.5 / 2.0)
+    with pytest.raises(ValueError):
+        leviathan_speedup(1.5, 2, 0.1)
 
 # ----------------------------------------------------------------------------- import direction
 
