@@ -124,6 +124,8 @@ def _cat_bias(linears, device, dtype):
 #: Fused weights per model, keyed on :func:`~specdec_ref.forward.weights_fingerprint` (see
 #: :meth:`StaticModelCache.refresh_weights`).
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+#: ``model -> {(max_length, device, dtype): (inv_freq stamp, (cos, sin, causal))}`` (see ``StaticModelCache._tables``).
+_TABLES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 class StaticModelCache(ModelCache):
@@ -167,6 +169,25 @@ class StaticModelCache(ModelCache):
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise ValueError(f"StaticModelCache supports floating-point models, got dtype {self.dtype}")
         self._load_weights()
+        self._cos, self._sin, self._causal = self._tables()
+
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """RoPE cos / signed sin and the causal mask for ``max_length`` positions, shared by the caches of a model
+        (read-only) while its rotary module's ``inv_freq`` buffer is the same tensor, unmodified."""
+        rotary = self.model.model.rotary_emb
+        inv = getattr(rotary, "inv_freq", None)
+        key = (self.max_length, self.device, self.dtype)
+        stamp = None if inv is None else (inv.data_ptr(), inv._version)
+        per_model = _TABLES.setdefault(self.model, {})
+        hit = per_model.get(key)
+        if hit is not None and stamp is not None and hit[0] == stamp:
+            return hit[1]
+        tables = self._build_tables()
+        per_model[key] = (stamp, tables)
+        return tables
+
+    def _build_tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = self.model
         # RoPE tables from the model's own rotary module (transformers' exact cos/sin, cast to the
         # model dtype as transformers does), for positions 0..max_length-1.
         with torch.no_grad():
@@ -177,9 +198,10 @@ class StaticModelCache(ModelCache):
         half = self.head_dim // 2
         # rotate_half(x) * sin == roll(x, half) * [-sin[:half], sin[half:]] exactly (sign flips are exact).
         signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-        self._cos = cos[None, :, None, :].contiguous()  # (1, L, 1, D) for the (B, n, heads, D) layout
-        self._sin = signed_sin[None, :, None, :].contiguous()
-        self._causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool, device=self.device).tril_()
+        cos_t = cos[None, :, None, :].contiguous()  # (1, L, 1, D) for the (B, n, heads, D) layout
+        sin_t = signed_sin[None, :, None, :].contiguous()
+        causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool, device=self.device).tril_()
+        return cos_t, sin_t, causal
 
     def refresh_weights(self) -> None:
         """Re-read the weights from the transformers module tree (after changing the model's parameters)."""

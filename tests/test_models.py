@@ -148,3 +148,16 @@ def test_dtype_and_recipe_dtype():
     assert next(m.parameters()).dtype == torch.bfloat16
     assert m.specdec_recipe["dtype"] == "bfloat16"
     assert next_token_logits(m, PROMPT).dtype == torch.float32
+
+
+def test_model_dims_follow_config_changes():
+    """model_dims is memoised per model; a changed config field (or a new config) is never served stale."""
+    model = tiny_lm("llama", vocab_size=16, seed=0)
+    assert model_dims(model)["max_positions"] == 256
+    model.config.max_position_embeddings = 64
+    assert model_dims(model)["max_positions"] == 64
+    dims = model_dims(model)
+    dims["vocab_size"] = 99  # callers get a copy
+    assert model_dims(model)["vocab_size"] == 16
+    model.config = type(model.config)(**{**model.config.to_dict(), "vocab_size": 32})
+    assert model_dims(model)["vocab_size"] == 32

@@ -277,3 +277,16 @@ def test_fused_weights_are_shared_and_invalidated_by_in_place_changes():
     after = third.feed(ids)
     expected = next_token_logits(model, ids)
     assert not torch.allclose(before, after) and torch.allclose(after, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_rope_tables_are_shared_per_length_and_rebuilt_when_inv_freq_changes():
+    model = tiny_lm("llama", vocab_size=16, seed=3)
+    first, second = StaticModelCache(model, max_length=12), StaticModelCache(model, max_length=12)
+    assert second._cos is first._cos and second._causal is first._causal  # not recomputed per cache
+    assert StaticModelCache(model, max_length=8)._cos.shape[1] == 8
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        model.model.rotary_emb.inv_freq.mul_(2.0)  # a different RoPE: the tables must follow
+    third = StaticModelCache(model, max_length=12)
+    assert third._cos is not first._cos
+    torch.testing.assert_close(third.feed(ids), next_token_logits(model, ids), atol=1e-5, rtol=1e-4)
