@@ -106,8 +106,6 @@ def _decode(backend, target, draft, prompt, **kw):
 
 
 def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new: int):
-    from properties.flips import classify_sequences
-
     verdicts, runs = [], 0
     for family, kw in DRAFT_FAMILIES:
         target, draft = model_pair(arch, family, kw.get("noise", 0.0), dtype)
@@ -118,17 +116,27 @@ def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new:
                 runs += 1
                 if spec.tokens == ar.tokens:
                     continue
-                verdict = classify_sequences(target, prompt, spec.tokens, ar.tokens, dtype_under_test=getattr(torch, dtype))
                 where = f"{arch} {dtype}, draft {family} {kw}, k={k}, prompt {prompt.tolist()}"
-                if verdict is None or verdict.kind != "numerical_flip":
-                    detail = verdict.describe() if verdict is not None else "outputs differ"
-                    raise AssertionError(
-                        f"greedy speculative output differs from AR decoding ({where}): algorithmic divergence.\n"
-                        f"  speculative: {spec.tokens}\n  AR:          {ar.tokens}\n  {detail}\n  replay: {ctx.replay}"
-                    )
-                verdicts.append((where, verdict))
-                ctx.findings.append({**verdict.as_record(), "kind": "numerical_flip", "where": where})
+                verdicts.append((where, assert_numerical_flip(target, prompt, spec.tokens, ar.tokens, dtype, where, ctx)))
     return runs, verdicts
+
+
+def assert_numerical_flip(target, prompt: torch.Tensor, got: list[int], ar: list[int], dtype: str, where: str, ctx: CheckContext):
+    """A greedy output ``got`` that differs from AR's ``ar`` must diverge by a numerical flip (``properties.flips``: the
+    target's top-1/top-2 gap at the first differing position is within ``dtype``'s tolerance); the flip is recorded as
+    a finding of the check, anything else fails it."""
+    __tracebackhide__ = True
+    from properties.flips import classify_sequences
+
+    verdict = classify_sequences(target, prompt, got, ar, dtype_under_test=getattr(torch, dtype))
+    if verdict is None or verdict.kind != "numerical_flip":
+        detail = verdict.describe() if verdict is not None else "outputs differ"
+        raise AssertionError(
+            f"greedy speculative output differs from AR decoding ({where}): algorithmic divergence.\n"
+            f"  speculative: {got}\n  AR:          {ar}\n  {detail}\n  replay: {ctx.replay}"
+        )
+    ctx.findings.append({**verdict.as_record(), "kind": "numerical_flip", "where": where})
+    return verdict
 
 
 @check(
