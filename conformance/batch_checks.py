@@ -229,6 +229,13 @@ class HistoryCase:
     k: int
     sensitive_to: str
     needs: tuple[str, ...] = field(default=())
+    #: the rows' EOS ids besides the pair's own EOS (engines stop on several ids, e.g. end-of-text and end-of-turn)
+    more_eos: tuple[int, ...] = field(default=())
+
+    def eos_ids(self) -> tuple[int, ...]:
+        from specdec_ref.exact_models import exact_pair
+
+        return (exact_pair(self.pair).target.eos_id,) + self.more_eos
 
 
 #: A parity automaton over the exact pairs' 8 tokens: after an even token only odd tokens or EOS (7) may follow.
@@ -252,10 +259,12 @@ HISTORY_CASES: dict[str, HistoryCase] = {
         length=3, k=2, needs=("min_p",),
         sensitive_to="logit_bias or min_p skipped on verified tokens (vLLM #42744), applied to one side only",
     ),
+    # two EOS ids (7 and 2, p = 0.26 and 0.37 after the prompt): min_new_tokens must mask both
     "min_new_tokens": HistoryCase(
         pair="order1-close", prompt=(1,), sampling=SamplingConfig(temperature=0.7, min_new_tokens=2),
-        length=3, k=2,
-        sensitive_to="min_new_tokens counting rounds or steps instead of tokens (SGLang #33643), EOS masked on one side only",
+        length=3, k=2, more_eos=(2,),
+        sensitive_to="min_new_tokens counting rounds or steps instead of tokens (SGLang #33643), EOS masked on one side "
+        "only, only the first of several EOS ids masked",
     ),
     "constraint": HistoryCase(
         pair="order1-close", prompt=(6,), sampling=SamplingConfig(temperature=1.0, frequency_penalty=0.6, constraint=PARITY),
@@ -281,7 +290,7 @@ def history_law(case: str):
 
     spec = HISTORY_CASES[case]
     table = exact_pair(spec.pair).target
-    return continuation_law(table, list(spec.prompt), spec.length, spec.sampling, eos_id=table.eos_id)
+    return continuation_law(table, list(spec.prompt), spec.length, spec.sampling, eos_id=spec.eos_ids())
 
 
 def history_samples(case: str, tv: float = BATCH_SEQUENCE_TV) -> int:
@@ -314,7 +323,8 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     if unclaimed:
         raise NotApplicable(f"case {case} samples with {spec.needs}; the backend does not claim {unclaimed}")
     table = exact_pair(spec.pair).target
-    boundary_margin(table, list(spec.prompt), spec.length, spec.sampling, eos_id=table.eos_id).assert_safe()
+    eos = spec.eos_ids()
+    boundary_margin(table, list(spec.prompt), spec.length, spec.sampling, eos_id=eos).assert_safe()
     target, draft = sequence_models(spec.pair)
     cells = law_to_cells(history_law(case))
     n = math.ceil(history_samples(case) * ctx.sample_scale)
@@ -325,7 +335,7 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
         for first in range(0, n, SEQUENCE_BATCH):
             requests = [
                 Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
-                        eos_ids=table.eos_id, seed=None if i % UNSEEDED_EVERY == 0 else seed + i)
+                        eos_ids=eos, seed=None if i % UNSEEDED_EVERY == 0 else seed + i)
                 for i in range(first, min(n, first + SEQUENCE_BATCH))
             ]
             results = decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, rows {first}..")
@@ -333,7 +343,7 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     result = goodness_of_fit(
         cells.counts(outputs), cells.probs,
         what=f"batched rows: continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} "
-        f"({spec.sampling.label()}, eos_id={table.eos_id}, k={spec.k})",
+        f"({spec.sampling.label()}, eos_ids={list(eos)}, k={spec.k})",
         labels=cells.labels, tv=BATCH_SEQUENCE_TV, seed=seed, replay=ctx.replay,
     )
     ctx.record(result)

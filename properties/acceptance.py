@@ -27,7 +27,7 @@ TIE = 1e-9
 
 
 def round_acceptance_moments(target, draft, prompt: Sequence[int], generated: Sequence[int], config, k: int, scheme, *,
-                             eos_id: int | None = None) -> tuple[float, float]:
+                             eos_id: int | Sequence[int] | None = None) -> tuple[float, float]:
     """Exact ``(mean, variance)`` of the accepted drafts of one round of ``scheme`` with ``k`` drafts, from the history
     ``prompt + generated`` (sampling ``config``, history-dependent settings included; ``eos_id`` for ``min_new_tokens``)."""
     from .exact import outcome_given_drafts
@@ -52,7 +52,7 @@ def round_acceptance_moments(target, draft, prompt: Sequence[int], generated: Se
 
 
 def greedy_accepted(draft, prompt: Sequence[int], generated: Sequence[int], emitted: Sequence[int], config, k: int, *,
-                    eos_id: int | None = None) -> int | None:
+                    eos_id: int | Sequence[int] | None = None) -> int | None:
     """The accepted count of a greedy round from ``prompt + generated`` whose emitted tokens are ``emitted`` (the
     greedy path; at least ``k + 1`` of them or ending where the round ended), for a draft proposing its argmax
     under ``config``'s history-dependent settings. ``None`` when a draft row on the way has a tie (ambiguous)."""

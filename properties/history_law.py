@@ -9,7 +9,7 @@ logits ``z`` become, in this order:
 1. ``z[v] += logit_bias[v]``;
 2. repetition penalty ``r``: for ``v`` in ``P`` or ``G``, ``z[v] / r`` if ``z[v] > 0`` else ``z[v] * r``;
 3. ``z[v] -= presence * [count_G(v) > 0] + frequency * count_G(v)`` (generated tokens only);
-4. while ``len(G) < min_new_tokens``, ``z[eos_id] = -inf`` (nothing when ``eos_id`` is None);
+4. while ``len(G) < min_new_tokens``, ``z[e] = -inf`` for every EOS id ``e`` (``eos_id``: None, one id or several);
 5. with a constraint, ``z[v] = -inf`` for every ``v`` forbidden in the state reached by reading ``G``
    from the automaton's start (the prompt is not read).
 
@@ -21,7 +21,19 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["history_settings_on", "automaton_state", "history_row", "history_logits"]
+__all__ = ["eos_set", "history_settings_on", "automaton_state", "history_row", "history_logits"]
+
+
+def eos_set(eos_id) -> tuple[int, ...]:
+    """The EOS ids as a tuple: ``None`` -> ``()``, one id -> ``(id,)``, a sequence of ids -> those ids."""
+    if eos_id is None:
+        return ()
+    if isinstance(eos_id, (int, np.integer)) and not isinstance(eos_id, bool):
+        return (int(eos_id),)
+    ids = tuple(eos_id)
+    if not all(isinstance(e, (int, np.integer)) and not isinstance(e, bool) for e in ids):
+        raise ValueError(f"eos_id must be None, a token id or a sequence of token ids, got {eos_id!r}")
+    return tuple(int(e) for e in ids)
 
 
 def history_settings_on(config) -> bool:
@@ -47,7 +59,7 @@ def automaton_state(constraint, generated: Sequence[int]) -> int:
     return state
 
 
-def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_id: int | None = None) -> np.ndarray:
+def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_id=None) -> np.ndarray:
     """Steps 1-5 (module docstring) on one row of raw logits ``z [V]``: a new float64 array.
 
     Raises ValueError when a token id is outside the vocabulary or when no token is left (e.g. a
@@ -55,7 +67,8 @@ def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_
     """
     z = np.array(z, dtype=np.float64)
     vocab = z.shape[-1]
-    for t in list(prompt) + list(generated) + [t for t, _ in config.logit_bias]:
+    eos = eos_set(eos_id)
+    for t in list(prompt) + list(generated) + [t for t, _ in config.logit_bias] + list(eos):
         if not 0 <= t < vocab:
             raise ValueError(f"token {t} is outside the vocabulary [0, {vocab})")
     counts = np.bincount(np.asarray(list(generated), dtype=np.int64), minlength=vocab).astype(np.float64)
@@ -67,8 +80,8 @@ def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_
         seen[list(prompt)] = True
         z = np.where(seen, np.where(z > 0, z / r, z * r), z)
     z = z - (config.presence_penalty * (counts > 0) + config.frequency_penalty * counts)  # 3
-    if eos_id is not None and len(generated) < config.min_new_tokens:  # 4
-        z[eos_id] = -np.inf
+    if eos and len(generated) < config.min_new_tokens:  # 4
+        z[list(eos)] = -np.inf
     if config.constraint is not None:  # 5
         table = np.asarray(config.constraint.transitions[automaton_state(config.constraint, generated)])
         if table.shape[0] != vocab:
@@ -79,7 +92,7 @@ def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_
     return z
 
 
-def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Sequence[int]], eos_id: int | None = None) -> np.ndarray:
+def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Sequence[int]], eos_id=None) -> np.ndarray:
     """Row ``i`` of ``logits [F, V]`` after :func:`history_row` with history ``prompt`` + ``generated[i]``.
 
     Returns the logits unchanged (as float64) when no history setting is on.

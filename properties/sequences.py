@@ -22,8 +22,8 @@ the model's logits: before the warp, every prefix's float64 logits go through
 :mod:`specdec_ref.history`, with history ``prompt + prefix``; ``min_new_tokens`` masks ``eos_id``).
 :func:`processed_logits64` gives those logits and :func:`next_token_law` the per-position law, of
 which the law of a continuation is the product along its path.
-With ``eos_id`` a continuation stops right after emitting EOS (a shorter tuple ending in
-``eos_id``); otherwise every continuation has length exactly n. Greedy (``config.greedy``) puts
+With ``eos_id`` (one id, or a sequence of ids that all end generation) a continuation stops right
+after emitting an EOS (a shorter tuple ending in one); otherwise every continuation has length exactly n. Greedy (``config.greedy``) puts
 mass 1 on the float64 first-index argmax path.
 
 :func:`law_to_cells` turns a law into deterministic chi-square cells (labels like ``"3 7 12"`` or
@@ -57,7 +57,7 @@ import numpy as np
 import torch
 
 from properties.flips import tolerance_for
-from properties.history_law import history_logits, history_settings_on
+from properties.history_law import eos_set, history_logits, history_settings_on
 from specdec_ref.forward import as_prompt, reference_logits
 from specdec_ref.warp import SamplingConfig, nucleus_masses, warp, warp_logits
 
@@ -98,7 +98,7 @@ class ContinuationLaw(dict):
     prompt: list[int]
     n: int
     config: SamplingConfig
-    eos_id: int | None
+    eos_id: int | Sequence[int] | None
     min_prob: float
     pruned_mass: float
     pruned_prefixes: frozenset
@@ -138,7 +138,7 @@ def next_logits64(model, contexts) -> torch.Tensor:
 
 
 def processed_logits64(model, prompt: Sequence[int], prefixes: Sequence[Sequence[int]], config: SamplingConfig, *,
-                       eos_id: int | None = None) -> torch.Tensor:
+                       eos_id: int | Sequence[int] | None = None) -> torch.Tensor:
     """float64 logits ``[len(prefixes), V]`` after ``prompt + prefix``, history-dependent steps applied.
 
     Row ``i`` is :func:`next_logits64` of ``prompt + prefixes[i]`` put through the five history steps
@@ -149,8 +149,9 @@ def processed_logits64(model, prompt: Sequence[int], prefixes: Sequence[Sequence
     prefixes = [tuple(int(t) for t in p) for p in prefixes]
     raw = next_logits64(model, [prompt + list(p) for p in prefixes])
     vocab = raw.shape[-1]
-    if eos_id is not None and not 0 <= eos_id < vocab:
-        raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {vocab})")
+    for e in eos_set(eos_id):
+        if not 0 <= e < vocab:
+            raise ValueError(f"eos_id={e} is outside the vocabulary [0, {vocab})")
     if not history_settings_on(config):
         return raw
     return torch.from_numpy(history_logits(raw.cpu().numpy(), config, prompt, prefixes, eos_id))
@@ -165,7 +166,7 @@ def _step_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
 
 
 def next_token_law(model, prompt: Sequence[int], prefixes: Sequence[Sequence[int]], config: SamplingConfig, *,
-                   eos_id: int | None = None) -> torch.Tensor:
+                   eos_id: int | Sequence[int] | None = None) -> torch.Tensor:
     """float64 ``[len(prefixes), V]``: the law of the token after ``prompt + prefix`` under ``config``.
 
     History steps on the prefix's own history (:func:`processed_logits64`), then greedy one-hot or
@@ -180,7 +181,7 @@ def continuation_law(
     n: int,
     config: SamplingConfig,
     *,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
     min_prob: float = 0.0,
 ) -> ContinuationLaw:
     """Exact law of the next ``n`` tokens after ``prompt`` under AR sampling with ``config``.
@@ -205,6 +206,7 @@ def continuation_law(
     leaves: dict[tuple[int, ...], float] = {}
     pruned_mass = 0.0
     pruned: set[tuple[int, ...]] = set()
+    eos = eos_set(eos_id)
     for level in range(n):
         step = next_token_law(target_model, prompt_ids, frontier, config, eos_id=eos_id)
         joint = frontier_p[:, None] * step  # [F, V]
@@ -217,7 +219,7 @@ def continuation_law(
             if p < min_prob:
                 pruned_mass += p
                 pruned.add(seq)
-            elif last or t == eos_id:
+            elif last or t in eos:
                 leaves[seq] = p
             else:
                 next_frontier.append(seq)
@@ -241,9 +243,11 @@ def continuation_law(
 # --------------------------------------------------------------------------- cells
 
 
-def sequence_label(seq: Sequence[int], eos_id: int | None = None) -> str:
-    """``"3 7 12"``; a token equal to ``eos_id`` prints as ``EOS``."""
-    return " ".join(EOS_LABEL if (eos_id is not None and t == eos_id) else str(t) for t in seq)
+def sequence_label(seq: Sequence[int], eos_id: int | Sequence[int] | None = None) -> str:
+    """``"3 7 12"``; an EOS id prints as ``EOS`` (``EOS:<id>`` when there are several)."""
+    eos = eos_set(eos_id)
+    names = {e: EOS_LABEL if len(eos) == 1 else f"{EOS_LABEL}:{e}" for e in eos}
+    return " ".join(names.get(t, str(t)) for t in seq)
 
 
 @dataclass
@@ -269,8 +273,8 @@ class Cells:
         idx = self._index.get(key)
         if idx is not None:
             return idx
-        eos = self.law.eos_id
-        if len(key) > self.law.n or (eos is not None and eos in key[:-1]):
+        eos = eos_set(self.law.eos_id)
+        if len(key) > self.law.n or any(t in eos for t in key[:-1]):
             return len(self.labels) - 1  # too long, or tokens after EOS: IMPOSSIBLE
         if key in self.law or self.law.pruned_prefix_of(key) is not None:
             return self.labels.index(OTHER_LABEL)
@@ -423,7 +427,7 @@ def boundary_margin(
     n: int,
     config: SamplingConfig,
     *,
-    eos_id: int | None = None,
+    eos_id: int | Sequence[int] | None = None,
 ) -> BoundaryMargin:
     """:class:`BoundaryMargin` over every prefix of positive probability of :func:`continuation_law`.
 
@@ -432,10 +436,11 @@ def boundary_margin(
     processed logits (history steps applied on its own history).
     """
     law = continuation_law(target_model, prompt, n, config, eos_id=eos_id)
+    eos = eos_set(eos_id)
     prefixes = {()}
     for seq in law:
         for i in range(1, min(len(seq), n - 1) + 1):
-            if eos_id is None or seq[i - 1] != eos_id:
+            if seq[i - 1] not in eos:
                 prefixes.add(seq[:i])
             else:
                 break

@@ -124,6 +124,19 @@ def test_min_new_tokens_masks_eos_before_position_two():
     assert continuation_law(MODEL, [3], 1, config) == continuation_law(MODEL, [3], 1, SamplingConfig())
 
 
+def test_several_eos_ids_all_stop_and_are_all_masked_by_min_new_tokens():
+    eos = (EOS, 2)
+    law = continuation_law(MODEL, [3], 3, SamplingConfig(), eos_id=eos)
+    assert math.fsum(law.values()) == pytest.approx(1.0, abs=1e-12)
+    assert law[(2,)] == pytest.approx(0.25) and law[(EOS,)] == pytest.approx(0.25)  # row 3 is uniform
+    assert not [s for s in law if any(t in eos for t in s[:-1])]  # nothing after either EOS
+    masked = continuation_law(MODEL, [3], 3, SamplingConfig(min_new_tokens=2), eos_id=eos)
+    assert not [s for s in masked if any(t in eos for t in s[:2])]
+    assert {s[-1] for s in masked if len(s) == 3} >= {2, EOS}  # both allowed at position 2
+    z = history_row(TABLE[3], SamplingConfig(min_new_tokens=1), [3], [], eos_id=eos)
+    assert z[2] == z[EOS] == -math.inf and z[0] == z[1] == 0.0
+
+
 def test_constraint_gives_zero_mass_to_forbidden_sequences():
     # state 0 allows {0, 1} (0 -> state 1); state 1 allows {2, 3} (back to state 0); the prompt is not read
     automaton = TokenAutomaton(((1, 0, -1, -1), (-1, -1, 0, 0)))
@@ -212,20 +225,20 @@ def test_split_ties_sees_ties_made_by_the_history_steps():
 
 
 @st.composite
-def automata(draw, vocab: int, eos: int):
-    """A random automaton over ``vocab`` tokens in which every state allows some token other than ``eos``."""
+def automata(draw, vocab: int, eos: tuple[int, ...]):
+    """A random automaton over ``vocab`` tokens in which every state allows some token that is not an EOS id."""
     states = draw(st.integers(1, 3))
     rows = []
     for _ in range(states):
         row = draw(st.lists(st.integers(-1, states - 1), min_size=vocab, max_size=vocab))
-        keep = draw(st.sampled_from([v for v in range(vocab) if v != eos]))
+        keep = draw(st.sampled_from([v for v in range(vocab) if v not in eos]))
         row[keep] = max(row[keep], 0)
         rows.append(tuple(row))
     return TokenAutomaton(tuple(rows), start=draw(st.integers(0, states - 1)))
 
 
 @st.composite
-def history_configs(draw, vocab: int, eos: int):
+def history_configs(draw, vocab: int, eos: tuple[int, ...]):
     """Random settings: every history step on or off, greedy or sampling with random filters."""
     small = st.floats(-1.5, 1.5, allow_nan=False)
     return SamplingConfig(
@@ -252,15 +265,16 @@ def test_oracle_agrees_with_the_implementation(data):
     vocab = data.draw(st.integers(3, 6), label="V")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="table seed"))
     model = Order1(rng.normal(0.0, 2.0, (vocab, vocab)))
-    eos = data.draw(st.integers(0, vocab - 1), label="eos")
-    config = data.draw(history_configs(vocab, eos), label="config")
+    eos_ids = tuple(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=2, unique=True), label="eos ids"))
+    eos = eos_ids[0] if len(eos_ids) == 1 else eos_ids
+    config = data.draw(history_configs(vocab, eos_ids), label="config")
     prompt = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4), label="prompt")
     n = data.draw(st.integers(1, 4), label="n")
     # a random prefix of positive probability (not through EOS: generation would stop there)
     prefix: list[int] = []
     while len(prefix) < n - 1:
         p = next_token_law(model, prompt, [prefix], config, eos_id=eos)[0]
-        choices = [v for v in range(vocab) if p[v] > 0 and v != eos]
+        choices = [v for v in range(vocab) if p[v] > 0 and v not in eos_ids]
         if not choices:
             break
         prefix.append(int(rng.choice(choices)))
