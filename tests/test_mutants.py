@@ -36,7 +36,8 @@ def test_mutant_spec_loads_a_backend_of_that_name(name):
 
 @pytest.mark.parametrize("name", list(ALL_MUTANTS))
 def test_mutant_is_killed_by_its_check(name):
-    """Each check in ``must_fail`` fails on the mutant (at the ci profile's sample sizes and seed)."""
+    """Each check in ``must_fail`` fails on the mutant: deterministic checks at the ci profile, statistical ones at
+    the mutant's ``kill_profile`` (``dev``: a tenth of the ci sample at the same alpha, unless the bug needs more)."""
     mutant = ALL_MUTANTS[name]
     backend = mutant.backend()
     recorded = load_replay(os.path.join(FIXTURE_DIR, f"{name}.json")).case_id  # a case of must_fail[0] that kills it
@@ -46,7 +47,8 @@ def test_mutant_is_killed_by_its_check(name):
         if check == mutant.must_fail[0]:  # try the recorded case first (cases are seeded per case: order-free)
             cases.sort(key=lambda case: case.case_id != recorded)
         for case in cases:  # a check fails when any of its cases fails: stop at the first
-            record = run_case(case, backend, CheckContext())
+            profile = mutant.kill_profile if case.check.statistical else "ci"
+            record = run_case(case, backend, CheckContext(profile=profile))
             assert record.status != "error" or record.error_source == "backend", (
                 f"the check itself raised instead of judging mutant {name}: {record.message}"
             )
@@ -54,6 +56,11 @@ def test_mutant_is_killed_by_its_check(name):
             if record.rejects:  # failed, or the mutant's bug made it raise (an error from a backend call)
                 break
         assert outcomes[-1] in ("failed", "error"), f"mutant {name} ({mutant.bug}) survived {check} ({len(outcomes)} cases passed)"
+
+
+def test_kill_profiles_are_known_and_ci_only_where_needed():
+    assert {m.kill_profile for m in ALL_MUTANTS.values()} <= {"dev", "ci"}
+    assert [n for n, m in ALL_MUTANTS.items() if m.kill_profile == "ci"] == ["tree_with_replacement_declared_recursive"]
 
 
 def test_every_registered_mutant_names_registered_checks():
