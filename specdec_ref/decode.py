@@ -41,7 +41,7 @@ import torch
 from .cache import ModelCache
 from .contract import DecodeResult, NotSupportedError, Request, RoundHook, RoundRecord
 from .forward import as_ids, as_prompt
-from .history import SamplingState, warp_rows
+from .history import SamplingState, constant, warp_rows
 from .models import model_dims
 from .row_cache import RowCaches
 from .static_cache import fastest_cache
@@ -217,7 +217,7 @@ def choose_rows(probs: torch.Tensor, configs: Sequence[SamplingConfig], generato
     sampled = sample_from_weights(probs, generator)
     if not any(greedy):
         return sampled
-    mask = torch.tensor(greedy, device=probs.device)
+    mask = constant(tuple(greedy), torch.bool, probs.device)
     return torch.where(mask, probs.argmax(-1), sampled)
 
 
@@ -344,7 +344,7 @@ class SpeculativeDecoder:
             return self.verifier(drafts, None, rows, generator=generator, validate=False)
         if any(greedy):
             vocab = rows.shape[-1]
-            mask = torch.tensor(greedy, device=rows.device)[:, None, None]
+            mask = constant(tuple(greedy), torch.bool, rows.device)[:, None, None]
             rows = torch.where(mask, torch.nn.functional.one_hot(rows.argmax(-1), vocab).to(rows.dtype), rows)
             qs = torch.where(mask, torch.nn.functional.one_hot(drafts, vocab).to(qs.dtype), qs)
         return self.verifier(drafts, qs, rows, generator=generator, validate=False)

@@ -101,6 +101,22 @@ def _table(automaton: TokenAutomaton, device: str) -> torch.Tensor:
     return torch.tensor(automaton.transitions, dtype=torch.long, device=device)
 
 
+@functools.lru_cache(maxsize=1024)
+def constant(values: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A read-only device tensor of ``values``, made once per (values, dtype, device): the per-position steps of a
+    round reuse it instead of copying host lists to the device at every call (a blocking copy on an accelerator)."""
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _eos_mask(eos_ids: tuple[tuple[int, ...], ...], vocab: int, device: torch.device) -> torch.Tensor:
+    """``[rows, V]`` bool: True at each row's EOS ids (read-only, cached like :func:`constant`)."""
+    mask = torch.zeros(len(eos_ids), vocab, dtype=torch.bool)
+    for row, eos in enumerate(eos_ids):
+        mask[row, list(eos)] = True
+    return mask.to(device)
+
+
 def _eos_tuple(eos) -> tuple[int, ...]:
     if eos is None:
         return ()
@@ -204,8 +220,9 @@ def _apply_one(x: torch.Tensor, config: SamplingConfig, eos_ids: Sequence[tuple[
     if not config.history_dependent:
         return x
     if config.logit_bias:
-        ids = torch.tensor([t for t, _ in config.logit_bias], dtype=torch.long, device=x.device)
-        x = x.index_add(-1, ids, torch.tensor([b for _, b in config.logit_bias], dtype=x.dtype, device=x.device).expand(*x.shape[:-1], -1))
+        ids = constant(tuple(t for t, _ in config.logit_bias), torch.long, x.device)
+        bias = constant(tuple(b for _, b in config.logit_bias), x.dtype, x.device)
+        x = x.index_add(-1, ids, bias.expand(*x.shape[:-1], -1))
     if config.repetition_penalty != 1.0:
         r = config.repetition_penalty
         x = torch.where(hist["seen"], torch.where(x > 0, x / r, x * r), x)
@@ -213,11 +230,9 @@ def _apply_one(x: torch.Tensor, config: SamplingConfig, eos_ids: Sequence[tuple[
         counts = hist["counts"]
         x = x - (config.presence_penalty * (counts > 0).to(x.dtype) + config.frequency_penalty * counts)
     if config.min_new_tokens and any(eos_ids):
-        is_eos = torch.zeros(len(eos_ids), x.shape[-1], dtype=torch.bool)
-        for row, eos in enumerate(eos_ids):
-            is_eos[row, list(eos)] = True
+        is_eos = _eos_mask(tuple(eos_ids), x.shape[-1], x.device)
         early = hist["generated"] < config.min_new_tokens  # [b, m]
-        x = x.masked_fill(early.unsqueeze(-1) & is_eos.to(x.device).unsqueeze(1), float("-inf"))
+        x = x.masked_fill(early.unsqueeze(-1) & is_eos.unsqueeze(1), float("-inf"))
     if config.constraint is not None:
         allowed = config.constraint.table(x.device)[hist["state"]] >= 0  # [b, m, V]
         x = x.masked_fill(~allowed, float("-inf"))
@@ -268,7 +283,7 @@ def _groups(values: Sequence, device):
     for i, v in enumerate(values):
         groups.setdefault(v, []).append(i)
     for value, rows in groups.items():
-        yield rows, torch.tensor(rows, dtype=torch.long, device=device), value
+        yield rows, constant(tuple(rows), torch.long, torch.device(device)), value
 
 
 def warp_rows(logits: torch.Tensor, configs: Sequence[SamplingConfig], state: SamplingState | None = None,

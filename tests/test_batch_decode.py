@@ -148,3 +148,29 @@ def test_decoder_hooks_see_every_live_row(pair):
         rows = [(r, length) for row, r, length in seen if row == i]
         assert [r for r, _ in rows] == list(range(len(result.rounds)))
         assert [length for _, length in rows] == [rec.committed_len - 1 for rec in result.rounds]
+
+
+class HostCopies(TorchFunctionMode):
+    """Counts tensors built from host data (``torch.tensor`` / ``as_tensor``): on an accelerator each one is a blocking
+    copy, so the per-position sampling steps must not make any once their constants exist."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.tensor, torch.as_tensor):
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_history_steps_copy_nothing_from_the_host_per_position():
+    from specdec_ref.history import process_logits
+
+    configs = [PENALISED, SamplingConfig(temperature=0.7, logit_bias={1: -1.0}, min_new_tokens=2), PENALISED]
+    state = SamplingState([[1, 2], [3], [4, 5, 6]], configs, [9, (9, 4), None], 16, "cpu")
+    logits, drafts = torch.randn(3, 3, 16), torch.randint(0, 16, (3, 2))
+    first = process_logits(logits, configs, state, drafts)  # builds the constants once
+    with HostCopies() as copies:
+        again = process_logits(logits, configs, state, drafts)
+    assert copies.count == 0 and torch.equal(first, again)
