@@ -25,7 +25,7 @@ from specdec_ref.decode import autoregressive_decode
 from specdec_ref.history import TokenAutomaton
 from specdec_ref.warp import GREEDY, SamplingConfig
 
-from .decoder_checks import _cache_hook, assert_numerical_flip, assert_stops, model_pair, sequence_models
+from .decoder_checks import _cache_hook, assert_continuations_follow, assert_numerical_flip, assert_stops, model_pair, sequence_models
 from .registry import CheckContext, NotApplicable, check, exact_scheme
 
 #: Settings of the deterministic checks: plain sampling, with filters, and with every history-dependent setting.
@@ -315,7 +315,6 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     history); N rows decoded in batches of mixed seeded (one seed per row) and unseeded rows; power 0.99 against
     TV >= BATCH_SEQUENCE_TV."""
     from properties.sequences import boundary_margin, law_to_cells
-    from properties.stats import goodness_of_fit
     from specdec_ref.exact_models import exact_pair
 
     spec = HISTORY_CASES[case]
@@ -340,18 +339,11 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
             ]
             results = decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, rows {first}..")
             outputs += [tuple(r.tokens) for r in results]
-    result = goodness_of_fit(
-        cells.counts(outputs), cells.probs,
-        what=f"batched rows: continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} "
-        f"({spec.sampling.label()}, eos_ids={list(eos)}, k={spec.k})",
-        labels=cells.labels, tv=BATCH_SEQUENCE_TV, seed=seed, replay=ctx.replay,
+    assert_continuations_follow(
+        cells, outputs, ctx, what=f"batched rows: continuations of length {spec.length} of {list(spec.prompt)} on "
+        f"{spec.pair} ({spec.sampling.label()}, eos_ids={list(eos)}, k={spec.k})",
+        tv=BATCH_SEQUENCE_TV, seed=seed, sensitive_to=spec.sensitive_to,
     )
-    ctx.record(result)
-    if not result.passed:
-        message = result.report()
-        if result.impossible:
-            message += f"\nimpossible continuations, e.g.: {cells.impossible_examples(outputs)}"
-        raise AssertionError(message + f"\nthis case is sensitive to: {spec.sensitive_to}")
 
 
 #: The efficiency checks: an order-1 exact pair, short prompts, k = 2, and settings with strong penalties *and*

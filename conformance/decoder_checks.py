@@ -452,7 +452,6 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
     classes each case is sized for and the exact TV a representative bug produces there.
     """
     from properties.sequences import law_to_cells
-    from properties.stats import goodness_of_fit
 
     spec = SEQUENCE_CASES[case]
     used = [flag for flag in ("top_k", "top_p") if getattr(spec.sampling, flag) is not None]
@@ -471,17 +470,27 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
     outputs = [tuple(_decode(backend, target, draft, prompt, generator=gen, **run).tokens) for _ in range(n)]
     settings = {key: v for key, v in spec.sampling.as_dict().items() if v not in (None, False)}
     label = ", ".join(f"{key}={v}" for key, v in settings.items()) + (f", eos_id={eos}" if eos is not None else "")
-    result = goodness_of_fit(
-        cells.counts(outputs), cells.probs,
-        what=f"continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} ({label}, k={spec.k})",
-        labels=cells.labels, tv=SEQUENCE_TV, seed=seed, replay=ctx.replay,
+    assert_continuations_follow(
+        cells, outputs, ctx, what=f"continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} ({label}, k={spec.k})",
+        tv=SEQUENCE_TV, seed=seed, sensitive_to=spec.sensitive_to,
     )
+
+
+def assert_continuations_follow(cells, outputs, ctx: CheckContext, *, what: str, tv: float, seed: int, sensitive_to: str) -> None:
+    """The decoded continuations ``outputs`` fit the law's ``cells`` (``properties.stats.goodness_of_fit``: N, alpha,
+    power against ``tv`` stated, recorded on ``ctx``); on failure the report, impossible examples and the bug classes
+    the case is sized for."""
+    __tracebackhide__ = True
+    from properties.stats import goodness_of_fit
+
+    result = goodness_of_fit(cells.counts(outputs), cells.probs, what=what, labels=cells.labels, tv=tv, seed=seed,
+                             replay=ctx.replay)
     ctx.record(result)
     if not result.passed:
         message = result.report()
         if result.impossible:
             message += f"\nimpossible continuations, e.g.: {cells.impossible_examples(outputs)}"
-        raise AssertionError(message + f"\nthis case is sensitive to: {spec.sensitive_to}")
+        raise AssertionError(message + f"\nthis case is sensitive to: {sensitive_to}")
 
 
 #: The efficiency check: an exactly-known order-1 pair (the rows of a round depend only on the last

@@ -40,13 +40,13 @@ import torch
 
 from .cache import ModelCache
 from .contract import DecodeResult, NotSupportedError, Request, RoundHook, RoundRecord
-from .forward import as_ids, as_prompt
+from .forward import as_prompt
 from .history import SamplingState, constant, warp_rows
 from .models import model_dims
 from .row_cache import RowCaches
 from .static_cache import fastest_cache
 from .verify import BlockVerifier, sample_from_weights, verify_block
-from .warp import GREEDY, SamplingConfig, warp
+from .warp import GREEDY, SamplingConfig
 
 def _shared_limits(target, draft) -> tuple[int, int]:
     """``(V, max positions)`` of a target (and draft, ValueError on a vocabulary mismatch); 0 positions: unbounded."""
