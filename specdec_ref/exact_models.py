@@ -32,7 +32,10 @@ without a KV cache; in bfloat16 the same holds (stated and tested bound: 0).
 Both families are Llama: GPT-2's LayerNorm subtracts a mean that torch computes with a Welford
 recurrence (rounded ``1/k`` factors), which is inexact even for inputs of constant mean and variance,
 whereas RMSNorm only needs a sum of squares, exact in any order for these values. Absolute position
-comes from RoPE relative to ``<bos>`` at position 0.
+comes from RoPE relative to ``<bos>`` at position 0. Shapes: 1 layer, 2 heads of size 32 (the
+smallest head size vLLM's CPU attention supports, so engines such as vLLM load the checkpoints; the
+nonzero rotary pairs are those whose frequencies are 1, pi, pi^2, pi^3), hidden 16 (order1) / 32
+(order2), which Llama allows to differ from heads * head_dim (64).
 
 Command line::
 
@@ -501,11 +504,16 @@ def exact_pair(name: str) -> ExactPair:
 #
 # Every weight below is a dyadic number with <= 8 significant bits (asserted: exact in bfloat16).
 
-_HEAD_DIM = 8
+# Head size 32: the smallest head size that vLLM's CPU attention accepts (32, 64, 80, ... 512), so
+# real engines can load the checkpoints; 2 heads (previous token and parity in order2).
+_HEAD_DIM = 32
 _NUM_HEADS = 2
-# order2 rotary base: inv_freq = base ** (-i / 4) = pi ** i for i = 0..3, so the second rotary pair
-# turns by pi per position (the parity head) and the four pairs (angles 1, pi, pi^2, pi^3 per
-# position) make a peaked kernel for the previous-token head.
+# order2 rotary base: HF Llama's rotate_half pairs dims (i, i + 16), inv_freq_i = base ** (-2i / 32)
+# = pi ** (i / 4), so pairs 0, 4, 8, 12 turn by 1, pi, pi^2, pi^3 per position (bitwise the same
+# frequencies as head size 8 with the same base): pair 4 is the parity head's, the four together make
+# a peaked kernel for the previous-token head; every other pair is zero in q (and k).
+_PREV_HEAD_PAIRS = (0, 4, 8, 12)
+_PARITY_PAIR = 4
 _ORDER2_ROPE_THETA = math.pi**-4
 _ORDER1_ROPE_THETA = 10000.0
 
@@ -576,7 +584,7 @@ _PREV_HEAD_ALPHA = 16.0  # query of the previous-token head: (16, 0) on every ro
 _PREV_HEAD_WEIGHTS = (0.16736578, 0.09514902, 0.20988754, 0.52759766)
 _PREV_HEAD_PEAK = 1000.0  # scaled score at the previous position
 _PARITY_Q = 32.0
-_PARITY_K = 64.0
+_PARITY_K = 128.0  # scaled score 32 * 128 / sqrt(32) = 724 (64 at head size 8: the same score)
 #: Smallest scaled-score gap between the attended key and any other key (asserted at build time,
 #: float64 with exact angles; exp(-150) underflows to exactly 0 in float32 and bfloat16).
 MIN_SCORE_GAP = 150.0
@@ -603,21 +611,23 @@ def _four_squares(n: int) -> tuple[int, int, int, int]:
 
 
 def _rope_angles(theta: float) -> np.ndarray:
-    return np.array([theta ** (-i / 4.0) for i in range(_HEAD_DIM // 2)])
+    """Per-position angle of the previous-token head's pairs :data:`_PREV_HEAD_PAIRS`."""
+    return np.array([theta ** (-2.0 * i / _HEAD_DIM) for i in _PREV_HEAD_PAIRS])
 
 
 def _prev_head_qk() -> tuple[np.ndarray, np.ndarray]:
-    """Pre-rotary query / key of the previous-token head (head dim 8: pairs (i, i + 4))."""
+    """Pre-rotary query / key of the previous-token head, on rotary pairs (i, i + 16) for i in
+    :data:`_PREV_HEAD_PAIRS`, zero elsewhere (the key scales with sqrt(head_dim): the same scores)."""
     angles = _rope_angles(_ORDER2_ROPE_THETA)
-    scale = math.sqrt(_HEAD_DIM)
+    scale, half = math.sqrt(_HEAD_DIM), _HEAD_DIM // 2
     q = np.zeros(_HEAD_DIM)
     k = np.zeros(_HEAD_DIM)
-    for i, (w, ang) in enumerate(zip(_PREV_HEAD_WEIGHTS, angles)):
+    for i, w, ang in zip(_PREV_HEAD_PAIRS, _PREV_HEAD_WEIGHTS, angles):
         beta = w * _PREV_HEAD_PEAK * scale / _PREV_HEAD_ALPHA
         q[i] = _PREV_HEAD_ALPHA
         # key rotated by +angle: score(m, j) ~ cos(angle * (1 + j - m)), peaked at j = m - 1
         k[i] = _round_bits(beta * math.cos(ang) / 2.0) * 2.0
-        k[i + 4] = _round_bits(beta * math.sin(ang) / 2.0) * 2.0
+        k[i + half] = _round_bits(beta * math.sin(ang) / 2.0) * 2.0
     return q, k
 
 
@@ -629,19 +639,19 @@ def prev_head_scores(max_positions: int = MAX_POSITIONS) -> np.ndarray:
     out = np.zeros(max_positions)
     for delta in range(max_positions):
         s = 0.0
-        for i, ang in enumerate(angles):
+        for i, ang in zip(_PREV_HEAD_PAIRS, angles):
             phi = -delta * ang  # rotation of the key relative to the query: (j - m) * angle
-            # q pair (q_i, 0) . R(phi) (k_i, k_{i+4})
-            s += q[i] * (k[i] * math.cos(phi) - k[i + 4] * math.sin(phi))
+            # q pair (q_i, 0) . R(phi) (k_i, k_{i+16})
+            s += q[i] * (k[i] * math.cos(phi) - k[i + _HEAD_DIM // 2] * math.sin(phi))
         out[delta] = s / math.sqrt(_HEAD_DIM)
     return out
 
 
 def _order2_weights(table: np.ndarray) -> dict[str, np.ndarray]:
     """order2: hidden 32, two heads (previous token, parity), one MLP unit per reachable cell."""
-    v, hidden = ORDER2_VOCAB, _ORDER2_HIDDEN
+    v, hidden, d = ORDER2_VOCAB, _ORDER2_HIDDEN, _HEAD_DIM
     cells = _order2_cells()
-    qkv = _NUM_HEADS * _HEAD_DIM
+    qkv = _NUM_HEADS * d
 
     embed = np.zeros((v, hidden))
     embed[np.arange(v), _T0 + np.arange(v)] = 1.0
@@ -657,26 +667,26 @@ def _order2_weights(table: np.ndarray) -> dict[str, np.ndarray]:
     # head 0: previous token. q, k constant (read from the constant channel, value 2); v = one-hot of
     # the token; o_proj writes the one-hot into the a channels and takes 1 from slack S1.
     q0, k0 = _prev_head_qk()
-    q_proj[0:8, _C] = q0 / 2.0
-    k_proj[0:8, _C] = k0 / 2.0
+    q_proj[0:d, _C] = q0 / 2.0
+    k_proj[0:d, _C] = k0 / 2.0
     for t in range(v):
         v_proj[t, _T0 + t] = 1.0
         o_proj[_A0 + t, t] = 1.0
         o_proj[_S1, t] = -1.0
-    # head 1: parity. q = (PARITY_Q, 0) on rotary pair 1 (angle pi per position); only <bos> has a
-    # key, (PARITY_K, 0): the score to <bos> at position 0 is +-PARITY_Q * PARITY_K / sqrt(8) by the
+    # head 1: parity. q = (PARITY_Q, 0) on rotary pair 4 (angle pi per position); only <bos> has a
+    # key, (PARITY_K, 0): the score to <bos> at position 0 is +-PARITY_Q * PARITY_K / sqrt(32) by the
     # parity of the query position, every other key scores 0. v = 1 on <bos> only, so the head
     # outputs 1 at even positions and exactly 0 at odd ones; o_proj adds twice that to P.
-    q_proj[8 + 1, _C] = _PARITY_Q / 2.0
-    k_proj[8 + 1, _T0 + ORDER2_BOS] = _PARITY_K
-    v_proj[8 + 0, _T0 + ORDER2_BOS] = 1.0
-    o_proj[_P, 8 + 0] = 2.0
+    q_proj[d + _PARITY_PAIR, _C] = _PARITY_Q / 2.0
+    k_proj[d + _PARITY_PAIR, _T0 + ORDER2_BOS] = _PARITY_K
+    v_proj[d + 0, _T0 + ORDER2_BOS] = 1.0
+    o_proj[_P, d + 0] = 2.0
     # token-dependent filler in the dims of head 1 that nothing reads (its query is exactly 0 outside
-    # rotary pair 1 and o_proj ignores its value dims 1..7), so the cached K and V of every position
+    # rotary pair 4 and o_proj ignores its value dims 1..31), so the cached K and V of every position
     # depend on the token there, as in a real model, without any effect on the output
-    free_k = [d for d in range(_HEAD_DIM) if d not in (1, 1 + _HEAD_DIM // 2)]
-    k_proj[[8 + d for d in free_k], _T0 : _T0 + v] = _dyadic_noise(11, (len(free_k), v))
-    v_proj[8 + 1 : 8 + _HEAD_DIM, _T0 : _T0 + v] = _dyadic_noise(12, (_HEAD_DIM - 1, v))
+    free_k = [i for i in range(d) if i not in (_PARITY_PAIR, _PARITY_PAIR + d // 2)]
+    k_proj[[d + i for i in free_k], _T0 : _T0 + v] = _dyadic_noise(11, (len(free_k), v))
+    v_proj[d + 1 : 2 * d, _T0 : _T0 + v] = _dyadic_noise(12, (d - 1, v))
 
     # MLP: unit n for cell (a, b, c): gate = 144 * (x_a + x_b + s_c * P) - 400 is 32 when the three
     # match and <= -112 otherwise; up = x_C / 2 = 1; down column = (cell's residual update) / 32.

@@ -185,6 +185,8 @@ def test_config_states_the_construction():
         cfg = json.loads((m.path / "config.json").read_text())
         assert cfg["rms_norm_eps"] == 0.0 and cfg["num_hidden_layers"] == 1 and cfg["dtype"] == "float32"
         assert cfg["architectures"] == ["LlamaForCausalLM"] and not cfg["tie_word_embeddings"]
+        # a head size engines accept (vLLM's CPU attention: 32, 64, 80, 96, ..., 512), 2 heads
+        assert cfg["head_dim"] == 32 and cfg["num_attention_heads"] == cfg["num_key_value_heads"] == 2
 
 
 # --------------------------------------------------------------------------- exactness
