@@ -80,6 +80,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from properties.transitions import FIRST_TESTED_POSITION, count_transitions, transition_test
 from properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
 from properties.sequences import continuation_law, law_to_cells, next_logits64
 from properties.stats import (
@@ -121,6 +122,8 @@ __all__ = [
 SAMPLES_TV = 0.03
 #: Largest number of continuations a law may have for :func:`choose_length` to go to that length.
 MAX_CELLS = 4096
+#: Positions after the first up to this one get a transition test each (all of them are in the pooled test).
+MAX_POSITION_TESTS = 16
 
 INCONCLUSIVE = "INCONCLUSIVE"  # CERTIFIED, REDUCED and NOT_CERTIFIED are the suite's own words (conformance.report)
 
@@ -603,6 +606,20 @@ class SamplesVerdict:
     tv: float
     replay: str
     power_note: str = ""
+    transitions: FitResult | None = None  # every generated token after the first, pooled by context class
+    position_fits: list[tuple[int, FitResult]] = field(default_factory=list)  # (position, its transition test)
+    transition_classes: int = 0
+    transition_excluded: dict = field(default_factory=dict)
+
+    @property
+    def positions_tested(self) -> list[int]:
+        """The generated positions (1-based) some test covered: 1..L of the full-law tests and every transition."""
+        tested = set()
+        for p in self.prompts:
+            if p.fit is not None and p.length:
+                tested.update(range(1, p.length + 1))
+        tested.update(pos for pos, _ in self.position_fits)
+        return sorted(tested)
 
     @property
     def certified(self) -> bool:
@@ -614,7 +631,13 @@ class SamplesVerdict:
 
     @property
     def fits(self) -> list[FitResult]:
-        return [p.fit for p in self.prompts if p.fit is not None]
+        """The tests the verdict rests on: the prompts' full-law tests, then the pooled transition test.
+
+        ``position_fits`` (the same transition statistic per generated position) localise a departure; they
+        share the pooled test's alpha and are not counted as further tests.
+        """
+        out = [p.fit for p in self.prompts if p.fit is not None]
+        return out + ([self.transitions] if self.transitions is not None else [])
 
     @property
     def divergences(self) -> list[dict]:
@@ -632,10 +655,12 @@ class SamplesVerdict:
             f"{self.source}: N={self.n} completions of {len(self.prompts)} prompt(s)"
         )
         if not self.sampling.greedy:
-            per = self.alpha / max(len(self.prompts), 1)
+            n_tests = len(self.fits)
             lines.append(
-                f"statistics: Pearson chi-square per prompt against the exact law from the tables; family-wise alpha={self.alpha:g} "
-                f"({per:.3g} per prompt); alternative: every law at TV >= {self.tv:g}; power target {TARGET_POWER:g}"
+                "statistics: Pearson chi-square against the exact law from the tables, per prompt (the first L tokens) and "
+                "per context class (every token after the first given its context); "
+                f"family-wise alpha={self.alpha:g} ({self.alpha / max(n_tests, 1):.3g} per test, {n_tests} tests); "
+                f"alternative: every law at TV >= {self.tv:g}; power target {TARGET_POWER:g}"
             )
         else:
             lines.append(
@@ -670,6 +695,8 @@ class SamplesVerdict:
                     lines.append(f"    ... {len(p.divergences) - 5} more divergent completions")
                 for fl in p.flips[:3]:
                     lines.append(f"    numerical flip ({_where(self.source, fl['line'])}): " + fl["verdict"].describe())
+        if not self.sampling.greedy:
+            lines.extend(self._transition_lines())
         if self.violations:
             lines.append(f"deterministic invariants: {len(self.violations)} violation(s):")
             lines.extend("  " + v for v in self.violations[:20])
@@ -682,9 +709,44 @@ class SamplesVerdict:
         lines.append(f"replay: {self.replay}")
         return "\n".join(lines)
 
+    def _transition_lines(self) -> list[str]:
+        tested = self.positions_tested
+        span = f"{tested[0]}-{tested[-1]}" if len(tested) > 1 else (str(tested[0]) if tested else "none")
+        lines = [f"positions tested: {span}" + ("" if self.transitions is not None else
+                                                 " (no position after the first: speculation untested)")]
+        f = self.transitions
+        if f is None:
+            return lines
+        status = "pass" if f.passed else "FAIL"
+        lines.append(
+            f"  {f.what.split(':')[0]}: N={f.n} tokens in {self.transition_classes} context class(es), chi-square "
+            f"{f.statistic:.1f} on {f.df} df, p={f.p_value:.3g}, alpha={f.alpha:.3g}, power {f.power:.4f} against TV "
+            f"{f.tv:g}, detects TV >= {f.detects:.3g}: {status}"
+        )
+        if not f.passed:
+            lines.extend("    " + x for x in f.report().splitlines()[1:])
+        if self.position_fits:
+            lines.append("    per position (localisation, not further tests; 'departs' where p < the pooled test's alpha):")
+        for pos, pf in self.position_fits:
+            status = "departs" if not pf.passed else "ok"
+            lines.append(
+                f"    position {pos}: N={pf.n}, chi-square {pf.statistic:.1f} on {pf.df} df, p={pf.p_value:.3g}, "
+                f"detects TV >= {pf.detects:.3g}: {status}"
+            )
+            if not pf.passed and f.passed is False and pos == min(q for q, g in self.position_fits if not g.passed):
+                lines.extend("      " + x for x in pf.table(max_rows=8).splitlines())
+        for why, k in self.transition_excluded.items():
+            lines.append(f"  {k} token(s) not tested: {why}")
+        return lines
+
     def as_record(self) -> dict:
         return {
             "level": self.level,
+            "positions_tested": self.positions_tested,
+            "transition_positions": [pos for pos, _ in self.position_fits],
+            "transition_classes": self.transition_classes,
+            "transition_excluded": dict(self.transition_excluded),
+            "localisation": [{"position": pos, **pf.as_record()} for pos, pf in self.position_fits],
             "headline": self.headline,
             "certified": self.certified,
             "model": self.model,
@@ -750,7 +812,16 @@ def certify_samples(
     for r in records:
         groups.setdefault(r.prompt, []).append(r)
     violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source)
-    per_alpha = alpha / len(groups)
+    counts = None
+    position_tests: list[int] = []
+    if not sampling.greedy:
+        counts = count_transitions(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id)
+        if len(counts.positions) > 1:  # with one position the pooled test is that position's test
+            position_tests = [pos for pos in counts.positions if pos <= MAX_POSITION_TESTS]
+    # alpha split evenly over the tests the verdict rests on: the prompts' full-law tests and the pooled transition
+    # test (the per-position transition statistics localise a departure; they are not further tests)
+    n_tests = len(groups) + (1 if counts is not None and counts.n else 0)
+    per_alpha = alpha / n_tests
     reports = []
     for prompt, group in groups.items():
         if sampling.greedy:
@@ -762,13 +833,31 @@ def certify_samples(
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
                 alpha=per_alpha, tv=tv,
             ))
+    transitions, position_fits = None, []
+    if counts is not None and counts.n:
+        settings = _settings_label(sampling, eos_id)
+        last = counts.positions[-1]
+        transitions = transition_test(
+            counts, what=f"positions {FIRST_TESTED_POSITION}-{last}: every generated token after the first given its context ({settings})",
+            alpha=per_alpha, tv=tv,
+        )
+        position_fits = [
+            (pos, transition_test(counts, what=f"position {pos}: the generated token given its context ({settings})",
+                                  positions=[pos], alpha=per_alpha, tv=tv))
+            for pos in position_tests
+        ]
     failed = [p for p in reports if not p.passed]
+    failed_transitions = transitions is not None and not transitions.passed
     note = ""
-    if violations or failed:
+    if violations or failed or failed_transitions:
         parts = []
         if failed:
             what = "sequence law" if not sampling.greedy else "greedy continuation"
             parts.append(f"{len(failed)} of {len(reports)} prompt(s) fail the {what}")
+        if failed_transitions:
+            where = sorted(pos for pos, f in position_fits if not f.passed)
+            parts.append("the law of the tokens after the first fails" + (
+                f" (departs first at position {where[0]})" if where else ""))
         if violations:
             parts.append(f"{len(violations)} invariant violation(s)")
         level, headline = "not_certified", f"{NOT_CERTIFIED}: " + ", ".join(parts)
@@ -777,13 +866,20 @@ def certify_samples(
         if any(p.flips for p in reports):
             within = f"tolerance {tolerance:g}" if tolerance is not None else f"the {dtype} tolerance"
             note = f"{sum(len(p.flips) for p in reports)} numerical flip(s) within {within} (reported, not failures)"
+    elif transitions is None:
+        level = "inconclusive"
+        headline = f"{INCONCLUSIVE}: no generated position after the first was tested (speculation untested)"
+        note = ("the first generated token is sampled from the prefill, before any draft exists; a file tests drafted "
+                "positions only when its completions have 2 or more tokens"
+                + (f"; {sum(counts.excluded.values())} transition(s) excluded: " + "; ".join(counts.excluded)
+                   if counts is not None and counts.excluded else ""))
     else:
-        power, why = judge_power([p.fit.as_record() for p in reports])
+        power, why = judge_power([p.fit.as_record() for p in reports] + [transitions.as_record()])
         if power == "inconclusive":
             level, headline = "inconclusive", f"{INCONCLUSIVE}: too few samples"
             note = why
         elif power == "reduced":
-            x = max(p.fit.detects for p in reports)
+            x = max([p.fit.detects for p in reports] + [transitions.detects])
             level, headline = "reduced", f"{REDUCED}: detects TV >= {x:.3g}"
             note = f"too few samples for power {TARGET_POWER:g} against TV {tv:g}; {why}"
         else:
@@ -792,7 +888,9 @@ def certify_samples(
     return SamplesVerdict(
         level=level, headline=headline, model=name, sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
         source=source, n=len(records), prompts=reports, violations=violations, alpha=alpha, tv=tv, replay=replay,
-        power_note=note,
+        power_note=note, transitions=transitions, position_fits=position_fits,
+        transition_classes=len(counts.classes) if counts is not None else 0,
+        transition_excluded=dict(counts.excluded) if counts is not None else {},
     )
 
 

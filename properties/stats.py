@@ -291,6 +291,61 @@ def goodness_of_fit(
     )
 
 
+def conditional_goodness_of_fit(
+    groups: Sequence[tuple[str, Sequence[int] | np.ndarray, Sequence[float] | np.ndarray]],
+    *,
+    what: str,
+    labels: Sequence[str],
+    alpha: float = ALPHA,
+    tv: float = TV,
+    min_expected: float = MIN_EXPECTED,
+) -> FitResult:
+    """Product-multinomial chi-square: per group ``(name, counts, exact probabilities)``, one statistic.
+
+    Each group is a *context class*: outcomes each drawn from that class's exact law given everything
+    before them (a Markov chain's transitions out of one state, say). The statistic is the sum of the
+    groups' Pearson statistics (each with its cells pooled as :func:`goodness_of_fit` pools them), on
+    the sum of their degrees of freedom; under the null it is asymptotically chi-square even though the
+    visit counts are random, because every outcome is a fresh draw from its class's law given the past
+    (the goodness-of-fit test of a Markov chain's transition law). ``labels`` names the outcomes (shared by
+    every group); cells read ``"<group> -> <label>"``. The alternative: the law of *every* outcome at
+    TV >= ``tv`` from its class's law; the smallest noncentrality is then ``4 sum_c n_c (tv - m_c)_+^2 >=
+    4 N (tv - m)_+^2`` (convexity), with ``m_c`` the mass a class pools and ``m`` their visit-weighted
+    mean, which is stated as ``pooled_mass`` so that ``power`` and ``detects`` keep their meaning.
+    """
+    stat, df, n = 0.0, 0, 0
+    all_labels, observed, expected, pooled, impossible = [], [], [], [], []
+    weighted_pool = 0.0
+    for name, counts, probs in groups:
+        counts = np.asarray(counts, dtype=np.int64)
+        nc = int(counts.sum())
+        if nc == 0:
+            continue
+        cell_labels = [f"{name} -> {lab}" for lab in labels]
+        fit = goodness_of_fit(counts, probs, what=f"{what}: {name}", labels=cell_labels, alpha=alpha, tv=tv,
+                              min_expected=min_expected)
+        stat += fit.statistic
+        df += fit.df
+        n += nc
+        weighted_pool += nc * fit.pooled_mass
+        all_labels.extend(cell_labels)
+        observed.append(counts)
+        expected.append(fit.expected * nc)  # counts now; normalised below
+        pooled.extend(fit.pooled)
+        impossible.extend(fit.impossible)
+    pooled_mass = weighted_pool / n if n else 0.0
+    p_value = float(stats.chi2.sf(stat, df)) if df > 0 and n > 0 else 1.0
+    if impossible:
+        p_value = 0.0
+    obs = np.concatenate(observed) if observed else np.zeros(0, dtype=np.int64)
+    exp = np.concatenate(expected) / n if n else np.zeros(0, dtype=np.float64)
+    return FitResult(
+        what=what, n=n, alpha=alpha, tv=tv, power=power_against_tv(n, df, alpha, max(tv - pooled_mass, 0.0)),
+        statistic=float(stat), df=df, p_value=p_value, labels=all_labels, observed=obs, expected=exp,
+        pooled=pooled, pooled_mass=pooled_mass, impossible=impossible,
+    )
+
+
 def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
     """Assert that counts follow the exact distribution; the failure shows every cell.
 

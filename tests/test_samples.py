@@ -62,9 +62,12 @@ def test_a_correct_sampler_is_certified_at_full_power(model, tmp_path):
     verdict = certify_samples(path, model=MODEL, sampling=SAMPLING, max_new_tokens=MAX_NEW, eos_id=True)
     report = verdict.report()
     assert verdict.headline == CERTIFIED and verdict.exit_code == 0, report
-    (fit,) = verdict.fits
+    fit, pooled = verdict.fits  # the first L tokens, then every token after the first given its context
     assert fit.n == 24_000 and fit.power >= 0.99 and fit.detects <= 0.03
-    assert "N=24000" in report and "alpha=1e-06" in report and "power" in report
+    assert pooled is verdict.transitions and pooled.power >= 0.99 and pooled.n > 24_000
+    assert [pos for pos, _ in verdict.position_fits] == [2, 3]  # localisation
+    assert verdict.positions_tested == [1, 2, 3] and "positions tested: 1-3" in report
+    assert "N=24000" in report and "alpha=5e-07" in report and "2 tests" in report and "power" in report
     assert f"--model {MODEL} --temperature 0.8 --top-k 3 --max-new-tokens {MAX_NEW} --eos {path}" in verdict.replay
 
 
@@ -73,10 +76,63 @@ def test_a_biased_sampler_is_not_certified_and_the_failing_cells_are_shown(model
     verdict = certify_samples(biased, model=MODEL, sampling=SAMPLING, max_new_tokens=MAX_NEW, eos_id=True)
     report = verdict.report()
     assert verdict.headline.startswith(NOT_CERTIFIED) and verdict.exit_code == 1, report
-    (fit,) = verdict.fits
+    fit = verdict.fits[0]
     assert not fit.passed and fit.p_value < 1e-6
+    assert not verdict.transitions.passed  # the tokens after the first are drawn at the wrong temperature too
     assert "observed" in report and "expected" in report and "prompt [1]" in report
     assert "replay: python -m conformance.samples" in report
+
+
+def chain_sampler(model, prompt, n, first: SamplingConfig, later: SamplingConfig, *, seed, max_new_tokens=MAX_NEW):
+    """An order-1 engine whose first token follows ``first`` and every later token ``later`` (no EOS stop).
+
+    With ``later`` another law, this is an engine whose prefill sampling is right and whose drafted positions are
+    not: exactly what a test of the first token alone cannot see.
+    """
+    from properties.sequences import next_token_law
+
+    rng = np.random.default_rng(seed)
+    rows = {t: next_token_law(model, [t], [()], later).numpy()[0] for t in range(model.vocab)}
+    p0 = next_token_law(model, prompt, [()], first).numpy()[0]  # order 1: a row per last token above
+    out = []
+    for j in range(n):
+        seq = [int(rng.choice(len(p0), p=p0))]
+        while len(seq) < max_new_tokens:
+            seq.append(int(rng.choice(len(p0), p=rows[seq[-1]])))
+        out.append({"prompt_ids": list(prompt), "completion_ids": seq, "seed": j})
+    return out
+
+
+def test_drafted_positions_are_tested_at_full_power_and_a_first_token_only_file_is_inconclusive(model):
+    """The issue-19 goal: 20 000 three-token completions give power >= 0.99 against TV 0.03 on positions 2-3;
+    the same file cut to its first tokens tests no drafted position and is INCONCLUSIVE, never CERTIFIED."""
+    hot = SamplingConfig(temperature=1.5)  # many continuations: the full-law test stops at L = 1 at this N
+    records = chain_sampler(model, [6], 20_000, hot, hot, seed=11)
+    verdict = certify_samples(records, model=MODEL, sampling=hot, max_new_tokens=MAX_NEW)
+    report = verdict.report()
+    assert verdict.headline == CERTIFIED, report
+    assert verdict.prompts[0].length == 1  # the law of whole continuations reaches only the first token here
+    assert verdict.transitions.n == 40_000 and verdict.transitions.power >= 0.99 and verdict.transitions.detects <= 0.03
+    assert verdict.positions_tested == [1, 2, 3] and "positions 2-3: N=40000 tokens" in report
+    cut = [dict(r, completion_ids=r["completion_ids"][:1]) for r in records]
+    first_only = certify_samples(cut, model=MODEL, sampling=hot, max_new_tokens=1)
+    assert first_only.level == "inconclusive" and first_only.exit_code == 1
+    assert first_only.headline == f"{INCONCLUSIVE}: no generated position after the first was tested (speculation untested)"
+    assert first_only.positions_tested == [1] and first_only.fits[0].passed
+
+
+def test_a_file_right_at_the_first_token_and_wrong_after_it_is_not_certified(model):
+    """First token exact, later tokens at temperature 1.2 instead of 1.5: the full-law test at the chosen L = 1 passes
+    (it sees only the prefill's token), the transition test fails and names the positions."""
+    hot = SamplingConfig(temperature=1.5)
+    records = chain_sampler(model, [6], 20_000, hot, SamplingConfig(temperature=1.2), seed=12)
+    verdict = certify_samples(records, model=MODEL, sampling=hot, max_new_tokens=MAX_NEW)
+    report = verdict.report()
+    assert verdict.prompts[0].length == 1 and verdict.prompts[0].fit.passed, report  # what the tool saw before
+    assert verdict.level == "not_certified", report
+    assert "the law of the tokens after the first fails (departs first at position 2)" in verdict.headline
+    assert not verdict.transitions.passed and all(not f.passed for _, f in verdict.position_fits), report
+    assert "position 2:" in report and "ctx [6, " in report  # the failing cells name their context
 
 
 def test_a_sampler_outside_the_support_fails_outright(model):
@@ -96,8 +152,8 @@ def test_too_few_samples_is_inconclusive_and_a_few_hundred_is_reduced_power(mode
         exact_sampler(model, PROMPT, 600, SAMPLING, seed=5), model=MODEL, sampling=SAMPLING, max_new_tokens=MAX_NEW, eos_id=True
     )
     assert some.headline.startswith(f"{REDUCED}: detects TV >= ") and some.exit_code == 0, some.report()
-    (fit,) = some.fits
-    assert some.headline == f"{REDUCED}: detects TV >= {fit.detects:.3g}" and 0.03 < fit.detects < 0.5
+    weakest = max(f.detects for f in some.fits)  # the full-law test and the pooled transition test
+    assert some.headline == f"{REDUCED}: detects TV >= {weakest:.3g}" and 0.03 < weakest < 0.5
 
 
 def test_length_is_chosen_from_n_and_can_be_overridden(model):
@@ -116,7 +172,9 @@ def test_mixed_prompts_are_grouped_with_alpha_split(model):
     rng.shuffle(records)
     verdict = certify_samples(records, model=MODEL, sampling=SAMPLING, max_new_tokens=MAX_NEW, eos_id=True)
     assert sorted(p.prompt for p in verdict.prompts) == [(1,), (2,)]
-    assert all(p.n == 2_000 and p.fit.alpha == pytest.approx(5e-7) for p in verdict.prompts)
+    # 2 full-law tests and the pooled transition test over both prompts: 3 tests
+    assert all(p.n == 2_000 and p.fit.alpha == pytest.approx(1e-6 / 3) for p in verdict.prompts)
+    assert verdict.transitions.alpha == pytest.approx(1e-6 / 3) and verdict.transitions.n > 4_000
     assert verdict.certified, verdict.report()
 
 

@@ -151,3 +151,44 @@ def test_total_states_what_it_detects():
         assert_total(70, [0.5] * 100, [0.25] * 100, what="coin flips", alpha=1e-3)
     empty = assert_total(0, [], [], what="nothing judged").as_record()
     assert empty["detects"] is None and judge_power([empty])[0] == "inconclusive"
+
+
+# ----------------------------------------------------------------------------- transitions (product multinomial)
+
+
+def _chain(rng, table, start, n, steps):
+    """``n`` paths of a Markov chain with transition rows ``table`` from state ``start``: counts per (state, next)."""
+    states = np.full(n, start)
+    counts = np.zeros_like(table, dtype=np.int64)
+    cum = table.cumsum(1)
+    for _ in range(steps):
+        nxt = (rng.random(n)[:, None] > cum[states]).sum(1)
+        np.add.at(counts, (states, nxt), 1)
+        states = nxt
+    return counts
+
+
+def test_transition_test_holds_its_level_on_a_chain_and_states_its_power():
+    """Visit counts are random, each step a fresh draw given the past: the pooled statistic is chi-square under the
+    null (false alarms near alpha over 400 chains), and a chain 0.05 off in every row is caught as stated."""
+    from properties.stats import conditional_goodness_of_fit
+
+    rng = np.random.default_rng(0)
+    table = rng.dirichlet(np.ones(4) * 3, size=4)
+    labels = [str(t) for t in range(4)]
+    fails = 0
+    for _ in range(400):
+        counts = _chain(rng, table, 0, 500, 4)
+        fit = conditional_goodness_of_fit([(f"s{i}", counts[i], table[i]) for i in range(4)], what="null",
+                                          labels=labels, alpha=0.05, tv=0.05)
+        fails += not fit.passed
+        assert fit.n == 2_000 and fit.df == 12
+    assert 8 <= fails <= 35  # binomial(400, 0.05): mean 20, sd 4.4
+    off = table.copy()
+    off[:, 0] += 0.05
+    off[:, 1] -= 0.05  # TV 0.05 in every row (every row has mass >= 0.05 there for this seed)
+    assert (off > 0).all()
+    fit = conditional_goodness_of_fit([(f"s{i}", c, table[i]) for i, c in enumerate(_chain(rng, off, 0, 5_000, 4))],
+                                      what="biased", labels=labels, alpha=1e-6, tv=0.05)
+    assert fit.power > 0.99 and not fit.passed
+    assert "s0 -> 0" in fit.report()  # cells name their class and outcome

@@ -1,0 +1,162 @@
+"""The law of every generated token given its context: pooled transition counts against the exact law.
+
+A speculative engine samples the first generated token from the prefill, before any draft exists; the
+tokens after it are where drafts are accepted, rejected and repaired. A test of the law of the first
+``L`` tokens of a completion needs the cells of every continuation, so at the sample sizes people
+produce (20 000 completions) ``L`` is often 1, and no drafted token is tested at all.
+
+This module tests *every* generated position after the first at once. Position ``i`` of a completion
+(1-based; the first generated token is position 1) was drawn, under the null, from the target's
+processed next-token law given the prompt and the ``i - 1`` tokens before it
+(:func:`properties.sequences.next_token_law`, history settings included). Positions whose exact
+conditional laws are identical form one *context class* (for the order-1 checkpoints: the last
+token; for order-2: the last two tokens and the position's parity; with penalties, more classes),
+and the counts of (class, next token) are tested with
+:func:`properties.stats.conditional_goodness_of_fit`, the goodness-of-fit test of a chain's
+transitions. The classes are found by computing the law of every visited context exactly, never by
+assuming the model's order, so the test is valid for any settings.
+
+What each test sees: the transition test sees any bias in the conditional law of the tokens after
+the first that survives averaging over the visits of a class (a wrong residual, a stale K/V entry, a
+wrong position, a penalty on the wrong history, a sampling parameter read from the wrong request),
+with power from *all* positions pooled, which grows with the number of generated tokens. It is
+blind to a bias that cancels within a class: a law that is right on average over the histories of a
+context class but wrong for each (say, wrong after a rejected draft, right after an accepted one, in
+proportions that balance). The full-law test of the first ``L`` tokens (``conformance.samples``)
+sees any dependence across those positions but needs many more samples per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from properties.history_law import eos_set
+from properties.sequences import next_token_law, processed_logits64
+from properties.stats import ALPHA, TV, FitResult, conditional_goodness_of_fit
+from specdec_ref.warp import SamplingConfig, warp
+
+__all__ = ["ContextClass", "TransitionCounts", "count_transitions", "transition_test", "FIRST_TESTED_POSITION"]
+
+#: Position 1 is sampled from the prefill; the transition test covers positions 2, 3, ...
+FIRST_TESTED_POSITION = 2
+#: Laws equal to this many decimals are one class (they come from one table row through the same float64 code).
+_CLASS_DECIMALS = 12
+
+
+@dataclass
+class ContextClass:
+    """Positions whose next-token law is one and the same vector ``probs``."""
+
+    probs: np.ndarray
+    example: tuple[int, ...]  # one visited context (prompt + generated prefix), for the reader
+    contexts: int = 0  # distinct contexts in the class
+    counts: dict[int, np.ndarray] = field(default_factory=dict)  # position -> next-token counts
+
+    def name(self) -> str:
+        """``ctx [6, 0, 4] +8 alike``: one visited context (prompt + prefix) and how many others share its law."""
+        more = f" +{self.contexts - 1} alike" if self.contexts > 1 else ""
+        return f"ctx {list(self.example)}{more}"
+
+
+@dataclass
+class TransitionCounts:
+    """Every tested transition of a file, by class and position; ``excluded``: why some were not tested."""
+
+    vocab: int
+    classes: list[ContextClass]
+    positions: list[int]  # the generated positions (1-based) that have at least one transition
+    excluded: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(sum(c.sum() for cl in self.classes for c in cl.counts.values()))
+
+    def groups(self, positions: Iterable[int] | None = None) -> list[tuple[str, np.ndarray, np.ndarray]]:
+        """``(name, counts, probs)`` per class, pooled over ``positions`` (default: all)."""
+        wanted = None if positions is None else set(positions)
+        out = []
+        for cl in self.classes:
+            counts = np.zeros(self.vocab, dtype=np.int64)
+            for pos, c in cl.counts.items():
+                if wanted is None or pos in wanted:
+                    counts += c
+            if counts.sum():
+                out.append((cl.name(), counts, cl.probs))
+        return out
+
+
+def _tie_split(rows: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Bool per row: a top-p cut drops a token tied with the lowest kept one (the law is then not determined)."""
+    if config.greedy or config.top_p is None:
+        return torch.zeros(rows.shape[0], dtype=torch.bool)
+    kept = warp(rows, config, dtype=torch.float64) > 0
+    lowest = torch.where(kept, rows, torch.full_like(rows, float("inf"))).min(-1, keepdim=True).values
+    return (~kept & (rows == lowest)).any(-1)
+
+
+def count_transitions(
+    model,
+    completions: Iterable[tuple[Sequence[int], Sequence[int]]],
+    config: SamplingConfig,
+    *,
+    eos_id=None,
+    first_position: int = FIRST_TESTED_POSITION,
+    max_position: int | None = None,
+) -> TransitionCounts:
+    """Count (context class, next token) over generated positions ``first_position..max_position``.
+
+    ``completions``: ``(prompt_ids, completion_ids)`` pairs. Tokens after the first EOS (an invariant
+    violation, reported elsewhere) are not counted; contexts whose law a top-p cut splits between tied
+    logits are excluded and counted in ``excluded``.
+    """
+    eos = set(eos_set(eos_id))
+    visits: dict[tuple[int, ...], dict[tuple[int, ...], list[int]]] = {}  # prompt -> prefix -> [tokens...] per pos
+    positions: set[int] = set()
+    for prompt, completion in completions:
+        prompt = tuple(int(t) for t in prompt)
+        completion = [int(t) for t in completion]
+        end = len(completion)
+        for i, t in enumerate(completion):
+            if t in eos:
+                end = i + 1
+                break
+        last = end if max_position is None else min(end, max_position)
+        per_prompt = visits.setdefault(prompt, {})
+        for pos in range(first_position, last + 1):
+            per_prompt.setdefault(tuple(completion[: pos - 1]), []).append(completion[pos - 1])
+            positions.add(pos)
+    classes: dict[bytes, ContextClass] = {}
+    excluded: dict[str, int] = {}
+    vocab = None
+    for prompt, prefixes in visits.items():
+        keys = sorted(prefixes)
+        laws = next_token_law(model, list(prompt), keys, config, eos_id=eos_id).cpu().numpy()
+        split = _tie_split(processed_logits64(model, list(prompt), keys, config, eos_id=eos_id), config)
+        vocab = laws.shape[-1]
+        for prefix, law, bad in zip(keys, laws, split.tolist()):
+            tokens = prefixes[prefix]
+            if bad:
+                reason = "a top-p cut splits tied logits (which tied token survives is implementation-defined)"
+                excluded[reason] = excluded.get(reason, 0) + len(tokens)
+                continue
+            key = np.round(law, _CLASS_DECIMALS).tobytes()
+            cl = classes.get(key)
+            if cl is None:
+                cl = classes[key] = ContextClass(probs=law, example=prompt + prefix)
+            cl.contexts += 1
+            pos = len(prefix) + 1
+            counts = cl.counts.setdefault(pos, np.zeros(vocab, dtype=np.int64))
+            np.add.at(counts, np.asarray(tokens, dtype=np.int64), 1)
+    if vocab is None:
+        vocab = int(getattr(model, "vocab", 0) or 0)
+    return TransitionCounts(vocab=vocab, classes=list(classes.values()), positions=sorted(positions), excluded=excluded)
+
+
+def transition_test(counts: TransitionCounts, *, what: str, positions: Iterable[int] | None = None,
+                    alpha: float = ALPHA, tv: float = TV) -> FitResult:
+    """The pooled transition test over ``positions`` (default: every counted position)."""
+    labels = [str(t) for t in range(counts.vocab)]
+    return conditional_goodness_of_fit(counts.groups(positions), what=what, labels=labels, alpha=alpha, tv=tv)
