@@ -557,6 +557,10 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
             parts.append(f"top_k={sampling.top_k}")
         if sampling.top_p is not None:
             parts.append(f"top_p={sampling.top_p:g}")
+    for _, name, _, off in _EXTRA_SETTINGS:
+        value = getattr(sampling, name)
+        if value != off and not (sampling.greedy and name == "min_p"):
+            parts.append(f"{name}={value:g}")
     parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
     return ", ".join(parts)
 
@@ -565,6 +569,10 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
                    source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None) -> str:
     """The command line that reproduces a verdict."""
     args = ["python", "-m", "conformance.samples", "--model", model_name]
+    for flag, name, _, off in _EXTRA_SETTINGS:
+        value = getattr(sampling, name)
+        if value != off and not (sampling.greedy and name == "min_p"):
+            args += [flag, f"{value:g}"]
     if sampling.greedy:
         args.append("--greedy")
         if tolerance is not None:
@@ -977,10 +985,26 @@ def generate_with_transformers(
 # ----------------------------------------------------------------------------- command line
 
 
+#: The history-dependent and min-p settings the certify command accepts: (flag, SamplingConfig field, type, off value).
+_EXTRA_SETTINGS = (
+    ("--min-p", "min_p", float, None),
+    ("--repetition-penalty", "repetition_penalty", float, 1.0),
+    ("--presence-penalty", "presence_penalty", float, 0.0),
+    ("--frequency-penalty", "frequency_penalty", float, 0.0),
+    ("--min-new-tokens", "min_new_tokens", int, 0),
+)
+
+
 def _sampling_from_args(args) -> SamplingConfig:
+    extra = {name: getattr(args, name) for _, name, _, _ in _EXTRA_SETTINGS if hasattr(args, name)}
     if args.greedy:
-        return GREEDY
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+        return SamplingConfig(greedy=True, **{k: v for k, v in extra.items() if k != "min_p"})
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, **extra)
+
+
+def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
+    for flag, name, kind, off in _EXTRA_SETTINGS:
+        parser.add_argument(flag, dest=name, type=kind, default=off, help=f"the engine's {name} (default: off)")
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -1001,6 +1025,7 @@ def _certify_main(argv: list[str]) -> int:
     parser.add_argument("file", help="JSONL: one object per line with prompt_ids, completion_ids (and optional seed, finish_reason)")
     parser.add_argument("--model", required=True, help="the exact model the completions come from (e.g. order1-target) or a pair name")
     _add_sampling_args(parser)
+    _add_extra_setting_args(parser)
     parser.add_argument("--length", type=int, default=None, help="L, the number of first tokens whose law is tested (default: chosen from N)")
     parser.add_argument("--tv", type=float, default=SAMPLES_TV, help=f"the alternative the power is stated against (default {SAMPLES_TV})")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="greedy: the dtype the engine ran in (flip tolerance)")

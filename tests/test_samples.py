@@ -387,3 +387,18 @@ def test_generate_without_eos_and_the_generate_command(tmp_path, capsys):
     assert main(args) == 0 and "wrote 4 completions" in capsys.readouterr().out
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["prompt_ids"] for x in lines] == [[1], [1], [2, 3], [2, 3]] and [x["seed"] for x in lines] == [7, 8, 9, 10]
+
+
+def test_penalties_and_min_p_are_certified_from_the_command_line_and_replayed(model, tmp_path):
+    """History settings go through the CLI and come back in the replay command (the engine runner's replays use it)."""
+    cfg = SamplingConfig(temperature=0.9, min_p=0.05, repetition_penalty=1.3, presence_penalty=0.5)
+    records = exact_sampler(model, PROMPT, 3_000, cfg, seed=21)
+    path = write_jsonl(tmp_path / "pen.jsonl", records)
+    verdict = certify_samples(path, model=MODEL, sampling=cfg, max_new_tokens=MAX_NEW, eos_id=True)
+    assert verdict.certified, verdict.report()
+    assert "--min-p 0.05 --repetition-penalty 1.3 --presence-penalty 0.5" in verdict.replay
+    assert "repetition_penalty=1.3" in verdict.report()
+    args = verdict.replay.split()[3:]  # after "python -m conformance.samples"
+    assert main(args) == 0
+    wrong = exact_sampler(model, PROMPT, 3_000, SamplingConfig(temperature=0.9, min_p=0.05), seed=22)  # penalties ignored
+    assert not certify_samples(wrong, model=MODEL, sampling=cfg, max_new_tokens=MAX_NEW, eos_id=True).certified
