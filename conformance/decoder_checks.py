@@ -544,21 +544,63 @@ def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
     total over every round of 150 decodes is tested against the sum of the means (normal approximation,
     power stated against the smallest detectable shift of the mean per round).
     """
+    _assert_acceptance_is_ideal(backend, ctx, EFFICIENCY_SAMPLING, "efficiency")
+
+
+#: Efficiency cases whose outcome the order of temperature and filters moves (``EFFICIENCY_PAIR``, k = 4,
+#: 150 decodes of 64 tokens, about 3 000-4 500 rounds each). A representative deviation, the draft proposing
+#: from ``softmax(filters(z) / T)`` (filters on the raw logits, temperature after) while reporting that q
+#: honestly (exact, acceptance moved), shifts the exact mean accepted drafts per round (uniform start token)
+#: by the stated amount, 8-10 standard errors of the case's total (computed in tests/test_lossless_decoder.py).
+FILTERED_EFFICIENCY: dict[str, tuple[SamplingConfig, str]] = {
+    "cold": (SamplingConfig(temperature=0.5, top_k=3, top_p=0.8), "0.527 -> 0.628 accepted per round (+19%)"),
+    "hot": (SamplingConfig(temperature=1.5, top_k=4, top_p=0.7), "1.111 -> 0.933 accepted per round (-16%)"),
+    "min_p": (SamplingConfig(temperature=1.5, min_p=0.1), "1.518 -> 1.242 accepted per round (-18%)"),
+}
+
+
+@check(
+    guards="acceptance lost (or moved) without bias where the order of temperature and filters matters: the draft "
+    "proposing from a differently warped distribution than the declared one while reporting it honestly",
+    requires=("decoder", "sampling"),  # top_k / top_p / min_p per case: a case using an unclaimed filter is skipped
+    cases=[(name, {"case": name}) for name in FILTERED_EFFICIENCY],
+    statistical=True,
+)
+def check_decoder_acceptance_under_filters(backend, ctx: CheckContext, case: str):
+    """``decoder_acceptance_is_ideal`` at temperature 0.5 or 1.5 with top-k / top-p or min-p, where filters before
+    temperature keep other sets than temperature before filters (at 0.7 without filters the order cannot matter).
+
+    Case ``cold`` (T 0.5, top-k 3, top-p 0.8), ``hot`` (T 1.5, top-k 4, top-p 0.7), ``min_p`` (T 1.5, min-p 0.1) on
+    ``order1-far``: the representative deviation (draft filtered before its temperature) moves the exact mean
+    accepted drafts per round by +19%, -16% and -18% (0.527 -> 0.628, 1.111 -> 0.933, 1.518 -> 1.242), 8-10
+    standard errors of each case's total; the test is two-sided (a draft other than the declared one fails).
+    """
+    sampling, _ = FILTERED_EFFICIENCY[case]
+    used = [flag for flag in ("top_k", "top_p", "min_p") if getattr(sampling, flag) is not None]
+    unclaimed = [flag for flag in used if not backend.capabilities.has(flag)]
+    if unclaimed:
+        raise NotApplicable(f"case {case} samples with {', '.join(used)}; the backend does not claim {unclaimed}")
+    _assert_acceptance_is_ideal(backend, ctx, sampling, f"efficiency-{case}")
+
+
+def _assert_acceptance_is_ideal(backend, ctx: CheckContext, sampling: SamplingConfig, seed_key: str) -> None:
+    """Decode ``EFFICIENCY_DECODES`` times on ``EFFICIENCY_PAIR`` with ``sampling``; the accepted drafts of every
+    drafted round against the declared scheme's exact expectation given its start (recorded on ``ctx``)."""
     from properties.markov import accepted_moments
     from specdec_ref.exact_models import exact_pair
 
     scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law; its tokens per call are measured instead")
-    tables = efficiency_tables(EFFICIENCY_PAIR, EFFICIENCY_SAMPLING)
+    tables = efficiency_tables(EFFICIENCY_PAIR, sampling)
     pair = exact_pair(EFFICIENCY_PAIR)
     target, draft = sequence_models(EFFICIENCY_PAIR)
-    gen = torch.Generator().manual_seed(ctx.seed_for("efficiency"))
-    starts = torch.randint(0, pair.target.vocab, (EFFICIENCY_DECODES, 3), generator=torch.Generator().manual_seed(ctx.seed_for("efficiency-prompts")))
+    gen = torch.Generator().manual_seed(ctx.seed_for(seed_key))
+    starts = torch.randint(0, pair.target.vocab, (EFFICIENCY_DECODES, 3), generator=torch.Generator().manual_seed(ctx.seed_for(f"{seed_key}-prompts")))
     moments: dict[int, tuple] = {}
     means, variances, accepted = [], [], 0
     for prompt in starts:
         result = _decode(
             backend, target, draft, prompt[None, :], k=EFFICIENCY_K, max_new_tokens=EFFICIENCY_NEW_TOKENS,
-            sampling=EFFICIENCY_SAMPLING, generator=gen,
+            sampling=sampling, generator=gen,
         )
         full = prompt.tolist() + result.tokens
         for r in result.rounds:
@@ -571,11 +613,12 @@ def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
             means.append(mean[last])
             variances.append(var[last])
             accepted += r.accepted
+    settings = ", ".join(f"{k}={v}" for k, v in sampling.as_dict().items() if k in ("temperature", "top_k", "top_p", "min_p") and v is not None)
     ctx.record(
         assert_total(
             accepted, means, variances, unit="accepted drafts",
             what=f"accepted drafts per round vs the exact expectation of the declared scheme ({scheme.label}) "
-            f"on {EFFICIENCY_PAIR} at temperature {EFFICIENCY_SAMPLING.temperature}, k={EFFICIENCY_K}",
+            f"on {EFFICIENCY_PAIR} at {settings}, k={EFFICIENCY_K}",
         )
     )
 

@@ -390,3 +390,44 @@ def test_a_case_using_a_filter_the_backend_does_not_claim_is_skipped_with_the_re
     backend.capabilities = dataclasses.replace(backend.capabilities, top_p=False)
     record = run_case(_case("position"), backend, CheckContext(profile="dev"))
     assert record.status == "skipped" and "does not claim ['top_p']" in record.message
+
+
+# ----------------------------------------------------------------------------- efficiency under filters
+
+
+def _filters_first(z, c):
+    from specdec_ref.warp import min_p_filter
+
+    x = min_p_filter(top_p_filter(top_k_filter(z.to(torch.float64), c.top_k), c.top_p), c.min_p)
+    return torch.softmax(scale_temperature(x, c.temperature), -1)
+
+
+@pytest.mark.parametrize("case", ["cold", "hot", "min_p"])
+def test_the_stated_efficiency_shifts_are_exact_and_at_least_four_standard_errors(case):
+    """FILTERED_EFFICIENCY's numbers: ideal vs filters-before-temperature draft, exact mean accepted drafts per round
+    (uniform start token), and the shift in standard errors of a total over 3 000 rounds (fewer than a case makes)."""
+    from conformance.decoder_checks import EFFICIENCY_K, EFFICIENCY_PAIR, FILTERED_EFFICIENCY
+    from properties.exact import TOKEN
+    from properties.markov import MarkovPair, accepted_moments
+
+    cfg, stated = FILTERED_EFFICIENCY[case]
+    pair = exact_pair(EFFICIENCY_PAIR)
+    contexts = [[a] for a in range(pair.target.vocab)]
+    zt, zd = pair.target.next_logits(contexts), pair.draft.next_logits(contexts)
+    p = warp(zt, cfg, dtype=torch.float64).numpy()
+    ideal, var = accepted_moments(MarkovPair("ideal", p, warp(zd, cfg, dtype=torch.float64).numpy(), 0, ""), TOKEN, EFFICIENCY_K)
+    moved, _ = accepted_moments(MarkovPair("moved", p, _filters_first(zd, cfg).numpy(), 0, ""), TOKEN, EFFICIENCY_K)
+    assert stated.startswith(f"{ideal.mean():.3f} -> {moved.mean():.3f}"), (stated, ideal.mean(), moved.mean())
+    assert abs(ideal.mean() - moved.mean()) / math.sqrt(var.mean() / 3_000) > 4
+    plain = warp(zd, SamplingConfig(temperature=0.7), dtype=torch.float64)
+    assert torch.allclose(plain, _filters_first(zd, SamplingConfig(temperature=0.7)))  # the old case cannot see it
+
+
+def test_the_old_efficiency_case_lets_the_filter_order_mutant_through():
+    """decoder_acceptance_is_ideal (temperature 0.7, no filter) passes the filters-before-temperature draft: only the
+    filtered cases see it."""
+    from fixtures.mutants.decoder import DraftFiltersBeforeTemperature
+
+    (case,) = [c for c in all_cases(["decoder_acceptance_is_ideal"])]
+    record = run_case(case, ReferenceBackend(decoder=DraftFiltersBeforeTemperature()), CheckContext(profile="ci"))
+    assert record.status == "passed", record.message[:1500]
