@@ -21,13 +21,19 @@ Two families (see ``docs/exact-models.md`` for the weight constructions and the 
   per (previous token, last token, parity) cell writes that cell's logits. Contexts must start with
   ``<bos>`` (id 6) and contain it nowhere else; ``<bos>`` itself has logit :data:`BOS_LOGIT` (-2**16)
   everywhere, so its probability is exactly 0 in float64 and float32 and it is never generated.
+* **offset variants** (``order1-target-offset``, ``order1-draft-close-offset``; pair ``order1-close-offset``;
+  :mod:`specdec_ref.exact_offset`): an order1 table plus 80 on every logit, carried by constant channels
+  through ``lm_head``. The same law, float32-exact logits that bfloat16 cannot represent (it rounds them by up
+  to 1/4), so a decoder sampling in lower precision than it reports changes the law (the other models'
+  logits are exact in bf16 and hide it).
 
 Exactness: every weight is a dyadic number with at most 8 significant bits (exact in bfloat16), RMS
 norms see a mean square of exactly 1 (``rms_norm_eps = 0``), attention scores separate the attended
 key from every other one by more than 150 after scaling (so the float32 softmax is exactly one-hot,
 whatever rounding RoPE introduces), and the MLP gates are exactly 32 ("on", SiLU(32) == 32 in float32)
 or <= -112 ("off", SiLU == -0). So the float32 forward returns the table logits bit for bit, with or
-without a KV cache; in bfloat16 the same holds (stated and tested bound: 0).
+without a KV cache; in bfloat16 the same holds (stated and tested bound: 0), except for the offset variants,
+whose bf16 logits are the table rounded to bf16 (``ExactModel.bf16_logit_bound`` = 1/4, attained).
 
 Both families are Llama: GPT-2's LayerNorm subtracts a mean that torch computes with a Welford
 recurrence (rounded ``1/k`` factors), which is inexact even for inputs of constant mean and variance,
@@ -56,6 +62,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import torch
+
+from . import exact_offset
 
 __all__ = [
     "ASSET_ROOT",
@@ -86,7 +94,8 @@ MAX_POSITIONS: int = 128
 #: float64 and float32 for any temperature <= ~80, so ``<bos>`` is never generated.
 BOS_LOGIT: float = -(2.0**16)
 #: Stated bfloat16 bound, max |logit error| of the bf16 checkpoint against the table (tested; the
-#: construction keeps every intermediate value exact in bf16, so the measured error is 0).
+#: construction keeps every intermediate value exact in bf16, so the measured error is 0). The offset
+#: variants state their own (``ExactModel.bf16_logit_bound``, ``specdec_ref.exact_offset``).
 BF16_LOGIT_BOUND: float = 0.0
 #: Stated bfloat16 bound on max |probability error| (softmax of the bf16 logits in float64).
 BF16_PROB_BOUND: float = 0.0
@@ -291,6 +300,11 @@ class ExactModel:
     bos_id: int | None = None
     arch: str = "LlamaForCausalLM"
     table: np.ndarray = field(default=None, repr=False, compare=False)  # float64 logits, by cell
+    #: common offset of every logit (0; LOGIT_OFFSET for the offset variants of ``specdec_ref.exact_offset``)
+    logit_offset: float = 0.0
+    #: stated bf16 bounds of this checkpoint (0 unless its logits are not exact in bf16: the offset variants)
+    bf16_logit_bound: float = BF16_LOGIT_BOUND
+    bf16_prob_bound: float = BF16_PROB_BOUND
     _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ law
@@ -463,6 +477,14 @@ def _make_models() -> dict[str, ExactModel]:
     for name, table, kw, desc in specs:
         table.setflags(write=False)  # the law: read-only
         models[name] = ExactModel(name=name, description=desc, path=ASSET_ROOT / name, table=table, **kw)
+    for name, base, desc in exact_offset.OFFSET_MODELS:  # the same laws, logits + 80 (not exact in bf16)
+        table = models[base].table + exact_offset.LOGIT_OFFSET
+        table.setflags(write=False)
+        models[name] = ExactModel(
+            name=name, description=d1 + f" ({desc})", path=ASSET_ROOT / name, table=table, **o1,
+            logit_offset=exact_offset.LOGIT_OFFSET, bf16_logit_bound=exact_offset.BF16_LOGIT_BOUND,
+            bf16_prob_bound=exact_offset.BF16_PROB_BOUND,
+        )
     return models
 
 
@@ -477,7 +499,7 @@ def _make_pairs() -> dict[str, ExactPair]:
         ("order1-same", "order1-target", "order1-draft-same", "identical draft: every draft token is accepted (acceptance 1)"),
         ("order2-order1", "order2-target", "order2-draft", "order-1 draft for an order-2, position-dependent target (~0.70)"),
         ("order2-close", "order2-target", "order2-draft-close", "order-2 draft close to the target (~0.90)"),
-    ]
+    ] + list(exact_offset.OFFSET_PAIRS)
     return {name: ExactPair(name, m[t], m[d], purpose) for name, t, d, purpose in specs}
 
 
@@ -876,7 +898,10 @@ def _safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str])
 
 
 def _weights(model: ExactModel) -> dict[str, np.ndarray]:
-    if model.family == "order1":
+    if model.family == "order1" and model.logit_offset:
+        table = model.table - model.logit_offset  # exact: the base table
+        weights = exact_offset.offset_order1_weights(_order1_weights(table, seed=1000), table, model.logit_offset)
+    elif model.family == "order1":
         weights = _order1_weights(model.table, seed=1000)
     else:
         _check_prev_head_margin()
@@ -952,11 +977,11 @@ def check(root: str | Path | None = None, *, verbose: bool = True) -> list[dict]
         )
         problems += [f"{name}: {b}" for b in bad]
     if verbose:
-        print(f"{'name':<20} {'arch':<17} {'V':>2} {'size KB':>8}  {'pair':<14} {'acceptance':>10}  status")
+        print(f"{'name':<25} {'arch':<17} {'V':>2} {'size KB':>8}  {'pair':<19} {'acceptance':>10}  status")
         for r in rows:
             acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.4f}"
             status = "ok" if not r["problems"] else "; ".join(r["problems"])
-            print(f"{r['name']:<20} {r['arch']:<17} {r['V']:>2} {r['size_kb']:>8.1f}  {r['pair']:<14} {acc:>10}  {status}")
+            print(f"{r['name']:<25} {r['arch']:<17} {r['V']:>2} {r['size_kb']:>8.1f}  {r['pair']:<19} {acc:>10}  {status}")
         print(f"total {sum(r['size_kb'] for r in rows):.1f} KB in {root}")
     if problems:
         raise AssertionError("exact-model checkpoints differ from the builder (run `python -m specdec_ref.exact_models build`): " + "; ".join(problems))

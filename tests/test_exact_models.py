@@ -36,6 +36,7 @@ from specdec_ref.exact_models import (
     exact_pair,
     prev_head_scores,
 )
+from specdec_ref.exact_offset import LOGIT_OFFSET, OFFSET_MODELS, bf16_table
 from specdec_ref.forward import reference_logits
 from specdec_ref.warp import scale_temperature, top_k_filter, top_p_filter
 
@@ -48,6 +49,7 @@ STATED_ACCEPTANCE = {
     "order1-same": 1.0,
     "order2-order1": 0.7005,
     "order2-close": 0.9053,
+    "order1-close-offset": 0.8987,  # order1-close + 80 on every logit: the same law
 }
 
 
@@ -233,7 +235,31 @@ def test_bfloat16_within_the_stated_bound(name):
     for got in (reference_logits(model, long_ids).double(), _incremental_logits(model, long_ids, schedule=(3, 1))):
         worst_logit = max(worst_logit, float((got - expected).abs().max()))
         worst_prob = max(worst_prob, float((_probs_from(got) - _probs_from(expected)).abs().max()))
-    assert worst_logit <= BF16_LOGIT_BOUND and worst_prob <= BF16_PROB_BOUND, (worst_logit, worst_prob)
+    assert worst_logit <= m.bf16_logit_bound and worst_prob <= m.bf16_prob_bound, (worst_logit, worst_prob)
+    if not m.logit_offset:
+        assert m.bf16_logit_bound == BF16_LOGIT_BOUND == 0 and m.bf16_prob_bound == BF16_PROB_BOUND == 0
+    else:  # the offset variants: the bound is attained (their logits are not exact in bf16 by design)
+        assert worst_logit == m.bf16_logit_bound and worst_prob > m.bf16_prob_bound / 2, (worst_logit, worst_prob)
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in OFFSET_MODELS])
+def test_offset_variants_have_the_base_law_and_bf16_rounds_exactly_their_table(name):
+    """Same law as the base model bit for bit (softmax is shift-invariant and the shift is exact), float32 logits
+    the table, bfloat16 logits exactly the table rounded to bf16 (one rounding of an exact two-term sum), which
+    differs from the table in many rows."""
+    m = exact_model(name)
+    base = exact_model(dict((n, b) for n, b, _ in OFFSET_MODELS)[name])
+    assert m.logit_offset == LOGIT_OFFSET == 80 and np.array_equal(m.table - LOGIT_OFFSET, base.table)
+    contexts = _short_contexts(m)
+    assert torch.equal(m.next_probs(contexts), base.next_probs(contexts))
+    for t in (0.5, 0.25):
+        assert torch.equal(torch.softmax(m.next_logits(contexts) / t, -1), torch.softmax(base.next_logits(contexts) / t, -1))
+    rows = m.next_logits(m.row_contexts())
+    assert torch.equal(reference_logits(m.load(), m.row_contexts())[:, -1].double(), rows)
+    got = reference_logits(m.load(torch.bfloat16), m.row_contexts())[:, -1].double()
+    assert torch.equal(got, torch.from_numpy(bf16_table(rows.numpy())))
+    assert int((got != rows).sum()) >= 15 and float((got - rows).abs().max()) == 0.25
+    assert bool((rows.float().to(torch.bfloat16).double() != rows).any())  # not representable in bf16
 
 
 def test_previous_token_head_margin():
@@ -365,7 +391,7 @@ def test_every_row_has_a_unique_maximum_and_logits_on_the_grid(name):
     for row in logits:
         s = row.sort(descending=True).values
         assert s[0] > s[1]
-    real = logits[logits != BOS_LOGIT]
+    real = logits[logits != BOS_LOGIT] - m.logit_offset  # exact (the offset variants: + 80)
     assert torch.equal(real * 8, (real * 8).round()) and real.abs().max() <= 8
     if m.bos_id is not None:
         assert torch.all(logits[:, m.bos_id] == BOS_LOGIT)
