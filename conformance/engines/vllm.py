@@ -54,9 +54,10 @@ def find_python() -> str:
                            "`bash scripts/vllm_env.sh` and run `.venv-vllm/bin/python -m conformance.engines.vllm`")
 
 
-def _run_worker(python: str, cfg: str, raw: Path, *, patch: str, cases: str = "", split: bool = False,
+def _run_worker(python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "", split: bool = False,
                 scale: float = 1.0, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    cmd = [python, "-m", "conformance.engines.vllm_worker", "--config", cfg, "--raw", str(raw), "--scale", str(scale)]
+    cmd = [python, "-m", "conformance.engines.vllm_worker", "--config", cfg, "--raw", str(raw), "--scale", str(scale),
+           "--family", family]
     cmd += ["--patch", patch] if patch else []
     cmd += ["--cases", cases] if cases else []
     cmd += ["--split"] if split else []
@@ -86,17 +87,17 @@ def _run_worker(python: str, cfg: str, raw: Path, *, patch: str, cases: str = ""
     return state
 
 
-def run_configuration(python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float) -> dict:
-    """The worker for one configuration; cases lost to an engine crash are rerun once, one generate call each."""
-    raw = out / "raw" / cfg_name
-    state = _run_worker(python, cfg_name, raw, patch=patch, scale=scale, timeout=timeout)
+def _run_family(python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float,
+                timeout: float) -> dict:
+    """One worker for one target family; cases lost to an engine crash are rerun once, one generate call each."""
+    state = _run_worker(python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout)
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
     if crashed and not state.get("error", "").startswith("setup"):
-        print(f"  [{cfg_name}] engine failed on {crashed}: rerunning them one call each", flush=True)
+        print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one call each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
         (raw / "worker.json").rename(raw / "worker-first.json")
-        retry = _run_worker(python, cfg_name, raw, patch=patch, cases=",".join(crashed), split=True, scale=scale,
-                            timeout=timeout)
+        retry = _run_worker(python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed), split=True,
+                            scale=scale, timeout=timeout)
         for n in crashed:
             c = retry["cases"].get(n, {"status": "not_run"})
             c["first_call"] = first[n]
@@ -105,6 +106,31 @@ def run_configuration(python: str, cfg_name: str, out: Path, *, patch: str, scal
         (raw / "worker.json").rename(raw / "worker-retry.json")
         (raw / "worker-first.json").rename(raw / "worker.json")
     return state
+
+
+def run_configuration(python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float) -> dict:
+    """A fresh worker process per target family (one ``vllm.LLM`` per process); their states merged, case files
+    under ``out/raw/<config>/<family>/``."""
+    cfg = config(cfg_name)
+    families = [f for f in FAMILIES if any(c.family == f for c in cases_for(cfg))]
+    if cfg.method is not None and EFFICIENCY.family not in families:
+        families.insert(0, EFFICIENCY.family)
+    merged = {"cases": {}, "families": {}, "efficiency": None, "wall_s": 0.0}
+    errors = []
+    for fam in families:
+        raw = out / "raw" / cfg_name / fam
+        st = _run_family(python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout)
+        for name, c in st["cases"].items():
+            merged["cases"][name] = {**c, "dir": str(raw)}
+        merged["families"][fam] = st.get("families", {}).get(fam, {})
+        merged["efficiency"] = merged["efficiency"] or st.get("efficiency")
+        merged["wall_s"] += st.get("wall_s") or 0.0
+        merged.setdefault("vllm", st.get("vllm"))
+        if st.get("error"):
+            errors.append(f"{fam}: {st['error']}")
+    if errors:
+        merged["error"] = "; ".join(errors)
+    return merged
 
 
 def _fit_summary(rec: dict) -> tuple[float | None, float | None]:
@@ -146,7 +172,7 @@ def _departure(case, path: Path, rec: dict) -> str | None:
     return "the joint law of the first tokens (no single position departs)"
 
 
-def certify_case(case, state: dict, raw: Path) -> dict:
+def certify_case(case, state: dict) -> dict:
     from conformance.samples import certify_samples
 
     info = state["cases"].get(case.name, {"status": "not_run"})
@@ -157,7 +183,7 @@ def certify_case(case, state: dict, raw: Path) -> dict:
         level = level if level in ENGINE_LEVELS else "engine_error"
         return {**base, "level": level, "headline": f"{level.upper().replace('_', ' ')}: {info.get('error', '')}"[:200],
                 "n": 0, "engine": info}
-    path = raw / info["file"]
+    path = Path(info["dir"]) / info["file"]
     try:
         verdict = certify_samples(str(path), model=case.model, sampling=case.sampling,
                                   max_new_tokens=case.max_new_tokens, eos_id=True if case.eos else None)
@@ -241,7 +267,7 @@ def run(args) -> dict:
         if state.get("error"):
             entry["failure"] = state["error"]
         for case in cases_for(cfg):
-            c = certify_case(case, state, out / "raw" / n)
+            c = certify_case(case, state)
             if c["level"] == "not_certified":
                 c["replay_command"] = write_replay(out, cfg, case, c, args.patch)
             entry["cases"][case.name] = c

@@ -1,6 +1,6 @@
 """One configuration of the vLLM matrix, run in its own process: load, generate, write completions and counters.
 
-    python -m conformance.engines.vllm_worker --config NAME --raw DIR [--patch A,B] [--cases a,b] [--split]
+    python -m conformance.engines.vllm_worker --config NAME --raw DIR [--family F] [--patch A,B] [--cases a,b] [--split]
 
 Run by ``conformance.engines.vllm`` (a subprocess with a timeout, so a crash or a hang of the engine never
 takes the runner down). Per target family it loads ``vllm.LLM`` once (in-process engine core,
@@ -94,7 +94,8 @@ class Worker:
         self.raw.mkdir(parents=True, exist_ok=True)
         self.cfg = config(args.config)
         wanted = set(args.cases.split(",")) if args.cases else None
-        self.cases = [c for c in cases_for(self.cfg) if wanted is None or c.name in wanted]
+        self.cases = [c for c in cases_for(self.cfg) if (wanted is None or c.name in wanted)
+                      and (not args.family or c.family == args.family)]
         self.state = {"config": self.cfg.name, "patch": args.patch or "", "applied": [], "split": bool(args.split),
                       "cases": {c.name: {"status": "pending"} for c in self.cases}, "families": {}, "efficiency": None,
                       "started": time.time()}
@@ -122,6 +123,8 @@ class Worker:
         families = [f for f in FAMILIES if any(c.family == f for c in self.cases)]
         if self.cfg.method is not None and not self.args.cases and EFFICIENCY.family not in families:
             families.insert(0, EFFICIENCY.family)
+        if self.args.family:
+            families = [f for f in families if f == self.args.family]
         for fam in families:
             self.family(fam)
         self.state["finished"] = time.time()
@@ -252,6 +255,7 @@ def main(argv=None) -> int:
     ap.add_argument("--patch", default="", help="vllm_patch defects to apply first, e.g. A or A,B")
     ap.add_argument("--cases", default="", help="only these cases (comma-separated); no efficiency set")
     ap.add_argument("--split", action="store_true", help="one generate call per case")
+    ap.add_argument("--family", default="", help="only this target family (order1 / order2): one LLM per process")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of each case's N (quick runs)")
     args = ap.parse_args(argv)
     return Worker(args).run()

@@ -1,0 +1,66 @@
+"""The vLLM black-box runner against the installed vLLM (vLLM stage only: needs ``.venv-vllm``).
+
+A reduced matrix (``--scale``: a few hundred completions per case, one draft-model configuration and the
+control) checks the runner end to end: the worker writes valid black-box files, the control is never NOT
+CERTIFIED, the efficiency counters are read, defect A shows in the counters unpatched (acceptance far below the
+exact expectation) and the patch restores it, and ``--check-expected`` refuses reduced runs. The full matrix
+(``python -m conformance.engines.vllm --out DIR --check-expected``) is the certification itself.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vLLM stage builds .venv-vllm with scripts/vllm_env.sh")
+
+SCALE = "0.02"
+
+
+def _run(tmp_path, *extra):
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "conformance.engines.vllm", "--out", str(out), "--configs", "control,draft-prob",
+           "--scale", SCALE, *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return json.loads((out / "verdicts.json").read_text()), out
+
+
+@pytest.fixture(scope="module")
+def unpatched(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("unpatched"))
+
+
+@pytest.fixture(scope="module")
+def patched(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("patched"), "--patch", "A,B")
+
+
+def test_control_is_never_rejected(unpatched):
+    results, out = unpatched
+    for name, c in results["configs"]["control"]["cases"].items():
+        assert c["level"] in ("certified", "reduced"), (name, c["headline"])
+        lines = [json.loads(x) for x in open(c["file"])]
+        assert all(set(r) >= {"prompt_ids", "completion_ids", "seed", "finish_reason"} for r in lines)
+    assert (out / "verdicts.md").read_text().count("| control |") == len(results["configs"]["control"]["cases"])
+
+
+def test_defect_a_shows_in_the_counters_and_the_patch_restores_them(unpatched, patched):
+    before = unpatched[0]["configs"]["draft-prob"]["efficiency"]
+    after = patched[0]["configs"]["draft-prob"]["efficiency"]
+    assert before["passed"] is False and before["failing"], before["verdict"]
+    assert after["passed"] is True, after["verdict"]
+    assert after["acceptance_per_token"] > 0.7 > before["acceptance_per_token"]
+
+
+def test_min_p_is_refused_with_speculation(unpatched):
+    c = unpatched[0]["configs"]["draft-prob"]["cases"]["min-p"]
+    assert c["level"] == "refused" and "min_p" in c["headline"]
+
+
+def test_reduced_runs_cannot_check_expectations(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "conformance.engines.vllm", "--out", str(tmp_path), "--scale", "0.1",
+                           "--check-expected"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--scale 1" in proc.stderr

@@ -1,0 +1,224 @@
+"""Fast tests of the vLLM runner's parts that need no vLLM: matrix, expectation file, efficiency maths, report.
+
+Nothing here imports vllm (the runner modules import it only inside the worker process).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conformance.engines import vllm as runner
+from conformance.engines import vllm_efficiency as eff
+from conformance.engines import vllm_matrix as matrix
+from conformance.engines import vllm_report as report
+from specdec_ref.warp import SamplingConfig
+
+
+def test_importing_the_runner_does_not_import_vllm():
+    import subprocess
+
+    code = ("import sys, conformance.engines.vllm, conformance.engines.vllm_worker, conformance.engines.vllm_report, "
+            "conformance.engines.vllm_efficiency; sys.exit(1 if 'vllm' in sys.modules else 0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_matrix_cases_are_well_defined():
+    from conformance.samples import split_ties
+    from specdec_ref.exact_models import exact_model
+
+    names = [c.name for c in matrix.CASES]
+    assert len(names) == len(set(names))
+    seeds = set()
+    for c in matrix.CASES:
+        em = exact_model(c.model)
+        assert c.n >= (20000 if not c.greedy else 100)
+        assert split_ties(em, c.prompt, c.max_new_tokens, c.sampling, eos_id=em.eos_id if c.eos else None) == []
+        if c.seeded:
+            s = {c.seed(i) for i in range(c.n)}
+            assert len(s) == c.n and not (s & seeds)
+            seeds |= s
+    for cfg in matrix.CONFIGS:
+        assert all(c in names for c in (cfg.cases or ()))
+    # the prompt-length split the (C) diagnosis needs: one-token and longer prompts with the same law
+    assert {matrix.case("warp-1tok").prompt, matrix.case("warp").prompt} == {(6,), (2, 6)}
+    assert len(matrix.case("position-1tok").prompt) == 1 and len(matrix.case("position").prompt) == 2
+
+
+def test_sampling_kwargs_set_every_filter_off_explicitly():
+    kw = matrix.vllm_sampling_kwargs(SamplingConfig(temperature=0.7), max_new_tokens=3, eos=True, eos_id=7, seed=5)
+    assert kw["top_k"] == 0 and kw["top_p"] == 1.0 and kw["min_p"] == 0.0 and kw["seed"] == 5
+    assert kw["stop_token_ids"] == [7] and kw["ignore_eos"] is False and kw["detokenize"] is False
+    g = matrix.vllm_sampling_kwargs(SamplingConfig(greedy=True), max_new_tokens=2, eos=False, eos_id=7, seed=None)
+    assert g["temperature"] == 0.0 and g["ignore_eos"] is True
+    p = matrix.vllm_sampling_kwargs(SamplingConfig(temperature=0.6, repetition_penalty=1.5, presence_penalty=0.5),
+                                    max_new_tokens=3, eos=True, eos_id=7, seed=1)
+    assert p["repetition_penalty"] == 1.5 and p["presence_penalty"] == 0.5 and p["frequency_penalty"] == 0.0
+
+
+def test_speculative_config():
+    assert matrix.speculative_config(matrix.config("control"), None) is None
+    spec = matrix.speculative_config(matrix.config("draft-prob"), "/d")
+    assert spec == {"method": "draft_model", "num_speculative_tokens": matrix.K, "draft_sample_method": "probabilistic",
+                    "model": "/d"}
+    assert "model" not in matrix.speculative_config(matrix.config("ngram"), "/d")
+
+
+# ----------------------------------------------------------------------------- efficiency maths
+
+
+def _brute_round_law(pair, start, k):
+    """P[m, y] of token-wise rejection sampling by direct recursion (independent of properties.exact)."""
+    p, q, V = pair.target, pair.draft, pair.vocab
+    out = np.zeros((k + 1, V))
+
+    def walk(last, j, mass):
+        if j == k:
+            out[k] += mass * p[last]
+            return
+        for d in range(V):
+            if q[last, d] == 0:
+                continue
+            acc = min(1.0, p[last, d] / q[last, d])
+            walk(d, j + 1, mass * q[last, d] * acc)
+            res = np.maximum(p[last] - q[last], 0)
+            if res.sum() > 0:
+                out[j] += mass * q[last, d] * (1 - acc) * res / res.sum()
+
+    walk(start, 0, 1.0)
+    return out
+
+
+def test_round_law_matches_a_direct_recursion():
+    pair, oracle = eff.tables("order1-close", SamplingConfig(temperature=0.7), "token")
+    for a in (0, 3, 6):
+        law = eff.round_law(pair, oracle, a, 2)
+        assert abs(law.sum() - 1) < 1e-12
+        np.testing.assert_allclose(law, _brute_round_law(pair, a, 2), atol=1e-12)
+
+
+def test_one_hot_tables_are_argmax_rows():
+    pair, _ = eff.tables("order1-close", SamplingConfig(temperature=0.7), "one_hot")
+    assert ((pair.draft == 0) | (pair.draft == 1)).all() and (pair.draft.sum(1) == 1).all()
+
+
+def test_expected_counts_small_cases_by_hand():
+    """Two tokens: the prefill samples y ~ p[b], then exactly one round from y, accepting its first draft with
+    probability sum_x min(p[y, x], q[y, x])."""
+    pair, oracle = eff.tables("order1-far", SamplingConfig(temperature=1.0), "token")
+    e = eff.expected(pair, oracle, 2, [3, 3, 5], 2)
+    assert np.isclose(e["mean"][0], 3) and np.isclose(e["cov"][0, 0], 0)
+    accept = np.minimum(pair.target, pair.draft).sum(1)
+    assert np.isclose(e["mean"][1], 2 * pair.target[3] @ accept + pair.target[5] @ accept)
+    one = eff.expected(pair, oracle, 2, [3], 2)
+    assert np.isclose(one["cov"][1, 1], one["mean"][1] * (1 - one["mean"][1]))
+
+
+def test_expectation_agrees_with_the_reference_decoder():
+    """The dynamic programme (prefill=False) against specdec_ref's own decode loop on the same checkpoints."""
+    from specdec_ref.backend import reference_backend
+    from specdec_ref.contract import Request
+    from specdec_ref.exact_models import exact_pair
+
+    sampling, k, m = SamplingConfig(temperature=0.7), 3, 8
+    pair, oracle = eff.tables("order1-close", sampling, "token")
+    ep = exact_pair("order1-close")
+    target, draft = ep.target.load(torch.float32), ep.draft.load(torch.float32)
+    prompts = [[5, a] for a in range(7)] * 20
+    results = reference_backend().decode_batch(
+        target, draft, [Request(prompt=p, max_new_tokens=m, sampling=sampling, seed=100 + i) for i, p in enumerate(prompts)],
+        k=k)
+    drafts = sum(1 for r in results for x in r.rounds if x.proposed > 0)
+    per_pos = [sum(1 for r in results for x in r.rounds if x.accepted > j) for j in range(k)]
+    e = eff.expected(pair, oracle, k, [p[-1] for p in prompts], m, prefill=False)
+    sd = np.sqrt(np.diag(e["cov"]))
+    assert abs(drafts - e["mean"][0]) < 5 * sd[0]
+    for j in range(k):
+        assert abs(per_pos[j] - e["mean"][1 + j]) < 5 * sd[1 + j], (j, per_pos[j], e["mean"][1 + j], sd[1 + j])
+    out = eff.compare({"drafts": drafts, "draft_tokens": k * drafts, "accepted": sum(per_pos), "accepted_per_pos": per_pos},
+                      {"mean": e["mean"], "cov": e["cov"]}, k=k)
+    assert out["passed"], out["verdict"]
+
+
+def test_compare_names_positions_below_the_expectation():
+    exp = {"mean": np.array([1000.0, 800, 600, 400]), "cov": np.diag([100.0, 150, 200, 200])}
+    good = eff.compare({"drafts": 1000, "draft_tokens": 3000, "accepted": 1800, "accepted_per_pos": [800, 600, 400]},
+                       exp, k=3)
+    assert good["passed"] and good["verdict"] == "matches the exact expectation"
+    bad = eff.compare({"drafts": 1000, "draft_tokens": 3000, "accepted": 300, "accepted_per_pos": [200, 70, 30]}, exp, k=3)
+    assert not bad["passed"] and [r["position"] for r in bad["failing"]] == [1, 2, 3]
+    assert "position 1: 0.2000 < exact 0.8000" in bad["verdict"]
+    syn = eff.compare({"drafts": 1000, "draft_tokens": 3000, "accepted_per_pos": [800, 600, 400]}, None, k=3,
+                      rates=[0.8, 0.6, 0.4])
+    assert syn["passed"]
+    none = eff.compare({"drafts": 0}, exp, k=3)
+    assert none["passed"] is False
+
+
+# ----------------------------------------------------------------------------- expectations and report
+
+
+def _results(levels):
+    return {"configs": {cfg: {"cases": {case: {"level": lvl} for case, lvl in row.items()}} for cfg, row in levels.items()}}
+
+
+def test_expectation_file_round_trip_and_nondeterminism():
+    obs1 = report.expectation_entries(_results({"draft-prob": {"warp": "not_certified", "ties": "engine_error"}}))
+    exp = report.merge_expected({}, "unpatched", obs1, version="0.32.0")
+    assert report.check_expected(exp, "unpatched", obs1) == []
+    obs2 = report.expectation_entries(_results({"draft-prob": {"warp": "not_certified", "ties": "not_certified"}}))
+    assert report.check_expected(exp, "unpatched", obs2) == ["draft-prob / ties: got not_certified, recorded engine_error"]
+    exp = report.merge_expected(exp, "unpatched", obs2, version="0.32.0")
+    assert exp["expected"]["unpatched"]["draft-prob"]["ties"] == ["engine_error", "not_certified"]
+    assert report.check_expected(exp, "unpatched", obs1) == [] and report.check_expected(exp, "unpatched", obs2) == []
+    tool = report.expectation_entries(_results({"draft-prob": {"warp": report.TOOL_ERROR}}))
+    assert report.check_expected(exp, "unpatched", tool) == ["draft-prob / warp: our tooling errored"]
+    assert report.check_expected(exp, "patch A", obs1) == ["no expectation recorded for patch A"]
+    assert report.patch_key("") == "unpatched" and report.patch_key("b, a") == "patch A,B"
+
+
+def test_recorded_expectations_cover_the_matrix():
+    path = runner.EXPECTED_PATH
+    if not path.exists():
+        pytest.skip("no expectations recorded yet")
+    data = json.loads(path.read_text())
+    assert "unpatched" in data["expected"]
+    for key, section in data["expected"].items():
+        for cfg in matrix.CONFIGS:
+            row = section.get(cfg.name)
+            assert row is not None, (key, cfg.name)
+            for c in matrix.cases_for(cfg):
+                assert c.name in row, (key, cfg.name, c.name)
+
+
+def test_markdown_table_rows():
+    results = {"vllm": "0.32.0", "patch_key": "unpatched", "command": "python -m conformance.engines.vllm --out d",
+               "wall_s": 12.0, "configs": {"draft-prob": {"cases": {"warp": {
+                   "level": "not_certified", "headline": "NOT CERTIFIED: x", "prompt": [2, 6], "settings": "T 1.5",
+                   "n": 20000, "power": 0.995, "detects": 0.029, "departure": "position 2: chi-square 90 on 7 df"}},
+                   "efficiency": {"scheme": "token", "drafts": 10, "expected_drafts": 11.0, "acceptance_per_token": 0.1,
+                                  "expected_acceptance_per_token": 0.8, "verdict": "FAILS efficiency: ...",
+                                  "positions": [{"position": 1, "observed": 0.1, "expected": 0.9, "z": -40.0}]}}}}
+    md = report.markdown(results)
+    assert "| draft-prob | warp | [2, 6] | T 1.5 | 20000 | 0.995 / 0.029 | NOT CERTIFIED: x | position 2: chi-square 90 on 7 df | 0.100 / 0.800 |" in md
+    assert "1: 0.1000 / 0.9000 (-40.0)" in md
+
+
+def test_replay_script_is_standalone():
+    src = report.replay_script(title="t", command="c", target="/t", spec=None, prompt=(6,), params={"max_tokens": 3},
+                               n=10, length=1, eos=7, law={"4": 1.0}, critical=30.0, patch="A")
+    compile(src, "replay.py", "exec")
+    assert "conformance" not in src and "specdec_ref" not in src and "_expand_kernel_impl" in src
+    assert "_expand_kernel_impl" not in report.replay_script(
+        title="t", command="c", target="/t", spec=None, prompt=(6,), params={}, n=1, length=1, eos=None, law={},
+        critical=1.0, patch="")
+
+
+def test_missing_vllm_names_the_env_script(monkeypatch, tmp_path):
+    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(runner, "REPO", tmp_path)
+    with pytest.raises(runner.VLLMMissingError, match="scripts/vllm_env.sh"):
+        runner.find_python()
