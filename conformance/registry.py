@@ -30,14 +30,14 @@ import re
 import time
 import traceback
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from properties.sampling import BackendError
-from properties.stats import judge_power
+from properties.stats import alpha_spent, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
-from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, get_profile, use_profile
+from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, INTERIM_ALPHA_SCALE, get_profile, use_profile
 from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
 
 CHECK_ID = re.compile(r"[a-z0-9]+(?:_[a-z0-9]+)*")
@@ -69,10 +69,11 @@ class CheckContext:
     replay: str = ""  # the command that re-runs the current check, shown in failures
     timeout: float | None = DEFAULT_TIMEOUT  # per-check limit in seconds (conformance.watchdog); 0 or None: none
     device: str = "cpu"  # where the verifier and tree checks put verify()/verify_tree() inputs and generators (--specdec-device)
+    look_fraction: float = 1.0  # the share of the sample this look draws (run_case's interim look sets it)
 
     @property
     def sample_scale(self) -> float:
-        return get_profile(self.profile).sample_scale
+        return get_profile(self.profile).sample_scale * self.look_fraction
 
     def seed_for(self, *parts: Any) -> int:
         """A seed that depends only on the base seed and ``parts`` (never on worker or order)."""
@@ -209,6 +210,7 @@ class CheckRecord:
     error_source: str | None = None
     traceback: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    interim_statistics: list[dict] = field(default_factory=list)  # the interim look's tests (alpha spent there)
 
     @property
     def rejects(self) -> bool:
@@ -233,6 +235,7 @@ class CheckRecord:
             "error_source": self.error_source,
             "traceback": self.traceback,
             "duration": self.seconds,
+            "interim_statistics": list(self.interim_statistics),
         }
 
 
@@ -258,10 +261,32 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     if missing:
         record.status, record.message, record.missing_capabilities = "skipped", skip_reason(missing, backend), missing
         return record
+    fraction = get_profile(ctx.profile).interim_fraction
+    if case.check.statistical and fraction > 0 and ctx.look_fraction == 1.0:
+        look = replace(ctx, look_fraction=fraction)
+        interim = _look(case, backend, look, timeout, INTERIM_ALPHA_SCALE)
+        if interim.status in ("failed", "error"):  # conclusive at any sample size: stop here
+            ctx.results, ctx.findings = look.results, look.findings
+            interim.interim_statistics, interim.statistics = interim.statistics, []
+            interim.message = (
+                f"rejected at the interim look ({fraction:g} of the sample, alpha x {INTERIM_ALPHA_SCALE:g}; the full "
+                f"sample was not drawn):\n{interim.message}"
+            )
+            return interim
+        final = _look(case, backend, ctx, timeout, 1.0)
+        final.interim_statistics = interim.statistics
+        final.seconds += interim.seconds
+        return final
+    return _look(case, backend, ctx, timeout, 1.0)
+
+
+def _look(case: CheckCase, backend, ctx: CheckContext, timeout: float | None, alpha_scale: float) -> CheckRecord:
+    """One run of a case at ``ctx``'s sample share, every test at ``alpha_scale`` times its alpha."""
+    record = CheckRecord(case.id, case.check.name, case.check.guards, "passed", requires=list(case.check.requires))
     ctx.results, ctx.findings = [], []
     start = time.perf_counter()
     try:
-        with use_profile(ctx.profile), time_limit(ctx.timeout if timeout is None else timeout, case.id):
+        with use_profile(ctx.profile), time_limit(ctx.timeout if timeout is None else timeout, case.id), alpha_spent(alpha_scale):
             case.run(backend, ctx)
     except NotApplicable as exc:
         record.status, record.message = "skipped", f"not applicable: {exc}"

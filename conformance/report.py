@@ -59,6 +59,7 @@ def new_entry(nodeid: str | None, check_id: str | None = None) -> dict[str, Any]
         "guards": None,
         "statistics": [],
         "findings": [],  # e.g. greedy divergences classified as numerical flips
+        "interim_statistics": [],  # tests of the interim look (their alpha is in the family-wise bound)
         "power": None,  # full | reduced | inconclusive for a statistical check that ran
         "error_type": None,
         "error": None,  # "Type: message" of the exception itself: what errors are grouped by
@@ -69,7 +70,7 @@ def new_entry(nodeid: str | None, check_id: str | None = None) -> dict[str, Any]
 
 
 _RECORD_FIELDS = ("check", "message", "guards", "requires", "missing_capabilities", "statistics", "findings",
-                  "power", "error_type", "error", "error_source", "traceback")
+                  "power", "error_type", "error", "error_source", "traceback", "interim_statistics")
 #: Statuses a phase has already decided: a later phase does not change them.
 _DECIDED = ("failed", "error", "inconclusive", "xfailed", "skipped")
 
@@ -269,6 +270,8 @@ def build_certificate(
     totals = {s: sum(1 for e in entries if e["status"] == s) for s in STATUSES}
     totals["total"] = len(entries)
     stats = [s for e in entries for s in e["statistics"] if is_test(s)]
+    # an interim look spends alpha too: the family-wise bound adds it
+    interim = [s for e in entries for s in e.get("interim_statistics") or [] if is_test(s)]
     complete = (exitstatus is None or exitstatus in (0, 1)) and backend_error is None
     verdict = decide_verdict(entries, totals, spec=backend_spec, complete=complete, exitstatus=exitstatus,
                              backend_error=backend_error, scheme="lossy" if declares_lossy(claimed) else claimed.get("scheme", "token"))
@@ -286,7 +289,8 @@ def build_certificate(
         "seed": seed,
         "totals": totals,
         "statistical_tests": len(stats),
-        "family_wise_alpha_bound": sum((float(s.get("alpha", 0.0)) for s in stats), 0.0),
+        "interim_tests": len(interim),
+        "family_wise_alpha_bound": sum((float(s.get("alpha", 0.0)) for s in stats + interim), 0.0),
         "errors": group_errors(entries),
         "xfails": [{"line": p, "reason": r} for p, r in xfails],
         "items": entries,
@@ -320,10 +324,15 @@ def backend_info(backend) -> dict[str, Any]:
 
 def statistics_line(cert: dict[str, Any]) -> str:
     if not cert["statistical_tests"]:
+        if cert.get("interim_tests"):
+            return (f"{cert['interim_tests']} statistical tests at their interim look only: family-wise false-alarm "
+                    f"probability <= {cert['family_wise_alpha_bound']:.2g} (Bonferroni)")
         return "no statistical tests ran"
     alphas = [s.get("alpha", 0.0) for e in cert["items"] for s in e["statistics"] if is_test(s)]
+    interim = cert.get("interim_tests") or 0
+    looks = f" (plus {interim} interim looks at 1/100 of that alpha)" if interim else ""
     return (
-        f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}: family-wise "
+        f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}{looks}: family-wise "
         f"false-alarm probability <= {cert['family_wise_alpha_bound']:.2g} (Bonferroni: the sum of the per-test alphas)"
     )
 

@@ -25,9 +25,11 @@ backend fails any of them is at most that number times ``alpha``.
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import functools
 
@@ -45,6 +47,30 @@ MIN_EXPECTED = 20.0
 #: A test that cannot detect a law this far (in TV, or a rate shift) from the exact one with
 #: :data:`TARGET_POWER` is *inconclusive*: it would pass a backend that moves half the mass.
 INCONCLUSIVE_TV = 0.5
+
+
+_ALPHA_SCALE = contextvars.ContextVar("specdec_alpha_scale", default=1.0)
+
+
+@contextlib.contextmanager
+def alpha_spent(scale: float) -> Iterator[None]:
+    """Every test run inside uses ``scale * alpha`` (an interim look spends a small share of the alpha).
+
+    The scaled alpha is what the results state (``FitResult.alpha``, ``TotalResult.alpha``), so the power
+    and the family-wise bound are computed from what was actually spent.
+    """
+    if not 0 < scale <= 1:
+        raise ValueError(f"alpha scale must be in (0, 1], got {scale!r}")
+    token = _ALPHA_SCALE.set(scale)
+    try:
+        yield
+    finally:
+        _ALPHA_SCALE.reset(token)
+
+
+def spent(alpha: float) -> float:
+    """``alpha`` scaled by the enclosing :func:`alpha_spent` (itself outside one)."""
+    return alpha * _ALPHA_SCALE.get()
 
 
 def power_against_tv(n: float, df: int, alpha: float, tv: float) -> float:
@@ -225,6 +251,7 @@ def goodness_of_fit(
     min_expected: float = MIN_EXPECTED,
 ) -> FitResult:
     """Chi-square test of ``observed`` counts against exact probabilities ``expected``."""
+    alpha = spent(alpha)
     observed = np.asarray(observed, dtype=np.int64)
     expected = np.asarray(expected, dtype=np.float64)
     if observed.shape != expected.shape or observed.ndim != 1:
@@ -313,6 +340,7 @@ def conditional_goodness_of_fit(
     4 N (tv - m)_+^2`` (convexity), with ``m_c`` the mass a class pools and ``m`` their visit-weighted
     mean, which is stated as ``pooled_mass`` so that ``power`` and ``detects`` keep their meaning.
     """
+    alpha = spent(alpha)
     stat, df, n = 0.0, 0, 0
     all_labels, observed, expected, pooled, impossible = [], [], [], [], []
     weighted_pool = 0.0
@@ -415,6 +443,7 @@ def assert_total(
     the mean per trial by ``shift`` (default: the shift detected with :data:`TARGET_POWER`).
     """
     __tracebackhide__ = True
+    alpha = spent(alpha)
     means = np.asarray(means, dtype=np.float64)
     n = len(means)
     expected = float(means.sum())
