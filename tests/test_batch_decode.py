@@ -174,3 +174,24 @@ def test_history_steps_copy_nothing_from_the_host_per_position():
     with HostCopies() as copies:
         again = process_logits(logits, configs, state, drafts)
     assert copies.count == 0 and torch.equal(first, again)
+
+
+def test_mixed_settings_groups_differ_by_the_stated_tv_and_old_checks_cannot_see_a_neighbour_mix_up():
+    """batch_mixed_settings_law's premise: its two groups' exact laws are TV 0.613 apart, so a row sampled with its
+    neighbour's settings is far from its law; the reference passes it and settings_from_neighbour_row fails it (dev
+    scale), while batch_sequence_law (one setting per batch) lets that mutant through."""
+    from conformance.batch_checks import MIXED_TV_BETWEEN_GROUPS, mixed_group_law
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants.batch import SettingsFromNeighbourRow
+    from specdec_ref.backend import ReferenceBackend, reference_backend
+
+    a, b = dict(mixed_group_law(0)), dict(mixed_group_law(1))
+    assert round(0.5 * sum(abs(a.get(x, 0.0) - b.get(x, 0.0)) for x in set(a) | set(b)), 3) == MIXED_TV_BETWEEN_GROUPS
+    (case,) = all_cases(["batch_mixed_settings_law"])
+    dev = CheckContext(profile="dev")
+    assert run_case(case, reference_backend(), dev).status == "passed"
+    mutant = ReferenceBackend(decoder=SettingsFromNeighbourRow())
+    record = run_case(case, mutant, dev)
+    assert record.status == "failed" and "settings group 0" in record.message, record.message[:1500]
+    penalties = next(c for c in all_cases(["batch_sequence_law"]) if c.case_id == "penalties")
+    assert run_case(penalties, mutant, dev).status == "passed"
