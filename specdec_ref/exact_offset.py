@@ -70,7 +70,7 @@ _CONST_VALUE = 2.0
 def bf16_table(table: np.ndarray) -> np.ndarray:
     """``table`` (float64 logits) rounded to bfloat16 (via float32, exact there), as float64: the logits a bf16
     forward of an offset checkpoint returns, and those a decoder that rounds to bf16 samples from."""
-    t = torch.from_numpy(np.ascontiguousarray(table, dtype=np.float64))
+    t = torch.from_numpy(np.array(table, dtype=np.float64))  # a copy (tables are read-only)
     return t.to(torch.float32).to(torch.bfloat16).to(torch.float64).numpy()
 
 
