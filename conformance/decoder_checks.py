@@ -306,6 +306,8 @@ class SequenceCase:
 #:   feeds_rejected_draft:       after a rejection the target's next round is fed the rejected draft instead
 #:                               of the replacement it emitted (order-1 cases; the order-2 case is shown by
 #:                               a mutant in tests/test_lossless_decoder.py).
+#:   bf16_logits:                target rows and draft distributions computed from bf16-rounded logits while
+#:                               float32 is reported (DeepSpec issue #31's class; only case (f) can see it).
 SEQUENCE_CASES: dict[str, SequenceCase] = {
     # (d) the order-2, position-dependent target with an order-1 draft (acceptance 0.73 at the prompt); first,
     # as it sees the most bug classes: its logits depend on the previous token through attention over the KV
@@ -363,6 +365,19 @@ SEQUENCE_CASES: dict[str, SequenceCase] = {
         bug_tvs=(
             ("eos_ignored", 0.704), ("eos_at_block_edge", 0.521), ("q_from_unwarped_logits", 0.159),
             ("draft_temperature_mismatch", 0.089),
+        ),
+    ),
+    # (f) sampling precision: order1-close with every logit + 80 (specdec_ref.exact_offset: the same law, logits in
+    # [72, 88] exact in float32 that bf16 rounds to multiples of 1/2, by up to 1/4); temperature 0.25 multiplies the
+    # rounding by 4. Every other case's logits are exact in bf16, so a decoder sampling from bf16 logits passes them.
+    "bf16_rounding": SequenceCase(
+        pair="order1-close-offset", prompt=(3,), sampling=SamplingConfig(temperature=0.25),
+        length=3, k=2, eos=True,
+        sensitive_to="sampling from logits (or probabilities) of lower precision than reported, e.g. bf16-rounded "
+        "logits with float32 probabilities; logits not exact in bf16 handled in bf16",
+        bug_tvs=(
+            ("bf16_logits", 0.181), ("q_from_unwarped_logits", 0.081), ("first_row_unwarped", 0.448),
+            ("draft_other_settings", 0.417),
         ),
     ),
 }

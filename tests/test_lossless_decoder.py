@@ -38,6 +38,7 @@ from fixtures.mutants.decoder import (
     FirstRowUnwarpedAfterOneTokenPrompt,
     GreedyFallbackAtPositionLimit,
     QFromUnwarpedLogits,
+    SamplesFromBf16Logits,
     TargetPositionOffByOne,
 )
 from fixtures.mutants.verifier import DraftTemperatureMismatch
@@ -209,6 +210,9 @@ def bug_law(case: str, bug: str) -> dict:
             return warp(torch.from_numpy(t.table[a, b, 1 - c].copy()), cfg, dtype=torch.float64).numpy()
 
         return loop_law(functools.lru_cache(maxsize=None)(flipped), Q, Q, *args)
+    if bug == "bf16_logits":  # fixtures.mutants.decoder.SamplesFromBf16Logits: both models' logits rounded to bf16
+        rounded = lambda z: warp(z.float().to(torch.bfloat16).double(), cfg, dtype=torch.float64)  # noqa: E731
+        return loop_law(_rows(t, rounded), _rows(d, rounded), _rows(d, rounded), *args)
     raise KeyError(bug)
 
 
@@ -325,6 +329,8 @@ MUTANTS = {
         lambda: ReferenceBackend(decoder=FirstRowUnwarpedAfterOneTokenPrompt()), "temperature"),
     # killed only by the position-limit case (every older case ends far below the limit); TV 0.08 there: below what N / 10 detects, so this one runs at the ci scale
     "greedy_fallback_at_position_limit": (lambda: ReferenceBackend(decoder=GreedyFallbackAtPositionLimit()), "position_limit"),
+    # killed only by the bf16-rounding case (its logits are not exact in bf16; every other case's are)
+    "samples_from_bf16_logits": (lambda: ReferenceBackend(decoder=SamplesFromBf16Logits()), "bf16_rounding"),
 }
 
 #: the cases that existed before the position-limit case: they must let its mutant through
@@ -358,6 +364,30 @@ def test_the_older_cases_let_the_position_limit_mutant_through():
     for case in OLDER_CASES:
         record = run_case(_case(case), make(), CheckContext(profile="dev"))
         assert record.status == "passed", (name, case, record.status, record.message[:1500])
+
+
+def test_the_older_cases_let_the_bf16_logits_mutant_through():
+    """Sampling from bf16-rounded logits passes every case on bf16-exact tables (dev scale): their logits survive the
+    rounding bit for bit, so the mutant's law is the right one there; only the offset pair's case sees it."""
+    name = "samples_from_bf16_logits"
+    make, case = MUTANTS[name]
+    for older in ("position", "position_limit", "temperature", "ties", "eos"):
+        assert exact_pair(SEQUENCE_CASES[older].pair).target.logit_offset == 0
+        record = run_case(_case(older), make(), CheckContext(profile="dev"))
+        assert record.status == "passed", (name, older, record.status, record.message[:1500])
+    # the stated TV is that of the bf16-rounded table's own AR law (properties.sequences.continuation_law)
+    import dataclasses
+
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_offset import bf16_table
+
+    spec, target = SEQUENCE_CASES[case], exact_pair(SEQUENCE_CASES[case].pair).target
+    rounded = dataclasses.replace(target, table=bf16_table(target.table), _cache={})
+    law = continuation_law(rounded, list(spec.prompt), spec.length, spec.sampling, eos_id=sequence_eos(case))
+    assert tv(dict(law), bug_law(case, "bf16_logits")) < 1e-12
+    from conformance.batch_checks import history_law  # the batch-level case has the same law, so the same TV
+
+    assert tv(dict(history_law(case)), dict(sequence_law(case))) < 1e-12
 
 
 def test_the_enumerated_feeds_rejected_draft_law_is_the_mutants_law():
