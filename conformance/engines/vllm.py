@@ -142,6 +142,12 @@ def _fit_summary(rec: dict) -> tuple[float | None, float | None]:
     return power, (max(detects) if detects else None)
 
 
+def _impossible_text(fit: dict) -> str:
+    imp = fit.get("impossible") or []
+    count = sum(int(x[1]) for x in imp if len(x) > 1 and str(x[1]).isdigit())
+    return f", {count} impossible" if count else ""
+
+
 def _departure(case, path: Path, rec: dict) -> str | None:
     """Where the law first departs: position 1 (the first token alone), else the first position whose transition
     test departs, with the worst cell."""
@@ -161,12 +167,10 @@ def _departure(case, path: Path, rec: dict) -> str | None:
     fits = first.get("statistics") or []
     if fits and not fits[0]["passed"]:
         f = fits[0]
-        extra = f", impossible {f['impossible'][:3]}" if f.get("impossible") else ""
-        return f"position 1 (first token): chi-square {f['statistic']:.0f} on {f['df']} df{extra}"
+        return f"position 1 (first token): chi-square {f['statistic']:.0f} on {f['df']} df{_impossible_text(f)}"
     for loc in rec.get("localisation") or []:
         if not loc["passed"]:
-            extra = f", impossible {loc['impossible'][:3]}" if loc.get("impossible") else ""
-            return f"position {loc['position']}: chi-square {loc['statistic']:.0f} on {loc['df']} df{extra}"
+            return f"position {loc['position']}: chi-square {loc['statistic']:.0f} on {loc['df']} df{_impossible_text(loc)}"
     if rec.get("violations"):
         return "invariant: " + rec["violations"][0][:120]
     return "the joint law of the first tokens (no single position departs)"
