@@ -41,21 +41,44 @@ def _cell_labels(expected: np.ndarray) -> list[str]:
     return [f"cell {i}" for i in range(len(expected))]
 
 
-def false_alarms(backend, *, seeds: int = 200, blocks: int = 100_000, scenario: str = "balanced", first_seed: int = 10_000):
-    """p-values of every scenario test over ``seeds`` independent samples of a correct backend."""
+#: Prefix of the interim looks' tests in :func:`false_alarms`' result.
+INTERIM = "interim:"
+
+
+def false_alarms(backend, *, seeds: int = 200, blocks: int = 100_000, scenario: str = "balanced", first_seed: int = 10_000,
+                 interim_fraction: float = 0.0):
+    """p-values of every scenario test over ``seeds`` independent samples of a correct backend.
+
+    ``interim_fraction > 0`` also runs the suite's interim look on each seed: the same tests on a sample of
+    ``interim_fraction * blocks`` drawn with the same seed (as ``run_case`` does), keyed ``"interim:<test>"``.
+    """
     pvalues: dict[str, list[float]] = {}
+    looks = [("", blocks)] + ([(INTERIM, max(1, int(blocks * interim_fraction)))] if interim_fraction > 0 else [])
     for seed in range(first_seed, first_seed + seeds):
-        counts = count_blocks(backend, STAT_SCENARIOS[scenario], blocks, seed)
-        for test, observed, expected in scenario_tests(counts, scenario):
-            fit = goodness_of_fit(observed, expected, what=test, labels=_cell_labels(expected))
-            pvalues.setdefault(test, []).append(fit.p_value)
+        for prefix, n in looks:
+            counts = count_blocks(backend, STAT_SCENARIOS[scenario], n, seed)
+            for test, observed, expected in scenario_tests(counts, scenario):
+                fit = goodness_of_fit(observed, expected, what=test, labels=_cell_labels(expected))
+                pvalues.setdefault(prefix + test, []).append(fit.p_value)
     return {test: np.asarray(v) for test, v in pvalues.items()}
 
 
-def summarise_false_alarms(pvalues: dict[str, np.ndarray]) -> dict:
+def summarise_false_alarms(pvalues: dict[str, np.ndarray], interim_alpha_scale: float = 0.01) -> dict:
+    """Failure counts at the suite's alpha, 0.01 and 0.05 and the uniformity of the p-values. With interim looks,
+    ``two_looks_at_<level>`` counts (seed, test) pairs rejected by either look: interim at ``interim_alpha_scale *
+    level`` or final at ``level`` (the suite's procedure; at most ``(1 + interim_alpha_scale) * level`` expected)."""
+    interim = {t[len(INTERIM):]: v for t, v in pvalues.items() if t.startswith(INTERIM)}
+    pvalues = {t: v for t, v in pvalues.items() if not t.startswith(INTERIM)}
     every = np.concatenate(list(pvalues.values()))
     ks = {test: float(stats.kstest(v, "uniform").pvalue) for test, v in pvalues.items()}
+    two_looks = {}
+    if interim:
+        for level in (ALPHA, 0.01, 0.05):
+            two_looks[f"two_looks_at_{level:g}"] = int(sum(
+                ((pvalues[t] <= level) | (interim[t] <= interim_alpha_scale * level)).sum() for t in pvalues))
+        two_looks["interim_ks_min"] = min(float(stats.kstest(v, "uniform").pvalue) for v in interim.values())
     return {
+        **two_looks,
         "tests": len(every),
         "failures_at_alpha": int((every <= ALPHA).sum()),
         "expected_failures_at_alpha": len(every) * ALPHA,
@@ -129,7 +152,11 @@ def main(argv=None) -> None:
     parser.add_argument("--blocks", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args(argv)
-    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=args.seeds, blocks=args.blocks))
+    from conformance.profiles import INTERIM_ALPHA_SCALE, get_profile
+
+    fraction = get_profile("ci").interim_fraction
+    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=args.seeds, blocks=args.blocks,
+                                                  interim_fraction=fraction), INTERIM_ALPHA_SCALE)
     print(f"False alarms: reference verifier, balanced scenario, {args.seeds} seeds x {args.blocks} blocks, "
           f"{summary['tests']} chi-square tests")
     print("| alpha | failures | expected |")
@@ -138,6 +165,14 @@ def main(argv=None) -> None:
     print(f"| 0.01 | {summary['failures_at_0.01']} | {summary['expected_at_0.01']:.1f} |")
     print(f"| 0.05 | {summary['failures_at_0.05']} | {summary['expected_at_0.05']:.1f} |")
     print(f"smallest Kolmogorov-Smirnov p-value of p-value uniformity over {len(summary['ks_pvalues'])} tests: {summary['min_ks_pvalue']:.3g}")
+    if fraction:
+        print(f"\nWith the interim look ({fraction:g} of the sample at alpha x {INTERIM_ALPHA_SCALE:g}), failures of either look:")
+        print("| alpha (final look) | failures | at most expected |")
+        print("|---|---|---|")
+        for level in (ALPHA, 0.01, 0.05):
+            print(f"| {level:g} | {summary[f'two_looks_at_{level:g}']} | {summary['tests'] * level * (1 + INTERIM_ALPHA_SCALE):.3g} |")
+        print(f"interim p-values: smallest Kolmogorov-Smirnov p-value {summary['interim_ks_min']:.3g}")
+        print("power: the interim look only adds rejections, so the final look's stated power (below) is a lower bound")
     n = required_blocks(STAT_SCENARIOS["balanced"])
     print(f"\nPower: first-token test at the ci profile's N = {n}, alpha = {ALPHA:g}, {args.repeats} repeats")
     print("| TV | biased sampler | stated power (lower bound) | detection rate |")

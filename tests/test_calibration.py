@@ -17,12 +17,14 @@ pytestmark = pytest.mark.slow
 
 def test_false_alarm_rate_of_the_reference_matches_alpha():
     """200 independent seeds x 14 tests: p-values uniform, failure counts within binomial bounds."""
-    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=200, blocks=50_000))
+    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=200, blocks=50_000, interim_fraction=0.05))
     n = summary["tests"]
     assert summary["failures_at_alpha"] <= 1, summary  # expected 0.003
+    assert summary["two_looks_at_1e-06"] <= 1, summary  # the suite's procedure: interim look + final look
     for level in (0.01, 0.05):
         lo, hi = stats.binom.ppf([1e-4, 1 - 1e-4], n, level)
         assert lo <= summary[f"failures_at_{level}"] <= hi, (level, summary)
+        assert summary[f"two_looks_at_{level:g}"] <= stats.binom.ppf(1 - 1e-4, n, 1.01 * level), (level, summary)
     assert summary["min_ks_pvalue"] > 1e-4 / len(summary["ks_pvalues"]), summary["ks_pvalues"]
 
 
