@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from .vllm_matrix import CASES, CONFIGS, EFFICIENCY, FAMILIES, K, cases_for, config, speculative_config, \
+from .vllm_matrix import CONFIGS, EFFICIENCY, FAMILIES, K, cases_for, config, speculative_config, \
     vllm_sampling_kwargs
 from .vllm_report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
     patch_key, replay_script, write_json
@@ -220,7 +220,6 @@ def efficiency_of(cfg, state: dict) -> dict | None:
 
 def write_replay(out: Path, cfg, case, c: dict, patch: str) -> str | None:
     """The standalone replay of a failing sampling case; returns its command."""
-    import numpy as np
     from scipy.stats import chi2
 
     from properties.sequences import continuation_law
