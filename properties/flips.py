@@ -96,7 +96,7 @@ from typing import Sequence
 
 import torch
 
-from specdec_ref.forward import as_prompt, model_copy, reference_logits, token_list
+from specdec_ref.forward import as_prompt, cache_arg, model_copy, reference_logits, token_list
 
 __all__ = [
     "TOLERANCE",
@@ -437,7 +437,7 @@ def _low_precision_logits(model, dtype, ids, mode):
         cache = DynamicCache(config=low.config)
         rows = []
         for i in range(ids.shape[1]):
-            out = low(input_ids=ids[:, i : i + 1], position_ids=torch.tensor([[i]]), cache=cache, use_cache=True)
+            out = low(input_ids=ids[:, i : i + 1], position_ids=torch.tensor([[i]]), **cache_arg(low, cache), use_cache=True)
             rows.append(out.logits[:, -1].to(torch.float64))
         return torch.stack(rows, 1)
 

