@@ -41,7 +41,8 @@ def patched(tmp_path_factory):
 def test_control_is_never_rejected(unpatched):
     results, out = unpatched
     for name, c in results["configs"]["control"]["cases"].items():
-        assert c["level"] in ("certified", "reduced"), (name, c["headline"])
+        # a few hundred completions: CERTIFIED (reduced power) or INCONCLUSIVE, never NOT CERTIFIED
+        assert c["level"] in ("certified", "reduced", "inconclusive"), (name, c["headline"])
         lines = [json.loads(x) for x in open(c["file"])]
         assert all(set(r) >= {"prompt_ids", "completion_ids", "seed", "finish_reason"} for r in lines)
     assert (out / "verdicts.md").read_text().count("| control |") == len(results["configs"]["control"]["cases"])
