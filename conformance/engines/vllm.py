@@ -151,7 +151,7 @@ def _impossible_text(fit: dict) -> str:
 def _departure(case, path: Path, rec: dict) -> str | None:
     """Where the law first departs: position 1 (the first token alone), else the first position whose transition
     test departs, with the worst cell."""
-    from conformance.samples import certify_samples
+    from conformance.samples import SamplesInputError, certify_samples
 
     if rec["level"] != "not_certified" or case.greedy:
         if case.greedy and rec.get("divergences"):
@@ -177,7 +177,7 @@ def _departure(case, path: Path, rec: dict) -> str | None:
 
 
 def certify_case(case, state: dict) -> dict:
-    from conformance.samples import certify_samples
+    from conformance.samples import SamplesInputError, certify_samples
 
     info = state["cases"].get(case.name, {"status": "not_run"})
     base = {"prompt": list(case.prompt), "prompt_len": len(case.prompt), "settings": case.settings(),
@@ -196,6 +196,8 @@ def certify_case(case, state: dict) -> dict:
         return {**base, "level": rec["level"], "headline": rec["headline"], "n": rec["n"], "power": power,
                 "detects": detects, "departure": _departure(case, path, rec), "file": str(path),
                 "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report()}
+    except SamplesInputError as exc:  # the engine emitted something no sampler may (ids outside the vocabulary...)
+        return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}
     except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome
         return {**base, "level": TOOL_ERROR, "headline": f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], "n": 0}
 
