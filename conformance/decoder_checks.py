@@ -463,6 +463,14 @@ def _assert_law_is_unambiguous(case: str) -> None:
     assert not split, f"case {case}: the law depends on how ties are sorted: {split}; choose other settings"
 
 
+def _require_filters(backend, sampling: SamplingConfig, case: str) -> None:
+    """:class:`NotApplicable` when the case samples with a filter (top-k / top-p / min-p) the backend does not claim."""
+    used = [flag for flag in ("top_k", "top_p", "min_p") if getattr(sampling, flag) is not None]
+    unclaimed = [flag for flag in used if not backend.capabilities.has(flag)]
+    if unclaimed:
+        raise NotApplicable(f"case {case} samples with {', '.join(used)}; the backend does not claim {unclaimed}")
+
+
 @check(
     guards="any loss of exactness of the decode loop on real checkpoints: warpers in the wrong order, ties at the "
     "top-k boundary dropped, EOS not ending generation, q not what the draft sampled from, rows one off, stale "
@@ -483,10 +491,7 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
     from properties.sequences import law_to_cells
 
     spec = SEQUENCE_CASES[case]
-    used = [flag for flag in ("top_k", "top_p") if getattr(spec.sampling, flag) is not None]
-    unclaimed = [flag for flag in used if not backend.capabilities.has(flag)]
-    if unclaimed:
-        raise NotApplicable(f"case {case} samples with {', '.join(used)}; the backend does not claim {unclaimed}")
+    _require_filters(backend, spec.sampling, case)
     eos = sequence_eos(case)
     target, draft = sequence_models(spec.pair)
     _assert_law_is_unambiguous(case)
@@ -591,10 +596,7 @@ def check_decoder_acceptance_under_filters(backend, ctx: CheckContext, case: str
     standard errors of each case's total; the test is two-sided (a draft other than the declared one fails).
     """
     sampling, _ = FILTERED_EFFICIENCY[case]
-    used = [flag for flag in ("top_k", "top_p", "min_p") if getattr(sampling, flag) is not None]
-    unclaimed = [flag for flag in used if not backend.capabilities.has(flag)]
-    if unclaimed:
-        raise NotApplicable(f"case {case} samples with {', '.join(used)}; the backend does not claim {unclaimed}")
+    _require_filters(backend, sampling, case)
     _assert_acceptance_is_ideal(backend, ctx, sampling, f"efficiency-{case}")
 
 

@@ -205,8 +205,6 @@ def test_raw_logits_are_bit_exact(engines):
 
 def test_processed_logprobs_at_temperature(engines):
     m = engines.model
-    if not m.name.endswith("-target"):
-        pytest.skip("temperature is checked on the targets (the drafts share the code path)")
     contexts = _contexts(m, seed=6)
     llm = engines("processed_logprobs")
     outs = llm.generate(_prompts(contexts), SamplingParams(max_tokens=1, logprobs=m.vocab, temperature=0.5), use_tqdm=False)
