@@ -190,6 +190,20 @@ A backend claiming ``batched_decoder`` decodes many requests at once, as engines
   batch-1 cache invariant, per row).
 * ``decode`` stays the one-request case: a backend claiming both must give the same results.
 
+Phase timings (``phase_timings``, optional)
+--------------------------------------------
+A decoder may report where each round's time went, so that a profile (``specdec-bench profile``) can
+put the backend's own figures beside the ones it measures: every :class:`RoundRecord` (those passed to
+``on_round`` and those in ``DecodeResult.rounds``) carries ``seconds``, a dict of wall seconds with the
+keys of :data:`PHASES`: ``draft`` (proposing the round's drafts), ``verify`` (the target's block
+forward, processing its rows and judging them, up to the host sync), ``repair`` (committing the tokens,
+rolling both caches back, the draft's catch-up feed), ``other`` (everything else in the round: per-row
+bookkeeping, ``on_round``, finished rows leaving); the first round's dict also has ``prefill``. The dict is
+complete when ``decode`` / ``decode_batch`` returns (``other`` ends after ``on_round``). In a batch every
+row's record of one round holds the *same* dict (the batch round's). The phases of a call add up to its
+wall time less argument validation; a profile checks that within a stated tolerance. ``seconds = None``
+means not reported; claiming ``phase_timings`` says every record carries them.
+
 History-dependent sampling (``history_sampling``): ``repetition_penalty``, ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, ``min_new_tokens`` (EOS masked before) and ``constraint``
 (a :class:`specdec_ref.history.TokenAutomaton`: allowed next tokens as a function of the
@@ -244,6 +258,7 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``batched_decoder`` exposes ``decode_batch`` (:class:`BatchedDecoder`): many requests per call
 ``min_p``           the decoder honours ``SamplingConfig.min_p``
 ``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
+``phase_timings``   the decoder reports each round's phase seconds in ``RoundRecord.seconds`` (below)
 ==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
@@ -289,6 +304,7 @@ __all__ = [
     "DecodeResult",
     "SamplingConfig",
     "GREEDY",
+    "PHASES",
     "ContractError",
     "check_backend",
 ]
@@ -300,8 +316,12 @@ PAD_TOKEN = -1
 #: flags they need; an unknown flag name is an error at collection time.
 CAPABILITY_FLAGS = (
     "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
-    "batched_decoder", "min_p", "history_sampling",
+    "batched_decoder", "min_p", "history_sampling", "phase_timings",
 )
+
+#: The phases of a round a decoder claiming ``phase_timings`` reports in ``RoundRecord.seconds`` (the first round adds
+#: ``"prefill"``; see the module docstring).
+PHASES = ("draft", "verify", "repair", "other")
 
 #: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
 SCHEMES = ("token", "one_hot_draft", "block", "lossy")
@@ -354,6 +374,7 @@ class Capabilities:
     batched_decoder: bool = False
     min_p: bool = False
     history_sampling: bool = False
+    phase_timings: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     scheme: str = "token"
@@ -417,6 +438,9 @@ class RoundRecord:
     target_calls: int  # cumulative
     draft_calls: int  # cumulative
     row: int = 0  # the request's index in the batch it was submitted with
+    #: wall seconds of the round's phases, as the decoder reports them (module docstring, "Phase timings"); None: not
+    #: reported. Never compared (two decodes of the same request are equal whatever their timings).
+    seconds: dict[str, float] | None = field(default=None, compare=False)
 
     @property
     def pending(self) -> int:

@@ -103,9 +103,9 @@ def open_caches(make_cache, make_draft_cache, target, draft, prompt: torch.Tenso
 
 
 def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, draft_cache, *, start: int, proposed: int,
-              accepted: int, emitted: int, committed: int, hit_eos: bool, row: int = 0) -> bool:
-    """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair), call
-    ``on_round``, and mark an EOS finish; True when generation ends here."""
+              accepted: int, emitted: int, committed: int, hit_eos: bool, row: int = 0, seconds: dict | None = None) -> bool:
+    """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair and the round's
+    phase ``seconds``, if timed), call ``on_round``, and mark an EOS finish; True when generation ends here."""
     record = RoundRecord(
         round=len(result.rounds),
         start=start,
@@ -118,6 +118,7 @@ def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, dr
         target_calls=result.target_calls,
         draft_calls=result.draft_calls,
         row=row,
+        seconds=seconds,
     )
     result.rounds.append(record)
     if on_round is not None:
@@ -230,11 +231,13 @@ def _open_row_caches(make_cache, model, batch: _Batch, extra: int) -> tuple[RowC
 
 def batched_autoregressive_decode(
     target, requests: Sequence[Request], *, make_cache: Callable[..., ModelCache] = ModelCache,
+    on_step: Callable[[int], None] | None = None,
 ) -> list[DecodeResult]:
     """Plain decoding of every request from its processed target logits: the oracle speculative decoding must equal.
 
     One target call per step for the batch; a row's next token depends on its own history and generator only.
     As the oracle it runs the transformers forward (``ModelCache``; batches need ``fastest_cache``).
+    ``on_step(step)`` (optional) runs after every step's tokens are read back (a profile's clock; it sees nothing else).
     """
     batch = validate_requests(target, None, requests, 1)
     results = [DecodeResult(tokens=[], prompt_len=p.shape[1], finished_by="max_new_tokens") for p in batch.prompts]
@@ -273,6 +276,8 @@ def batched_autoregressive_decode(
             cache.select(keep)
             token = token[keep] if keep else token[:0]
         pending = token[:, None]
+        if on_step is not None:
+            on_step(calls - int(fed) - 1)
     return results
 
 
@@ -285,12 +290,13 @@ def autoregressive_decode(
     eos_id: int | None = None,
     generator: torch.Generator | None = None,
     make_cache: Callable[..., ModelCache] = ModelCache,
+    on_step: Callable[[int], None] | None = None,
 ) -> DecodeResult:
     """Plain decoding from the processed target logits: the oracle speculative decoding must equal (one request of
-    :func:`batched_autoregressive_decode`; benchmarks may pass ``make_cache=fastest_cache``)."""
+    :func:`batched_autoregressive_decode`; benchmarks may pass ``make_cache=fastest_cache`` and ``on_step``)."""
     request = Request(prompt=prompt, max_new_tokens=max_new_tokens, sampling=sampling, eos_ids=eos_id, generator=generator)
     _validate_decode_args(target, None, prompt, 1, max_new_tokens, eos_id, sampling, history_ok=True)
-    return batched_autoregressive_decode(target, [request], make_cache=make_cache)[0]
+    return batched_autoregressive_decode(target, [request], make_cache=make_cache, on_step=on_step)[0]
 
 
 class SpeculativeDecoder:
@@ -401,16 +407,18 @@ class SpeculativeDecoder:
         """Speculative decoding of every request (module docstring); one :class:`DecodeResult` per request, in order.
 
         ``on_round(record, target_cache, draft_cache)`` runs after every round for every row still in the batch,
-        with that row's caches (``record.row`` is its request index)."""
+        with that row's caches (``record.row`` is its request index). Every record carries the round's phase seconds
+        (``record.seconds``, the contract's "Phase timings"; complete when this returns); ``timed`` also puts their
+        totals (prefill, draft, verify, repair) in every result's ``seconds``."""
         batch = validate_requests(target, draft, requests, k)
         results = [DecodeResult(tokens=[], prompt_len=p.shape[1], finished_by="max_new_tokens") for p in batch.prompts]
         live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
         if not live:
             return results
         sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
-        clock = time.perf_counter if timed else None
+        clock = time.perf_counter  # always on: a few clock reads per round, next to forwards of ~0.1 ms and more
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
-        tick = clock() if clock else 0.0
+        tick = clock()
         vocab = model_dims(target)["vocab_size"]
         state = self.sampling_state([p[0].tolist() for p in sub.prompts], sub.configs, sub.eos, vocab, sub.prompts[0].device)
         target_cache, fed = _open_row_caches(self.make_cache, target, sub, k)
@@ -419,16 +427,21 @@ class SpeculativeDecoder:
         calls = {"target": int(fed), "draft": int(fed)}
         committed = [p.shape[1] for p in sub.prompts]
         pending = torch.cat([p[:, -1:] for p in sub.prompts])
-        if clock:
-            seconds["prefill"] += clock() - tick
+        now = clock()
+        seconds["prefill"] += now - tick
+        round_seconds = {"prefill": now - tick}  # the first round's record also carries the prefill
+        tick = now
         while live:
-            tick = clock() if clock else 0.0
+            round_seconds.update(draft=0.0, verify=0.0, repair=0.0, other=0.0)
             starts = list(committed)
             k_round = min(k, limit - max(starts))  # never write past the models' positions
             generator = self.row_generators(sub.generators)
             if k_round == 0:  # no room for drafts: a plain target step
                 draft_cache.feed(pending)
                 calls["draft"] += 1
+                now = clock()
+                round_seconds["draft"] = now - tick
+                tick = now
                 drafts = pending[:, :0]
                 rows = self.target_rows(target_cache.feed(pending), sub.configs, state, drafts)
                 tokens = choose_rows(rows[:, -1], sub.configs, generator)[:, None]
@@ -436,19 +449,17 @@ class SpeculativeDecoder:
             else:
                 drafts, qs = self.propose(draft_cache, pending, k_round, sub.configs, state, generator)
                 calls["draft"] += k_round
-                if clock:
-                    now = clock()
-                    seconds["draft"] += now - tick
-                    tick = now
+                now = clock()
+                round_seconds["draft"] = now - tick
+                tick = now
                 logits = target_cache.feed(torch.cat([pending, drafts], 1))
                 rows = self.target_rows(logits, sub.configs, state, drafts)
                 m, tokens = self.judge(drafts, qs, rows, sub.configs, generator)
             calls["target"] += 1
             flat = torch.cat([m[:, None], tokens], 1).tolist()  # the one host sync of the round
-            if clock:
-                now = clock()
-                seconds["verify"] += now - tick
-                tick = now
+            now = clock()
+            round_seconds["verify"] = now - tick
+            tick = now
             new_lens, fed_all, emitted_counts, done, finals = [], [], [], [], []
             for j, i in enumerate(live):
                 accepted, *row = flat[j]
@@ -468,14 +479,16 @@ class SpeculativeDecoder:
             keep_n = torch.tensor(emitted_counts, device=tokens.device)
             self.advance_history(state, drafts, tokens, keep_n)
             pending = tokens.gather(1, (keep_n - 1).clamp_min(0)[:, None])
-            if clock:
-                seconds["repair"] += clock() - tick
+            now = clock()
+            round_seconds["repair"] = now - tick
+            tick = now
             for j, i in enumerate(live):
                 res = results[i]
                 res.target_calls, res.draft_calls = calls["target"], calls["draft"]
                 accepted, n_emitted, hit_eos = finals[j]
                 end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j], proposed=k_round,
-                          accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i)
+                          accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i,
+                          seconds=round_seconds)
             stay = self.leave(live, done)
             if len(stay) < len(live):
                 live = [live[j] for j in stay]
@@ -486,6 +499,12 @@ class SpeculativeDecoder:
                 target_cache.select(stay)
                 draft_cache.select(stay)
                 pending = pending[stay] if stay else pending[:0]
+            now = clock()
+            round_seconds["other"] = now - tick  # bookkeeping, on_round and rows leaving: after on_round saw the record
+            tick = now
+            for phase in ("draft", "verify", "repair"):
+                seconds[phase] += round_seconds[phase]
+            round_seconds = {}  # the next round's own dict (the records keep theirs)
         if timed:
             for res in results:
                 res.seconds = dict(seconds)
