@@ -20,6 +20,9 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m b
   forward at B = 1, 8, 64 (k grid, greedy and sampling): tokens/s, tokens per target call, acceptance, the
   measured speedup against Leviathan et al.'s predicted one (measured draft/target cost ratio) and a refined
   prediction, greedy token-for-token equality with AR, and whether transformers' assisted generation runs at B > 1.
+* ``profile`` (:mod:`bench.profile`): does speculation pay, for any backend claiming ``decoder`` (``--backend``):
+  paired interleaved AR vs speculative timing with bootstrap intervals, the cost model fitted and checked per k,
+  reported phases, breakeven acceptance, a context sweep, memory, the verdict line; JSON, Markdown and plots (``--out``).
 
 Adding a subcommand: a module with ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
 returning one dict per table row, its column list and (optionally) a ``summarise_X(args, rows) ->
@@ -38,13 +41,14 @@ import sys
 import time
 from typing import Sequence
 
-from . import batch, checks, decoder, tree_decoder, tree_verifier, verifier
+from . import batch, checks, decoder, profile, tree_decoder, tree_verifier, verifier
 from .kit import Subcommand, environment, format_table, jsonable, load_average
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     s.name: s
     for s in (
-        verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND, batch.SUBCOMMAND
+        verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND, batch.SUBCOMMAND,
+        profile.SUBCOMMAND,
     )
 }
 

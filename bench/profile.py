@@ -1,0 +1,242 @@
+"""``specdec-bench profile``: does speculation pay? A speedup profile for any decoder (issue 18).
+
+For a backend claiming ``decoder`` (B = 1) or ``batched_decoder`` (B > 1), the reference by default
+(``--backend module:factory|NAME``, :func:`conformance.backends.load_backend`):
+
+1. paired, interleaved timing of the reference AR (same target, lean forward) and the backend's speculative
+   decoding for every k on the same prompts (:mod:`bench.profile_timing`): seconds per token after the first
+   round, the per-unit paired ratio, its median and a bootstrap 95 % interval (:mod:`bench.profile_stats`);
+2. the backend's reported phases, where it reports them (contract: "Phase timings"), checked against the
+   measured wall time within :data:`PHASE_TOLERANCE`;
+3. the cost model fitted and checked, per k (:mod:`bench.profile_model`), the breakeven acceptance, the best k
+   and the verdict line;
+4. a context-length sweep (:mod:`bench.profile_context`) and memory (:mod:`bench.profile_memory`);
+5. JSON, Markdown and plots (:mod:`bench.profile_report`, :mod:`bench.profile_plots`).
+
+Pairs: ``trained`` (the shipped byte-level pair, 256 positions) and ``wide-exact``
+(:mod:`specdec_ref.wide_exact`: an exact order-1 table in a wide 8-layer target against a one-layer draft).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from statistics import median
+from typing import Callable, Sequence
+
+import torch
+
+from specdec_ref.contract import Capabilities
+from specdec_ref.models import model_dims
+from specdec_ref.warp import GREEDY, SamplingConfig
+
+from .kit import Subcommand, environment, int_list, load_average
+from .profile_context import context_sweep
+from .profile_memory import memory_snapshot
+from .profile_model import fit_model, measure_costs, verdict
+from .profile_stats import bootstrap_median, paired_ratio
+from .profile_timing import acceptance_by_position, by_unit, log_stderr, run_paired
+
+__all__ = ["PAIRS", "PHASE_TOLERANCE", "ProfileRows", "load_pair", "profile", "SUBCOMMAND"]
+
+#: |sum of the reported phases / measured wall - 1| allowed per call (the rest: argument validation, result set-up).
+PHASE_TOLERANCE = 0.05
+PAIRS = ("trained", "wide-exact")
+
+
+def load_pair(name: str, **wide) -> tuple:
+    """``(target, draft, make_prompts(n, length, seed), description, positions)`` of a named pair; ``positions``
+    caps prompt + new tokens (the trained pair's training context, below its models' 512 positions)."""
+    if name == "trained":
+        from specdec_ref.pretrained import CONTEXT_LENGTH, load_trained_pair, sample_prompts
+
+        target, draft = load_trained_pair()
+        return target, draft, lambda n, length, seed: sample_prompts(n, length=length, seed=seed), (
+            f"trained pair (target Llama 2x128, draft Qwen2 1x64, V=256, trained at {CONTEXT_LENGTH} tokens; byte prompts from "
+            "held-out text)"), CONTEXT_LENGTH
+    if name == "wide-exact":
+        from specdec_ref.wide_exact import NARROW_DRAFT, WIDE_TARGET, WideSpec, wide_exact_pair
+
+        spec = WideSpec(**{**WIDE_TARGET.__dict__, **{k: v for k, v in wide.items() if v is not None}})
+        target, draft = wide_exact_pair(spec, NARROW_DRAFT)
+
+        def prompts(n: int, length: int, seed: int):
+            gen = torch.Generator().manual_seed(seed)
+            return [torch.randint(0, 8, (1, length), generator=gen) for _ in range(n)]
+
+        return target, draft, prompts, (
+            f"wide-exact pair (order1-target in a Llama {spec.layers}x{spec.hidden}, intermediate {spec.intermediate}; "
+            f"order1-draft-close in a Llama {NARROW_DRAFT.layers}x{NARROW_DRAFT.hidden}; exact laws, V=8, random prompts)"), None
+    raise ValueError(f"unknown pair {name!r}; known: {', '.join(PAIRS)}")
+
+
+def _phase_check(runs) -> dict:
+    """Reported phases (prefill + every round) against the measured wall of each call."""
+    gaps = [sum(r.reported.values()) / r.wall - 1 for r in runs if r.reported]
+    if not gaps:
+        return {"reported": False, "tolerance": PHASE_TOLERANCE, "calls": 0}
+    worst = max(gaps, key=abs)
+    return {"reported": True, "tolerance": PHASE_TOLERANCE, "calls": len(gaps), "median_gap": median(gaps), "worst_gap": worst,
+            "within": abs(worst) <= PHASE_TOLERANCE}
+
+
+def _per_k(runs, k: int, units: int) -> dict:
+    acc = acceptance_by_position(runs)
+    rounds = [r.decode_seconds / r.decode_rounds for r in runs if r.decode_rounds > 0]
+    out = {**acc, "round": median(rounds), "per_token": median(r.per_token for r in runs),
+           "first": median(r.first for r in runs), "phases": None}
+    if all(r.reported_decode for r in runs):
+        out["phases"] = {p: median(r.reported_decode.get(p, 0.0) / r.decode_rounds for r in runs) for p in ("draft", "verify", "repair", "other")}
+        out["prefill_reported"] = median(r.reported.get("prefill", 0.0) for r in runs)
+    return out
+
+
+def profile(
+    backend=None, *, pair: str = "trained", target=None, draft=None, make_prompts: Callable | None = None,
+    ks: Sequence[int] = (1, 2, 3, 4), batch: int = 1, prompts: int = 6, prompt_length: int = 32, new_tokens: int = 48,
+    repeats: int = 5, mode: str = "greedy", contexts: Sequence[int] = (), context_k: int | None = None, context_repeats: int = 3,
+    cost_seconds: float = 0.1, threads: int = 1, seed: int = 0, log: Callable[[str], None] | None = log_stderr,
+    description: str | None = None, wide: dict | None = None, baseline: Callable | None = None, measure: Callable = measure_costs,
+) -> dict:
+    """Profile ``backend`` (default: the reference) on a pair (module docstring); a JSON-able report dict.
+
+    ``prompts`` units of ``batch`` prompts each; ``target``/``draft``/``make_prompts(n, length, seed)`` replace the
+    named pair; ``baseline(target, requests, on_step)`` replaces the reference AR and ``measure`` (as
+    :func:`bench.profile_model.measure_costs`) the forward-cost measurement (tests inject known costs through both).
+    Raises ValueError when the backend lacks the capability the batch size needs."""
+    from conformance.backends import load_backend
+
+    backend = backend if backend is not None and not isinstance(backend, str) else load_backend(backend)
+    caps: Capabilities = backend.capabilities
+    if batch > 1 and not caps.batched_decoder:
+        raise ValueError(f"backend {backend.name!r} does not claim batched_decoder: profile it at --batch 1")
+    if not (caps.decoder or caps.batched_decoder):
+        raise ValueError(f"backend {backend.name!r} claims neither decoder nor batched_decoder: nothing to profile")
+    ks = sorted(set(ks))
+    if min(ks) < 1 or new_tokens < 2 * (max(ks) + 1) or repeats < 1 or prompts < 1 or batch < 1:
+        raise ValueError("need k >= 1, new_tokens >= 2 (max k + 1), repeats, prompts and batch >= 1")
+    positions = None
+    if target is None:
+        target, draft, make_prompts, description, positions = load_pair(pair, **(wide or {}))
+    sampling = GREEDY if mode == "greedy" else SamplingConfig(temperature=1.0)
+    max_pos = min(model_dims(target)["max_positions"] or 1 << 30, model_dims(draft)["max_positions"] or 1 << 30, positions or 1 << 30)
+    if prompt_length + new_tokens + max(ks) + 1 > max_pos:
+        raise ValueError(f"prompt length {prompt_length} + new tokens {new_tokens} + k exceeds the pair's {max_pos} positions")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    load_before, started = load_average(), time.perf_counter()
+    try:
+        def make_units(length: int) -> list[list[torch.Tensor]]:
+            flat = make_prompts(prompts * batch, length, seed)
+            return [flat[u * batch : (u + 1) * batch] for u in range(prompts)]
+
+        units = make_units(prompt_length)
+        if log:
+            log(f"profile {backend.name}: {description}; k={ks}, B={batch}, {prompts} units, {repeats} repeats")
+        extra = {} if baseline is None else {"baseline": baseline}
+        runs = run_paired(backend, target, draft, ks, units, new_tokens=new_tokens, sampling=sampling, repeats=repeats, seed=seed, log=log,
+                          **extra)
+        memory_main = memory_snapshot()
+        costs = measure(target, draft, units[0], ks, context=prompt_length + new_tokens // 2, seconds=cost_seconds)
+        ar_grid = by_unit(runs["ar"], prompts, lambda r: r.per_token)
+        ratios = {k: paired_ratio(ar_grid, by_unit(runs[f"spec k={k}"], prompts, lambda r: r.per_token), seed=seed) for k in ks}
+        per_k = {k: _per_k(runs[f"spec k={k}"], k, prompts) for k in ks}
+        ar_per_token = median(r.per_token for r in runs["ar"])
+        model = fit_model(costs, ar_per_token, per_k, ratios)
+        spec_runs = [r for k in ks for r in runs[f"spec k={k}"]]
+        mismatches = None
+        if mode == "greedy":
+            ar_tokens = {(r.unit, r.repeat): r.tokens for r in runs["ar"]}
+            mismatches = sum(r.tokens != ar_tokens[(r.unit, r.repeat)] for r in spec_runs)
+        ar_first = bootstrap_median(by_unit(runs["ar"], prompts, lambda r: r.first), seed=seed)
+        context = None
+        if contexts:
+            best_k = context_k or max(model["rows"], key=lambda r: r["measured"])["k"]
+            if log:
+                log(f"context sweep at k={best_k}: {list(contexts)}")
+            context = context_sweep(backend, target, draft, contexts=contexts, k=best_k, make_units=make_units, new_tokens=new_tokens,
+                                    sampling=sampling, repeats=context_repeats, max_positions=max_pos, cost_seconds=cost_seconds,
+                                    seed=seed, log=log, baseline=baseline, measure=measure)
+    finally:
+        torch.set_num_threads(previous)
+    report = {
+        "title": f"{backend.name} on the {pair if description is None or pair in description else 'given'} pair, B={batch}, {mode}",
+        "backend": backend.name, "declares_phase_timings": bool(getattr(caps, "phase_timings", False)),
+        "pair": description, "settings": dict(ks=ks, batch=batch, prompts=prompts, prompt_length=prompt_length, new_tokens=new_tokens,
+                                               repeats=repeats, mode=mode, threads=threads, seed=seed, cost_seconds=cost_seconds),
+        "verdict": verdict(model, costs), "costs": costs.as_dict(), "model": model,
+        "ar": {"per_token": ar_per_token, "first": ar_first.as_dict()},
+        "first_round": {str(k): per_k[k]["first"] for k in ks},
+        "prefill_reported": {str(k): per_k[k].get("prefill_reported") for k in ks},
+        "phase_check": _phase_check(spec_runs), "greedy_mismatches": mismatches,
+        "memory": memory_main, "context": context,
+        "environment": environment(), "load_average": {"before": load_before, "after": load_average()},
+        "seconds": time.perf_counter() - started,
+    }
+    return report
+
+
+class ProfileRows(list):
+    """The per-k rows :mod:`bench.cli` prints and stores, carrying the whole report (``.report``)."""
+
+    report: dict
+
+
+def add_profile_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default=None, help="module:factory or a registered NAME (default: the reference)")
+    p.add_argument("--pair", choices=PAIRS, default="trained", help="model pair (default trained)")
+    p.add_argument("--k", type=int_list, default=[1, 2, 3, 4], help="draft lengths (default 1,2,3,4)")
+    p.add_argument("--batch", type=int, default=1, help="rows decoded together, B (B > 1 needs batched_decoder; default 1)")
+    p.add_argument("--prompts", type=int, default=6, help="units (B prompts each) (default 6)")
+    p.add_argument("--prompt-length", type=int, default=32, help="prompt tokens (default 32)")
+    p.add_argument("--new-tokens", type=int, default=48, help="new tokens per row, no EOS (default 48)")
+    p.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats after one warm-up (default 5)")
+    p.add_argument("--mode", choices=("greedy", "sampling"), default="greedy", help="greedy or temperature-1 sampling (default greedy)")
+    p.add_argument("--contexts", type=int_list, default=[], help="context lengths to sweep, e.g. 32,64,128 (default none)")
+    p.add_argument("--context-k", type=int, default=None, help="k of the sweep (default: the best measured k)")
+    p.add_argument("--context-repeats", type=int, default=3, help="repeats per context length (default 3)")
+    p.add_argument("--cost-seconds", type=float, default=0.1, help="seconds per timed repeat of each forward cost (default 0.1)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="prompt and sampling seed (default 0)")
+    p.add_argument("--out", default=None, help="folder for profile.json, profile.md and the plots (default: print only)")
+    p.add_argument("--stem", default="profile", help="file name stem in --out (default profile)")
+    p.add_argument("--no-plots", action="store_true", help="skip the plots (no matplotlib needed)")
+    p.add_argument("--wide-layers", type=int, default=None, help="wide-exact target layers (default 8)")
+    p.add_argument("--wide-hidden", type=int, default=None, help="wide-exact target hidden size (m a^2, a a power of 2; default 512)")
+    p.add_argument("--wide-intermediate", type=int, default=None, help="wide-exact target MLP size (default 2048)")
+
+
+def run_profile(args: argparse.Namespace) -> list[dict]:
+    from .profile_report import write_report
+
+    report = profile(
+        args.backend, pair=args.pair, ks=args.k, batch=args.batch, prompts=args.prompts, prompt_length=args.prompt_length,
+        new_tokens=args.new_tokens, repeats=args.repeats, mode=args.mode, contexts=args.contexts, context_k=args.context_k,
+        context_repeats=args.context_repeats, cost_seconds=args.cost_seconds, threads=args.threads, seed=args.seed,
+        wide=dict(layers=args.wide_layers, hidden=args.wide_hidden, intermediate=args.wide_intermediate),
+    )
+    if args.out:
+        report["files"] = write_report(report, args.out, stem=args.stem, plots=not args.no_plots)
+    rows = ProfileRows(report["model"]["rows"])
+    rows.report = report
+    return rows
+
+
+def _print_profile(args, rows: ProfileRows, out) -> None:
+    from .profile_report import text_report
+
+    print(text_report(rows.report), file=out)
+
+
+SUBCOMMAND = Subcommand(
+    "profile",
+    "does speculation pay? paired AR vs speculative timing with intervals, the cost model fitted and checked, phases, "
+    "breakeven, context sweep, JSON/Markdown/plots, for any backend claiming decoder",
+    add_profile_arguments,
+    run_profile,
+    (),
+    lambda args, rows: [rows.report["verdict"]],
+    lambda args: [],
+    print_rows=_print_profile,
+    exit_status=lambda rows: int(bool(rows.report.get("greedy_mismatches"))),
+    json_extra=lambda rows: {"report": rows.report},
+)

@@ -1,0 +1,108 @@
+"""Pictures of a profile (matplotlib, the optional extra ``plots``): speedup against k with intervals, speedup
+against context length, and stacked phase bars per k. Everything else in a profile works without matplotlib;
+:func:`write_plots` raises :class:`PlotsUnavailable` with the install command when it is missing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["PlotsUnavailable", "write_plots"]
+
+_PHASE_COLOURS = {"draft": "#4c72b0", "verify": "#dd8452", "repair": "#55a868", "other": "#8172b3", "unreported": "#bbbbbb"}
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise PlotsUnavailable(
+            f"plots need matplotlib, which is not installed ({exc}); install the extra: pip install -e '.[plots]' "
+            "(or pass --no-plots)"
+        ) from None
+    return plt
+
+
+def _speedup_vs_k(plt, report: dict, path: Path) -> None:
+    rows = report["model"]["rows"]
+    ks = [r["k"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.errorbar(ks, [r["measured"] for r in rows], yerr=[[r["measured"] - r["low"] for r in rows], [r["high"] - r["measured"] for r in rows]],
+                fmt="o-", capsize=4, label="measured (median, 95% CI)")
+    ax.plot(ks, [r["predicted"] for r in rows], "s--", label="cost model")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("k (drafts per round)")
+    ax.set_ylabel("speedup over AR")
+    ax.set_xticks(ks)
+    ax.set_title(report["title"], fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _speedup_vs_context(plt, report: dict, path: Path) -> None:
+    rows = report["context"]["rows"]
+    xs = [r["context"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.errorbar(xs, [r["speedup"] for r in rows], yerr=[[r["speedup"] - r["low"] for r in rows], [r["high"] - r["speedup"] for r in rows]],
+                fmt="o-", capsize=4, label=f"k={report['context']['k']} (median, 95% CI)")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (prompt tokens)")
+    ax.set_ylabel("speedup over AR")
+    ax.set_title(report["title"], fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _phase_bars(plt, report: dict, path: Path) -> None:
+    """Seconds per token by phase for AR and every k, in AR-token units (AR = 1)."""
+    rows = report["model"]["rows"]
+    ar = report["model"]["fit"]["ar_per_token"]
+    labels = ["AR"] + [f"k={r['k']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    ax.bar([0], [1.0], color="#c44e52", label="AR step (target forward + host)")
+    bottoms = [0.0] * len(rows)
+    for phase in ("draft", "verify", "repair", "other", "unreported"):
+        heights = []
+        for r in rows:
+            ph = r.get("phases") or {}
+            if phase == "unreported":
+                value = r["round"] - sum(ph.get(p, 0.0) for p in ("draft", "verify", "repair", "other")) if ph else r["round"]
+            else:
+                value = ph.get(phase, 0.0)
+            heights.append(max(value, 0.0) / r["tokens_per_round"] / ar)
+        ax.bar(range(1, len(rows) + 1), heights, bottom=bottoms, color=_PHASE_COLOURS[phase],
+               label=phase if phase != "unreported" else "not reported")
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("seconds per token / AR's")
+    ax.set_title(report["title"], fontsize=9)
+    ax.set_ylim(0, max([1.0] + bottoms) * 1.35)
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_plots(report: dict, out_dir: str | Path, stem: str = "profile") -> dict[str, str]:
+    """Write ``{stem}-speedup-k.png``, ``{stem}-phases.png`` and (with a context sweep) ``{stem}-context.png``."""
+    plt = _pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"speedup_vs_k": out / f"{stem}-speedup-k.png", "phases": out / f"{stem}-phases.png"}
+    _speedup_vs_k(plt, report, paths["speedup_vs_k"])
+    _phase_bars(plt, report, paths["phases"])
+    if report.get("context", {}).get("rows"):
+        paths["speedup_vs_context"] = out / f"{stem}-context.png"
+        _speedup_vs_context(plt, report, paths["speedup_vs_context"])
+    return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,209 @@
+"""The profile's machinery on a fake decoder with injected, known costs (busy-wait forwards): the measured costs, the
+paired ratio, the fitted overheads, the phase check and the verdict come out as the injected costs say.
+
+Nothing here asserts how fast real decoding is; every tolerance is on the fake's own known figures.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from bench.kit import time_calls, percentile
+from bench.profile import profile
+from bench.profile_model import Costs, breakeven_alpha, verdict
+from bench.profile_stats import bootstrap_median, paired_ratio
+from specdec_ref.contract import Capabilities, DecodeResult, RoundRecord
+from specdec_ref.models import tiny_lm
+
+MS = 1e-3
+T, D = 3.0 * MS, 0.3 * MS  # target forward of one token, draft forward
+V_STEP = 0.3 * MS  # each extra token of a target block
+O_AR, O_D, O_V, O_R, O_O = 0.2 * MS, 0.1 * MS, 0.2 * MS, 0.1 * MS, 0.1 * MS
+PATTERN = (2, 0, 3, 1)  # accepted drafts per round, cut at k
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def target_forward(n: int) -> None:
+    spin(T + V_STEP * (n - 1))
+
+
+def draft_forward() -> None:
+    spin(D)
+
+
+class FakeDecoder:
+    """A speculative decoder whose forwards and host work are busy-waits of known length; accepts PATTERN."""
+
+    name = "fake-delays"
+    version = "0"
+    capabilities = Capabilities(decoder=True, greedy=True, sampling=True, phase_timings=True)
+
+    def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
+        clock = time.perf_counter
+        result = DecodeResult(tokens=[], prompt_len=prompt.shape[1], finished_by="max_new_tokens")
+        tick = clock()
+        target_forward(prompt.shape[1])
+        draft_forward()
+        seconds = {"prefill": clock() - tick}
+        tick = clock()
+        i = 0
+        while len(result.tokens) < max_new_tokens:
+            m = min(k, PATTERN[i % len(PATTERN)])
+            for _ in range(k):
+                draft_forward()
+                spin(O_D)
+            now = clock()
+            seconds["draft"], tick = now - tick, now
+            target_forward(k + 1)
+            spin(O_V)
+            now = clock()
+            seconds["verify"], tick = now - tick, now
+            if m == k:
+                draft_forward()
+            spin(O_R)
+            now = clock()
+            seconds["repair"], tick = now - tick, now
+            emitted = min(m + 1, max_new_tokens - len(result.tokens))
+            start = prompt.shape[1] + len(result.tokens)
+            result.tokens.extend([0] * emitted)
+            record = RoundRecord(round=i, start=start, proposed=k, accepted=m, emitted=emitted, target_len=start + emitted - 1,
+                                 draft_len=start + emitted - 1, committed_len=start + emitted, target_calls=i + 2, draft_calls=0,
+                                 seconds=seconds)
+            result.rounds.append(record)
+            if on_round is not None:
+                on_round(record, None, None)
+            spin(O_O)
+            now = clock()
+            seconds["other"], tick = now - tick, now
+            seconds = {}
+            i += 1
+        return result
+
+
+def fake_ar(target, requests, on_step):
+    out = []
+    for r in requests:
+        res = DecodeResult(tokens=[], prompt_len=1, finished_by="max_new_tokens")
+        target_forward(2)  # prefill
+        for step in range(r.max_new_tokens):
+            target_forward(1)
+            spin(O_AR)
+            res.tokens.append(0)
+            on_step(step)
+        out.append(res)
+    return out
+
+
+def fake_costs(target, draft, prompts, ks, *, context, seconds):
+    """Measured, like the real ones: medians of timed calls of the fake forwards."""
+    def timed(fn):
+        calls, secs = time_calls(fn, "cpu", repeats=3, min_seconds=0.03, warmup_seconds=0.005)
+        return percentile([s / calls for s in secs], 50)
+
+    return Costs(target=timed(lambda: target_forward(1)), draft=timed(draft_forward),
+                 verify={k: timed(lambda k=k: target_forward(k + 1)) for k in ks}, context=context)
+
+
+def pattern_rounds(k: int, new_tokens: int) -> list[tuple[int, int]]:
+    """(accepted, emitted) of every round of one fake decode."""
+    total, rounds, i = 0, [], 0
+    while total < new_tokens:
+        m = min(k, PATTERN[i % len(PATTERN)])
+        rounds.append((m, min(m + 1, new_tokens - total)))
+        total += m + 1
+        i += 1
+    return rounds
+
+
+def expected_speedup(k: int, new_tokens: int) -> float:
+    """AR seconds per token over the fake's, from its pattern (the rounds after the first, as the profile counts)."""
+    later = pattern_rounds(k, new_tokens)[1:]
+    seconds = sum(k * (D + O_D) + T + V_STEP * k + O_V + (m == k) * D + O_R + O_O for m, _ in later)
+    return (T + O_AR) / (seconds / sum(e for _, e in later))
+
+
+@pytest.fixture(scope="module")
+def report():
+    tiny = tiny_lm("llama", vocab_size=16, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, max_positions=256, seed=0)
+    prompts = lambda n, length, seed: [torch.zeros(1, length, dtype=torch.long) for _ in range(n)]  # noqa: E731
+    return profile(FakeDecoder(), target=tiny, draft=tiny, make_prompts=prompts, description="fake", ks=(1, 3), prompts=3,
+                   prompt_length=4, new_tokens=24, repeats=3, baseline=fake_ar, measure=fake_costs, log=None)
+
+
+def test_measured_costs_are_the_injected_ones(report):
+    costs = report["costs"]
+    assert costs["C_T"] == pytest.approx(T, rel=0.15)
+    assert costs["C_D"] == pytest.approx(D, rel=0.3)
+    assert costs["C_V"]["3"] == pytest.approx(T + 3 * V_STEP, rel=0.15)
+
+
+def test_paired_ratio_is_the_known_speedup(report):
+    for row in report["model"]["rows"]:
+        assert row["measured"] == pytest.approx(expected_speedup(row["k"], 24), rel=0.15)
+        assert row["low"] <= row["measured"] <= row["high"]
+
+
+def test_fit_recovers_the_injected_overheads_and_predicts_within_tolerance(report):
+    fit = report["model"]["fit"]
+    assert fit["source"] == "backend-reported phases"
+    assert fit["o_ar"] == pytest.approx(O_AR, abs=0.15 * MS)
+    assert fit["o_d"] == pytest.approx(O_D, abs=0.1 * MS)
+    assert fit["o_0"] == pytest.approx(O_V + O_R + O_O, abs=0.3 * MS)
+    first = [m >= 1 for k in (1, 3) for m, _ in pattern_rounds(k, 24)]  # draft 1 accepted, pooled over k
+    assert fit["acceptance_by_position"][0] == pytest.approx(sum(first) / len(first))
+    for row in report["model"]["rows"]:
+        assert abs(row["gap"]) < 0.10 and row["term_off"] is None
+
+
+def test_phases_add_up_to_the_measured_wall(report):
+    check = report["phase_check"]
+    assert check["reported"] and check["within"] and check["calls"] == 2 * 3 * 3
+    assert report["declares_phase_timings"]
+
+
+def test_verdict_line(report):
+    line = report["verdict"]
+    best = max(report["model"]["rows"], key=lambda r: r["measured"])
+    assert line.startswith("PAYS: " if best["low"] > 1 else "DOES NOT PAY: best ")
+    assert f"at k={best['k']}" in line
+
+
+def test_verdict_does_not_pay_names_the_remedies():
+    costs = Costs(target=1.0, draft=0.56, verify={1: 1.1, 2: 1.2}, context=8)
+    fit = {"o_d": 0.0, "o_0": 0.1, "o_verify": None}
+    rows = [dict(k=k, measured=m, low=m - 0.02, high=m + 0.02, breakeven_alpha=breakeven_alpha(1.0, costs, fit, k),
+                 draft_threshold=t) for k, m, t in ((1, 0.70, 0.15), (2, 0.75, 0.2))]
+    line = verdict({"rows": rows, "fit": fit}, costs)
+    assert line.startswith("DOES NOT PAY: best 0.75x [0.73, 0.77] at k=2; the draft costs 0.56 target forwards; it would pay from alpha >= ")
+    assert line.endswith("or with a draft below 0.2 target forwards")
+
+
+def test_breakeven_alpha_solves_the_model():
+    costs = Costs(target=1.0, draft=0.1, verify={2: 1.0}, context=8)
+    fit = {"o_d": 0.0, "o_0": 0.0}
+    a = breakeven_alpha(1.0, costs, fit, 2)
+    assert 1.0 * (1 + a + a * a) == pytest.approx(2 * 0.1 + 1.0 + a * a * 0.1, abs=1e-9)
+    assert breakeven_alpha(1.0, Costs(1.0, 2.0, {2: 1.0}, 8), fit, 2) is None  # a draft dearer than the target never pays
+
+
+def test_bootstrap_interval():
+    constant = bootstrap_median([[2.0, 2.0], [2.0]])
+    assert (constant.value, constant.low, constant.high) == (2.0, 2.0, 2.0)
+    spread = bootstrap_median([[1.0, 1.2], [0.9, 1.1], [1.3, 1.0]], seed=1)
+    assert spread.low <= spread.value <= spread.high and spread.low >= 0.9 and spread.high <= 1.3
+    assert paired_ratio([[2.0, 4.0]], [[1.0, 2.0]]).value == 2.0
+    with pytest.raises(ValueError):
+        paired_ratio([[1.0]], [[1.0, 2.0]])
+
+
+def test_batch_needs_batched_decoder():
+    tiny = tiny_lm("llama", vocab_size=16, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, max_positions=64, seed=0)
+    with pytest.raises(ValueError, match="batched_decoder"):
+        profile(FakeDecoder(), target=tiny, draft=tiny, make_prompts=lambda n, length, seed: [], batch=2, log=None)
