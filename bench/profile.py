@@ -83,6 +83,7 @@ def _per_k(runs, k: int, units: int) -> dict:
     acc = acceptance_by_position(runs)
     rounds = [r.decode_seconds / r.decode_rounds for r in runs if r.decode_rounds > 0]
     out = {**acc, "round": median(rounds), "per_token": median(r.per_token for r in runs),
+           "tokens_per_batch_round": median(r.tokens_per_batch_round for r in runs if r.decode_rounds > 0),
            "first": median(r.first for r in runs), "phases": None}
     if all(r.reported_decode for r in runs):
         out["phases"] = {p: median(r.reported_decode.get(p, 0.0) / r.decode_rounds for r in runs) for p in ("draft", "verify", "repair", "other")}

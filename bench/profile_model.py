@@ -11,8 +11,9 @@ Terms (seconds; every forward timed on the reference lean forward, cache at the 
 A round of ``k`` drafts costs ``R(k) = k (C_D + o_d) + C_V(k) + f_k C_D + o_0`` (``f_k``: the measured share of
 rounds accepting every draft, which feed ``d_k`` to the draft in the repair) and emits ``E(k)`` tokens, with
 ``E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j`` from the measured acceptance ``a_j`` of draft position ``j`` (pooled
-over every k; not one alpha). Predicted seconds per token ``R(k) / E(k)`` against AR's ``C_T + o_ar``: the
-predicted speedup. ``o_d`` and ``o_0`` are fitted: from the backend's reported phases when it reports them
+over every k; not one alpha). Predicted seconds per token (of each row) ``R(k) / E(k) x tail`` against AR's
+``C_T + o_ar``: the predicted speedup. ``tail`` (measured) = the rows' mean tokens per round over the tokens per row per
+*batch* round: 1 at B = 1 but for the last round's cut, above 1 when rows of a batch finish in different rounds. ``o_d`` and ``o_0`` are fitted: from the backend's reported phases when it reports them
 (draft phase per round / k - C_D; verify - C_V(k), repair - f_k C_D and other, per round; medians over k),
 else by least squares of the measured round time over k. A gap above :data:`GAP_TOLERANCE` names the term
 that is off: the tokens per round (acceptance) or, per phase, the one whose measured seconds per round
@@ -110,10 +111,10 @@ def round_cost(costs: Costs, fit: dict, k: int, full: float, draft: float | None
     return k * (c_d + fit["o_d"]) + costs.verify[k] + full * c_d + fit["o_0"]
 
 
-def breakeven_alpha(ar: float, costs: Costs, fit: dict, k: int) -> float | None:
-    """Smallest alpha (the same at every position) at which ``R(k) / E(alpha, k)`` reaches AR's cost; None if never."""
+def breakeven_alpha(ar: float, costs: Costs, fit: dict, k: int, tail: float = 1.0) -> float | None:
+    """Smallest alpha (the same at every position) at which ``R(k) / E(alpha, k) x tail`` reaches AR's cost; None if never."""
     def gain(a: float) -> float:
-        return ar * expected_tokens_per_round(a, k) - round_cost(costs, fit, k, a**k)
+        return ar * expected_tokens_per_round(a, k) / tail - round_cost(costs, fit, k, a**k)
 
     if gain(1.0) < 0:
         return None
@@ -126,9 +127,9 @@ def breakeven_alpha(ar: float, costs: Costs, fit: dict, k: int) -> float | None:
     return hi
 
 
-def draft_threshold(ar: float, costs: Costs, fit: dict, k: int, tokens: float, full: float) -> float | None:
+def draft_threshold(ar: float, costs: Costs, fit: dict, k: int, tokens: float, full: float, tail: float = 1.0) -> float | None:
     """Draft forward cost (in target forwards) below which k pays at the measured acceptance; None if no draft can."""
-    x = (ar * tokens - costs.verify[k] - fit["o_0"] - k * fit["o_d"]) / (k + full)
+    x = (ar * tokens / tail - costs.verify[k] - fit["o_0"] - k * fit["o_d"]) / (k + full)
     return x / costs.target if x > 0 else None
 
 
@@ -175,16 +176,17 @@ def fit_model(costs: Costs, ar_per_token: float, per_k: dict[int, dict], ratios:
         d = per_k[k]
         tokens = predicted_tokens(pooled, k)
         rnd = round_cost(costs, fit, k, d["full"])
-        predicted = ar_per_token / (rnd / tokens)
+        tail = d["tokens_per_round"] / d["tokens_per_batch_round"]
+        predicted = ar_per_token / (rnd / tokens * tail)
         measured = ratios[k]
         row = {
             "k": k, "measured": measured.value, "low": measured.low, "high": measured.high, "predicted": predicted,
             "gap": measured.value / predicted - 1, "tokens_per_round": d["tokens_per_round"], "tokens_predicted": tokens,
             "alpha": d["alpha"], "full": d["full"], "round": d["round"], "round_predicted": rnd,
-            "per_token": d["per_token"], "per_token_predicted": rnd / tokens,
-            "forward_only": ar_per_token / ((k * costs.draft + costs.verify[k] + d["full"] * costs.draft) / tokens),
-            "breakeven_alpha": breakeven_alpha(ar_per_token, costs, fit, k),
-            "draft_threshold": draft_threshold(ar_per_token, costs, fit, k, d["tokens_per_round"], d["full"]),
+            "per_token": d["per_token"], "per_token_predicted": rnd / tokens * tail, "tail": tail,
+            "forward_only": ar_per_token / ((k * costs.draft + costs.verify[k] + d["full"] * costs.draft) / tokens * tail),
+            "breakeven_alpha": breakeven_alpha(ar_per_token, costs, fit, k, tail),
+            "draft_threshold": draft_threshold(ar_per_token, costs, fit, k, d["tokens_per_round"], d["full"], tail),
             "phases": d.get("phases"),
         }
         row["term_off"] = _name_term(costs, fit, k, row, d)

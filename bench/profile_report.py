@@ -35,6 +35,7 @@ K_COLUMNS = [
     Column("tokens_per_round", "tok/rnd", _x),
     Column("tokens_predicted", "pred", _x),
     Column("alpha", "alpha", lambda v: "-" if v is None else f"{v:.3f}"),
+    Column("tail", "tail", _x),
     Column("round", "rnd ms", _ms),
     Column("round_predicted", "pred ms", _ms),
     Column("breakeven_alpha", "breakeven alpha", lambda v: "never" if v is None else f"{v:.2f}"),
@@ -86,8 +87,8 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
     shown = [dict(r, shown=_interval(r["measured"], r["low"], r["high"])) for r in rows]
     notes = [f"k={r['k']}: off by {100 * r['gap']:+.0f}%: {r['term_off']}" for r in rows if r["term_off"]]
     out.append(("Speedup per k: measured beside the cost model", [
-        "measured = median over units of the per-unit median paired ratio (AR s/token / spec s/token), bootstrap 95% CI; "
-        "predicted = (C_T + o_ar) / (R(k) / E(k)); fwd-only = the same without host work (o = 0); rnd ms = seconds per decode round",
+        "measured = median over units of the per-unit median paired ratio (AR s/token / spec s/token, per row), bootstrap 95% CI; "
+        "predicted = (C_T + o_ar) / (R(k) / E(k) x tail); tail = rows' tokens per round / tokens per row per batch round; fwd-only = the same without host work (o = 0); rnd ms = seconds per decode round",
         *(notes or [f"every k within {10}% of the model"]),
     ], format_table(shown, K_COLUMNS)))
     phase_rows = []

@@ -69,9 +69,19 @@ class Run:
         return self.wall - self.first
 
     @property
+    def batch(self) -> int:
+        return len(self.tokens)
+
+    @property
     def per_token(self) -> float:
-        """Seconds per token after the first round or step (measured)."""
-        return self.decode_seconds / self.decode_tokens
+        """Seconds per token of each row after the first round or step (measured): the batch's decode seconds over its
+        decode tokens per row (B = 1: plain seconds per token; a target forward serves every row)."""
+        return self.decode_seconds / (self.decode_tokens / self.batch)
+
+    @property
+    def tokens_per_batch_round(self) -> float:
+        """Decode tokens per row per batch round (below the rows' mean when rows finish in different rounds)."""
+        return self.decode_tokens / self.batch / self.decode_rounds
 
     @property
     def decode_rounds(self) -> int:
