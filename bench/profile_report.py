@@ -97,10 +97,13 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
         unreported = r["round"] - sum(ph.values()) if ph else None
         phase_rows.append(dict(k=r["k"], **ph, unreported=unreported, round=r["round"], per_token=r["per_token"]))
     check = report["phase_check"]
-    check_line = ("phases: not reported by the backend" if not check["reported"] else
-                  f"phase check over {check['calls']} calls: reported prefill + phases vs measured wall, median gap {100 * check['median_gap']:+.1f}%, "
-                  f"worst {100 * check['worst_gap']:+.1f}% (tolerance {100 * check['tolerance']:.0f}%): "
-                  + ("WITHIN" if check["within"] else "OUTSIDE"))
+    if not check["reported"]:
+        check_line = "phases: not reported by the backend" + (" although it declares phase_timings" if report["declares_phase_timings"] else "")
+    else:
+        check_line = (f"phase check over {check['calls']} calls: reported prefill + phases vs measured wall, median gap "
+                      f"{100 * check['median_gap']:+.1f}%, worst {100 * check['worst_gap']:+.1f}%; the rounds after the first vs the measured "
+                      f"decode time, worst {100 * check['worst_decode_gap']:+.1f}% (tolerance {100 * check['tolerance']:.0f}% each): "
+                      + ("WITHIN" if check["within"] else "OUTSIDE"))
     out.append(("Phases per decode round (backend-reported, medians)", [check_line], format_table(phase_rows, PHASE_COLUMNS)))
     first = ", ".join(f"k={k} {_ms(v)} ms" for k, v in report["first_round"].items())
     pre = ", ".join(f"k={k} {_ms(v)} ms" for k, v in report["prefill_reported"].items() if v is not None)
@@ -144,7 +147,7 @@ def markdown_report(report: dict, images: dict[str, str] | None = None) -> str:
     for heading, lines, table in sections(report):
         parts.append(f"## {heading}")
         parts.append("")
-        parts.extend(f"`{line}`" if heading == "Verdict" else line for line in lines)
+        parts.extend(f"`{line}`" if heading == "Verdict" else f"- {line}" for line in lines)
         if table:
             parts += ["", "```", table, "```"]
         parts.append("")
