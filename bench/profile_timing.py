@@ -33,7 +33,10 @@ from specdec_ref.static_cache import fastest_cache
 
 from .profile_memory import cache_bytes
 
-__all__ = ["Run", "Variant", "reference_ar", "run_call", "run_paired", "by_unit", "acceptance_by_position"]
+__all__ = ["CLOCK", "Run", "Variant", "reference_ar", "run_call", "run_paired", "by_unit", "acceptance_by_position"]
+
+#: The tool's clock (seconds). Tests replace it with a virtual clock that fake decoders advance by known costs.
+CLOCK: Callable[[], float] = time.perf_counter
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,7 @@ def run_call(backend, target, draft, variant: Variant, prompts: Sequence[torch.T
              baseline: Callable = reference_ar) -> Run:
     """One decode of ``prompts`` (B = ``len(prompts)``) by ``variant``, timed (module docstring); ``baseline(target,
     requests, on_step)`` decodes the AR variant and calls ``on_step`` after every step."""
-    clock = time.perf_counter
+    clock = CLOCK
     stamps: list[float] = []
     records: list = []
     caches: dict = {}
