@@ -76,11 +76,18 @@ def _phase_check(runs) -> dict:
     if not reported:
         return {"reported": False, "tolerance": PHASE_TOLERANCE, "calls": 0, "within": None}
     gaps = [sum(r.reported.values()) / r.wall - 1 for r in reported]
-    decode = [sum(r.reported_decode.values()) / r.decode_seconds - 1 for r in reported if r.decode_seconds > 0]
+    decode = [sum(_decode_phases(r).values()) / r.decode_seconds - 1 for r in reported if r.decode_seconds > 0]
     worst, worst_decode = max(gaps, key=abs), max(decode, key=abs)
     return {"reported": True, "tolerance": PHASE_TOLERANCE, "calls": len(gaps), "unreported_calls": len(runs) - len(reported),
             "median_gap": median(gaps), "worst_gap": worst, "median_decode_gap": median(decode), "worst_decode_gap": worst_decode,
             "within": abs(worst) <= PHASE_TOLERANCE and abs(worst_decode) <= PHASE_TOLERANCE and len(reported) == len(runs)}
+
+
+def _decode_phases(run) -> dict:
+    """The reported phases of the timed part of a call: the rounds after the first, or (whole calls) all but prefill."""
+    if run.whole:
+        return {p: v for p, v in run.reported.items() if p != "prefill"}
+    return run.reported_decode
 
 
 def _per_k(runs, k: int, units: int) -> dict:
@@ -88,9 +95,9 @@ def _per_k(runs, k: int, units: int) -> dict:
     rounds = [r.decode_seconds / r.decode_rounds for r in runs if r.decode_rounds > 0]
     out = {**acc, "round": median(rounds), "per_token": median(r.per_token for r in runs),
            "tokens_per_batch_round": median(r.tokens_per_batch_round for r in runs if r.decode_rounds > 0),
-           "first": median(r.first for r in runs), "phases": None}
+           "first": None if runs[0].whole else median(r.first for r in runs), "phases": None}
     if all(r.reported_decode for r in runs):
-        out["phases"] = {p: median(r.reported_decode.get(p, 0.0) / r.decode_rounds for r in runs) for p in ("draft", "verify", "repair", "other")}
+        out["phases"] = {p: median(_decode_phases(r).get(p, 0.0) / r.decode_rounds for r in runs) for p in ("draft", "verify", "repair", "other")}
         out["prefill_reported"] = median(r.reported.get("prefill", 0.0) for r in runs)
     return out
 
@@ -152,7 +159,8 @@ def profile(
         if mode == "greedy":
             ar_tokens = {(r.unit, r.repeat): r.tokens for r in runs["ar"]}
             mismatches = sum(r.tokens != ar_tokens[(r.unit, r.repeat)] for r in spec_runs)
-        ar_first = bootstrap_median(by_unit(runs["ar"], prompts, lambda r: r.first), seed=seed)
+        whole = runs["ar"][0].whole
+        ar_first = None if whole else bootstrap_median(by_unit(runs["ar"], prompts, lambda r: r.first), seed=seed).as_dict()
         context = None
         if contexts:
             best_k = context_k or max(model["rows"], key=lambda r: r["measured"])["k"]
@@ -169,7 +177,9 @@ def profile(
         "pair": description, "settings": dict(ks=ks, batch=batch, prompts=prompts, prompt_length=prompt_length, new_tokens=new_tokens,
                                                repeats=repeats, mode=mode, threads=threads, seed=seed, cost_seconds=cost_seconds),
         "verdict": verdict(model, costs), "costs": costs.as_dict(), "model": model,
-        "ar": {"per_token": ar_per_token, "first": ar_first.as_dict()},
+        "ar": {"per_token": ar_per_token, "first": ar_first},
+        "timing": ("whole calls, prefill included (the backend calls no on_round)" if whole
+                   else "seconds per token after the first round or step (prefill and the first round timed apart)"),
         "first_round": {str(k): per_k[k]["first"] for k in ks},
         "prefill_reported": {str(k): per_k[k].get("prefill_reported") for k in ks},
         "phase_check": _phase_check(spec_runs), "greedy_mismatches": mismatches,

@@ -101,7 +101,8 @@ def _fit_overheads(costs: Costs, per_k: dict[int, dict]) -> dict:
         sxx = sum((x - mx) ** 2 for x in xs)
         o_d = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
         o_0 = my - o_d * mx
-    return {"source": "least squares on the measured round time (no phases reported)", "o_d": o_d, "o_0": o_0,
+    exact = " (2 parameters on 2 k values: exact by construction, not a check)" if len(xs) == 2 else ""
+    return {"source": f"least squares on the measured round time over {len(xs)} k values (no phases reported){exact}", "o_d": o_d, "o_0": o_0,
             "o_verify": None, "o_repair": None, "o_other": None}
 
 

@@ -70,7 +70,7 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
         f"k={','.join(map(str, s['ks']))}, {s['repeats']} interleaved repeats after one dropped warm-up, torch threads {s['threads']}",
         f"load average (1/5/15 min): before {load['before']}, after {load['after']}; run took {report['seconds']:.1f} s",
         "measured by the tool: wall time of every call, the first round / step (prefill + one round), seconds per token after it, "
-        "acceptance from the round records, forward costs (reference lean forward), memory",
+        "acceptance from the round records, forward costs (reference lean forward), memory; speedups from " + report["timing"],
         "reported by the backend: " + ("per-round phases (RoundRecord.seconds)" + (", declared (phase_timings)" if report["declares_phase_timings"]
                                                                                else ", not declared (phase_timings unclaimed)")
                                       if report["phase_check"]["reported"] else "nothing (no RoundRecord.seconds)"),
@@ -105,12 +105,13 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
                       f"decode time, worst {100 * check['worst_decode_gap']:+.1f}% (tolerance {100 * check['tolerance']:.0f}% each): "
                       + ("WITHIN" if check["within"] else "OUTSIDE"))
     out.append(("Phases per decode round (backend-reported, medians)", [check_line], format_table(phase_rows, PHASE_COLUMNS)))
-    first = ", ".join(f"k={k} {_ms(v)} ms" for k, v in report["first_round"].items())
     pre = ", ".join(f"k={k} {_ms(v)} ms" for k, v in report["prefill_reported"].items() if v is not None)
-    out.append(("Prefill, timed apart", [
-        f"AR first step (prefill + one step, measured): {1e3 * report['ar']['first']['value']:.3f} ms; spec first round (measured): {first}",
-        f"prefill reported by the backend: {pre or 'not reported'}",
-    ], None))
+    if report["ar"]["first"] is None:
+        first_line = "not timed apart: the backend calls no on_round, so every call (AR too) is timed whole, prefill included"
+    else:
+        first = ", ".join(f"k={k} {_ms(v)} ms" for k, v in report["first_round"].items())
+        first_line = f"AR first step (prefill + one step, measured): {1e3 * report['ar']['first']['value']:.3f} ms; spec first round (measured): {first}"
+    out.append(("Prefill, timed apart", [first_line, f"prefill reported by the backend: {pre or 'not reported'}"], None))
     ctx = report.get("context")
     if ctx and ctx["rows"]:
         crow = [dict(r, shown=_interval(r["speedup"], r["low"], r["high"])) for r in ctx["rows"]]

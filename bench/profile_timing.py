@@ -7,7 +7,9 @@ What the tool measures itself (``perf_counter`` around each call and in the deco
   (AR: the first ``on_step`` call), i.e. prefill plus one round or step;
 * ``decode_seconds = wall - first`` over ``decode_tokens`` (the tokens emitted after that first round or
   step): seconds per token, the figure every speedup is computed from (prefill and the first round are
-  timed apart and reported as ``first``).
+  timed apart and reported as ``first``). A backend that never calls ``on_round`` (the contract allows it
+  without ``cache``) cannot be timed that way: then every run of the profile, AR included, is timed as a
+  *whole call* (prefill included, all tokens), and the report says so.
 
 What the backend reports (only when its round records carry ``seconds``, the contract's "Phase timings"):
 per-phase seconds (prefill, draft, verify, repair, other), summed over the distinct round dicts of a call.
@@ -58,18 +60,23 @@ class Run:
     unit: int
     repeat: int
     wall: float
-    first: float
+    first: float | None  # None: the backend called no on_round
     tokens: list[list[int]]
-    decode_tokens: int
+    after_first_tokens: int
     rounds: int  # batch rounds (spec) or steps (AR), the first one included
     records: list = field(default_factory=list, repr=False)  # the speculative rounds' RoundRecords, every row
     reported: dict | None = None  # backend-reported phase seconds of the whole call (None: not reported)
     reported_decode: dict | None = None  # the same over the rounds after the first
     caches: dict | None = None  # cache bytes at the last round (warm-up calls only)
+    whole: bool = False  # timed as a whole call (module docstring)
 
     @property
     def decode_seconds(self) -> float:
-        return self.wall - self.first
+        return self.wall if self.whole else self.wall - self.first
+
+    @property
+    def decode_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens) if self.whole else self.after_first_tokens
 
     @property
     def batch(self) -> int:
@@ -88,7 +95,7 @@ class Run:
 
     @property
     def decode_rounds(self) -> int:
-        return self.rounds - 1
+        return self.rounds if self.whole else self.rounds - 1
 
 
 def _requests(prompts: Sequence[torch.Tensor], new_tokens: int, sampling, seeds: Sequence[int] | None) -> list[Request]:
@@ -158,8 +165,6 @@ def run_call(backend, target, draft, variant: Variant, prompts: Sequence[torch.T
         results = [backend.decode(target, draft, prompts[0], k=variant.k, max_new_tokens=new_tokens, sampling=sampling,
                                   eos_id=None, generator=gen, on_round=on_round)]
     wall = clock() - t0
-    if not stamps:
-        raise RuntimeError(f"backend {backend.name!r} never called on_round: the profile needs it to time the first round apart")
     records = [rec for res in results for rec in res.rounds] or records
     rounds = max(len(r.rounds) for r in results)
     decode_tokens = sum(rec.emitted for rec in records if rec.round >= 1)
@@ -169,8 +174,9 @@ def run_call(backend, target, draft, variant: Variant, prompts: Sequence[torch.T
         reported = _sum_phases([rec.seconds for rec in dicts.values()])
         reported_decode = _sum_phases([rec.seconds for rec in dicts.values() if rec.round >= 1])
         reported_decode.pop("prefill", None)
-    return Run(variant, unit, repeat, wall, stamps[0] - t0, [list(r.tokens) for r in results], decode_tokens, rounds,
-               records=records, reported=reported, reported_decode=reported_decode, caches=caches or None)
+    return Run(variant, unit, repeat, wall, stamps[0] - t0 if stamps else None, [list(r.tokens) for r in results], decode_tokens,
+               rounds, records=records, reported=reported, reported_decode=reported_decode, caches=caches or None,
+               whole=not stamps)
 
 
 def _rows_bytes(rows) -> dict:
@@ -203,6 +209,10 @@ def run_paired(backend, target, draft, ks: Sequence[int], units: Sequence[Sequen
                                              seeds=seeds(u, r), unit=u, repeat=r, baseline=baseline))
         if log:
             log(f"  repeat {r + 1}/{repeats} done")
+    if any(run.first is None for runs in out.values() for run in runs):  # no on_round: everything as whole calls
+        for runs in out.values():
+            for run in runs:
+                run.whole = True
     return out
 
 

@@ -324,3 +324,32 @@ def test_batched_profile_per_row_tokens_and_tail():
     assert row["tail"] == pytest.approx(tail, rel=1e-9) and tail > 1.05  # rows finish in different rounds
     assert abs(row["gap"]) < 0.10
     assert report["phase_check"]["within"] and report["phase_check"]["calls"] == 2 * 3
+
+
+class FakeWithoutHook(FakeDecoder):
+    """The same decoder calling no on_round and reporting no phases (allowed without ``cache``)."""
+
+    name = "fake-no-hook"
+    capabilities = Capabilities(decoder=True, greedy=True)
+
+    def decode(self, target, draft, prompt, **kwargs):
+        kwargs["on_round"] = None
+        result = super().decode(target, draft, prompt, **kwargs)
+        for rec in result.rounds:
+            rec.seconds = None
+        return result
+
+
+def test_a_backend_without_on_round_is_timed_as_whole_calls():
+    tiny = tiny_lm("llama", vocab_size=16, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=2, max_positions=256, seed=0)
+    prompts = lambda n, length, seed: [torch.zeros(1, length, dtype=torch.long) for _ in range(n)]  # noqa: E731
+    report = profile(FakeWithoutHook(), target=tiny, draft=tiny, make_prompts=prompts, description="fake", ks=(1, 2, 3), prompts=2,
+                     prompt_length=4, new_tokens=24, repeats=2, baseline=fake_ar, measure=fake_costs, log=None)
+    assert report["timing"].startswith("whole calls") and report["ar"]["first"] is None
+    assert not report["phase_check"]["reported"] and report["model"]["fit"]["source"].startswith("least squares")
+    for row in report["model"]["rows"]:
+        k = row["k"]
+        rounds = pattern_rounds(k, 24)
+        spec = T + 3 * V_STEP + D + sum(k * (D + O_D) + T + V_STEP * k + O_V + (m == k) * D + O_R + O_O for m, _ in rounds)
+        ar = T + V_STEP + 24 * (T + O_AR)  # prefill of the fake AR, then 24 steps
+        assert row["measured"] == pytest.approx(ar / spec, rel=1e-9)
