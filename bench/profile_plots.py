@@ -67,31 +67,49 @@ def _speedup_vs_context(plt, report: dict, path: Path) -> None:
 
 
 def _phase_bars(plt, report: dict, path: Path) -> None:
-    """Seconds per token by phase for AR and every k, in AR-token units (AR = 1)."""
+    """Seconds per token by phase for AR and every k, in AR-token units (AR = 1); each phase's forward share (k C_D,
+    C_V(k), f_k C_D from the measured costs) solid, the rest of the phase (host work) hatched."""
     rows = report["model"]["rows"]
     ar = report["model"]["fit"]["ar_per_token"]
+    costs = report["costs"]
     labels = ["AR"] + [f"k={r['k']}" for r in rows]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    ax.bar([0], [1.0], color="#c44e52", label="AR step (target forward + host)")
+    ax.bar([0], [costs["C_T"] / ar], color="#c44e52", label="AR target forward")
+    ax.bar([0], [1.0 - costs["C_T"] / ar], bottom=[costs["C_T"] / ar], color="#c44e52", hatch="///", alpha=0.5)
     bottoms = [0.0] * len(rows)
+
+    def stack(heights, **style):
+        nonlocal bottoms
+        ax.bar(range(1, len(rows) + 1), heights, bottom=bottoms, **style)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+
     for phase in ("draft", "verify", "repair", "other", "unreported"):
-        heights = []
+        forward, host = [], []
         for r in rows:
             ph = r.get("phases") or {}
             if phase == "unreported":
                 value = r["round"] - sum(ph.get(p, 0.0) for p in ("draft", "verify", "repair", "other")) if ph else r["round"]
             else:
                 value = ph.get(phase, 0.0)
-            heights.append(max(value, 0.0) / r["tokens_per_round"] / ar)
-        ax.bar(range(1, len(rows) + 1), heights, bottom=bottoms, color=_PHASE_COLOURS[phase],
-               label=phase if phase != "unreported" else "not reported")
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+            model = {"draft": r["k"] * costs["C_D"], "verify": costs["C_V"][str(r["k"])], "repair": r["full"] * costs["C_D"]}.get(phase, 0.0)
+            model = min(model, max(value, 0.0)) if ph else 0.0
+            scale = 1.0 / r["tokens_per_round"] / ar * r.get("tail", 1.0)
+            forward.append(model * scale)
+            host.append((max(value, 0.0) - model) * scale)
+        colour = _PHASE_COLOURS[phase]
+        stack(forward, color=colour, label=phase if phase != "unreported" else "not reported")
+        stack(host, color=colour, hatch="///", alpha=0.5)
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)
     ax.set_ylabel("seconds per token / AR's")
     ax.set_title(report["title"], fontsize=9)
     ax.set_ylim(0, max([1.0] + bottoms) * 1.35)
-    ax.legend(fontsize=7, ncol=3, loc="upper center")
+    from matplotlib.patches import Patch
+
+    handles, names = ax.get_legend_handles_labels()
+    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="///"))
+    names.append("host work (hatched)")
+    ax.legend(handles, names, fontsize=7, ncol=3, loc="upper center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

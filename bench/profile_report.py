@@ -39,7 +39,7 @@ K_COLUMNS = [
     Column("round", "rnd ms", _ms),
     Column("round_predicted", "pred ms", _ms),
     Column("breakeven_alpha", "breakeven alpha", lambda v: "never" if v is None else f"{v:.2f}"),
-    Column("draft_threshold", "pays if c <", lambda v: "none" if v is None else f"{v:.3g}"),
+    Column("draft_threshold", "pays if C_D/C_T <", lambda v: "none" if v is None else f"{v:.3g}"),
 ]
 PHASE_COLUMNS = [Column("k", "k")] + [Column(p, f"{p} ms", _ms) for p in ("draft", "verify", "repair", "other", "unreported")] + [
     Column("round", "measured round ms", _ms), Column("per_token", "ms/token", _ms)]
