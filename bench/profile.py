@@ -206,7 +206,8 @@ def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-tokens", type=int, default=48, help="new tokens per row, no EOS (default 48)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats after one warm-up (default 5)")
     p.add_argument("--mode", choices=("greedy", "sampling"), default="greedy", help="greedy or temperature-1 sampling (default greedy)")
-    p.add_argument("--contexts", type=int_list, default=[], help="context lengths to sweep, e.g. 32,64,128 (default none)")
+    p.add_argument("--contexts", type=lambda t: [] if t.strip().lower() in ("", "none") else int_list(t), default=[32, 64, 128],
+                   help="prompt lengths of the context sweep, capped by the pair's positions (default 32,64,128; none: no sweep)")
     p.add_argument("--context-k", type=int, default=None, help="k of the sweep (default: the best measured k)")
     p.add_argument("--context-repeats", type=int, default=3, help="repeats per context length (default 3)")
     p.add_argument("--cost-seconds", type=float, default=0.1, help="seconds per timed repeat of each forward cost (default 0.1)")
