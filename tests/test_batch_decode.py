@@ -195,3 +195,21 @@ def test_mixed_settings_groups_differ_by_the_stated_tv_and_old_checks_cannot_see
     assert record.status == "failed" and "settings group 0" in record.message, record.message[:1500]
     penalties = next(c for c in all_cases(["batch_sequence_law"]) if c.case_id == "penalties")
     assert run_case(penalties, mutant, dev).status == "passed"
+
+
+def test_only_the_filtered_efficiency_cases_see_a_batched_draft_that_filters_before_its_temperature():
+    """batch_acceptance_under_filters' premise: the batch mutant (each row's draft filtered before its temperature, on
+    its own history) fails every case, while batch_acceptance_is_ideal (temperature 1: the order cannot matter) lets it
+    through at the full ci sample."""
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants.batch import DraftFiltersBeforeTemperature
+    from specdec_ref.backend import ReferenceBackend
+
+    mutant = ReferenceBackend(decoder=DraftFiltersBeforeTemperature())
+    ci = CheckContext(profile="ci")
+    for case in all_cases(["batch_acceptance_under_filters"]):
+        record = run_case(case, mutant, ci)
+        assert record.status == "failed", (case.id, record.message[:1500])
+    (old,) = all_cases(["batch_acceptance_is_ideal"])
+    record = run_case(old, mutant, ci)
+    assert record.status == "passed", record.message[:1500]
