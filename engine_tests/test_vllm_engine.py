@@ -1,7 +1,9 @@
 """The vLLM black-box runner against the installed vLLM (vLLM stage only: needs ``.venv-vllm``).
 
 A reduced matrix (``--scale``: a few hundred completions per case, one draft-model configuration and the
-control) checks the runner end to end: the worker writes valid black-box files, the control is never NOT
+control), or the full matrices the vLLM stage has just run (``SPECDEC_VLLM_ENGINE_RUNS=DIR`` holding the runner's
+``engine-unpatched`` and ``engine-patch-A`` outputs: the same assertions, without running vLLM twice), checks the
+runner end to end: the worker writes valid black-box files, the control is never NOT
 CERTIFIED, the efficiency counters are read, defect A shows in the counters unpatched (acceptance far below the
 exact expectation) and the patch restores it, and ``--check-expected`` refuses reduced runs. The full matrix
 (``python -m conformance.engines.vllm --out DIR --check-expected``) is the certification itself.
@@ -9,8 +11,10 @@ exact expectation) and the patch restores it, and ``--check-expected`` refuses r
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +25,16 @@ except ImportError as exc:
                       ".venv-vllm/bin/python -m pytest engine_tests") from exc
 
 SCALE = "0.02"
+#: the vLLM stage's full-matrix outputs (scripts/vllm_stage.sh), used instead of reduced runs when set
+RUNS = os.environ.get("SPECDEC_VLLM_ENGINE_RUNS")
+
+
+def _finished(name: str):
+    """A full run the stage already made (``RUNS/name``): its verdicts and folder; it must exist when RUNS is set."""
+    out = Path(RUNS) / name
+    path = out / "verdicts.json"
+    assert path.is_file(), f"SPECDEC_VLLM_ENGINE_RUNS={RUNS}: no {path} (run the matrix first, as scripts/vllm_stage.sh does)"
+    return json.loads(path.read_text()), out
 
 
 def _run(tmp_path, *extra):
@@ -34,12 +48,12 @@ def _run(tmp_path, *extra):
 
 @pytest.fixture(scope="module")
 def unpatched(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("unpatched"))
+    return _finished("engine-unpatched") if RUNS else _run(tmp_path_factory.mktemp("unpatched"))
 
 
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("patched"), "--patch", "A,B")
+    return _finished("engine-patch-A") if RUNS else _run(tmp_path_factory.mktemp("patched"), "--patch", "A,B")
 
 
 def test_control_is_never_rejected(unpatched):

