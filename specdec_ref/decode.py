@@ -389,6 +389,11 @@ class SpeculativeDecoder:
         rejected drafts never do."""
         state.commit(tokens, keep)
 
+    def draft_room(self, k: int, limit: int, starts: list[int]) -> int:
+        """Drafts this round: ``k``, or fewer when the row nearest the models' position limit has less room (0: a
+        plain target step); no row ever writes past the models' positions."""
+        return min(k, limit - max(starts))
+
     def leave(self, live: list[int], done: list[bool]) -> list[int]:
         """Positions (in the live batch) of the rows that stay for the next round, in order."""
         return [j for j, d in enumerate(done) if not d]
@@ -434,7 +439,7 @@ class SpeculativeDecoder:
         while live:
             round_seconds.update(draft=0.0, verify=0.0, repair=0.0, other=0.0)
             starts = list(committed)
-            k_round = min(k, limit - max(starts))  # never write past the models' positions
+            k_round = self.draft_room(k, limit, starts)
             generator = self.row_generators(sub.generators)
             if k_round == 0:  # no room for drafts: a plain target step
                 draft_cache.feed(pending)
