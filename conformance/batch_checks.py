@@ -565,3 +565,109 @@ def check_batch_acceptance_under_filters(backend, ctx: CheckContext, case: str):
     requests = [Request(prompt=p, max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, seed=seed + i) for i, p in enumerate(prompts)]
     results = decode_batch(backend, target, draft, requests, k=EFFICIENCY_K, where=f"case {case}")
     assert_rounds_accept_ideally(ctx, scheme, sampling, prompts, results, where="batched rows: ")
+
+
+#: ``batch_position_limit_law``: rows whose prompts end 1, 2 and 3 positions (j = 1..k+1, k = 2) below the models'
+#: maximum positions, interleaved in every batch, each decoding 2 tokens: the row nearest the limit leaves room for one
+#: draft or none, so the whole batch runs rounds with fewer than k drafts and plain target steps, and rows at other
+#: distances share them. Every 8th row is greedy (the mixed-batch path), compared with AR greedy decoding alone.
+LIMIT_PAIR = "order2-order1"
+LIMIT_DISTANCES = (1, 2, 3)
+LIMIT_SAMPLING = SamplingConfig(temperature=1.3, top_p=0.9)
+LIMIT_LENGTH = 2
+LIMIT_K = 2
+LIMIT_GREEDY_EVERY = 8
+#: Power 0.99 against TV 0.09 per distance at alpha 1e-6 (about 2 700 rows each, 9 400 in all: every row prefills a
+#: 125-127-token prompt, 1.9 CPU-s per 1 024 rows). The representative bug, an argmax fallback step, moves the law of
+#: the rows 3 below the limit by TV 0.13 (measured on 3 600 rows; they take the plain steps the nearest rows force);
+#: decoder_sequence_law's position_limit case sees the same bug at TV 0.045 in the chain.
+LIMIT_TV = 0.09
+#: Rows per distance at least, under a reduced profile: 355 (a tenth) cannot detect even TV 0.5 on these laws.
+LIMIT_FLOOR = 1_200
+
+
+def limit_prompt(distance: int) -> list[int]:
+    """The prompt ending ``distance`` positions below the models' maximum: ``<bos>`` then an order-2 token pattern."""
+    from specdec_ref.exact_models import MAX_POSITIONS, exact_pair
+
+    bos = exact_pair(LIMIT_PAIR).target.bos_id
+    return [bos] + [(5 * i + 1) % 6 for i in range(MAX_POSITIONS - distance - 1)]
+
+
+@functools.lru_cache(maxsize=None)
+def limit_law(distance: int):
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_pair
+
+    table = exact_pair(LIMIT_PAIR).target
+    return continuation_law(table, limit_prompt(distance), LIMIT_LENGTH, LIMIT_SAMPLING, eos_id=table.eos_id)
+
+
+@check(
+    guards="batched rounds at the models' maximum positions: room for drafts taken from another row than the one nearest "
+    "the limit (writes past the cache), the fallback step with no room for drafts (argmax, wrong positions), rows at "
+    "other distances sharing those rounds",
+    requires=("batched_decoder", "sampling", "greedy", "top_p"),
+    statistical=True,
+)
+def check_batch_position_limit_law(backend, ctx: CheckContext):
+    """Rows whose prompts end 1, 2 and 3 positions below the models' 128 (k = 2), interleaved in every batch of 1 024
+    with seeded and unseeded rows and every 8th row greedy, on the position-dependent ``order2-order1`` pair
+    (T 1.3, top-p 0.9, 2 new tokens): each distance's sampled continuations follow the AR law (power 0.99 against
+    TV >= LIMIT_TV per distance) and every greedy row equals AR greedy decoding of its request alone; the stop
+    invariants run on every row. A plain target step taking the argmax (``greedy_fallback_at_position_limit``)
+    moves the law of the rows 3 below the limit by TV 0.13 (``LIMIT_TV``); room for drafts taken from the batch's
+    first row (``room_from_first_row``) writes past the models' positions. Every other batch case ends far below the
+    limit and lets both through (tests/test_batch_decode.py)."""
+    import numpy as np
+
+    from properties.sample_size import required_samples
+    from properties.sequences import boundary_margin, law_to_cells
+    from specdec_ref.exact_models import exact_pair
+
+    table = exact_pair(LIMIT_PAIR).target
+    eos = table.eos_id
+    for j in LIMIT_DISTANCES:
+        boundary_margin(table, limit_prompt(j), LIMIT_LENGTH, LIMIT_SAMPLING, eos_id=eos).assert_safe()
+    target, draft = sequence_models(LIMIT_PAIR)
+    greedy_ar = {j: autoregressive_decode(target, limit_prompt(j), max_new_tokens=LIMIT_LENGTH, eos_id=eos).tokens
+                 for j in LIMIT_DISTANCES}
+    per_distance = max(required_samples(np.asarray(list(limit_law(j).values())), LIMIT_TV) for j in LIMIT_DISTANCES)
+    scaled = math.ceil(per_distance * ctx.sample_scale)
+    if ctx.look_fraction == 1.0:  # a reduced profile (dev) keeps enough rows to be conclusive; an interim look does not
+        scaled = max(scaled, min(per_distance, LIMIT_FLOOR))
+    # rows i with i % 8 == 7 are greedy; the others' distances cycle, so each distance gets >= scaled rows
+    n = math.ceil(scaled * len(LIMIT_DISTANCES) * LIMIT_GREEDY_EVERY / (LIMIT_GREEDY_EVERY - 1)) + 8
+    seed = ctx.seed_for("batch-position-limit")
+    outputs: dict[int, list[tuple]] = {j: [] for j in LIMIT_DISTANCES}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for first in range(0, n, SEQUENCE_BATCH):
+            rows = range(first, min(n, first + SEQUENCE_BATCH))
+            requests = [
+                Request(prompt=limit_prompt(LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]), max_new_tokens=LIMIT_LENGTH,
+                        sampling=GREEDY if i % LIMIT_GREEDY_EVERY == LIMIT_GREEDY_EVERY - 1 else LIMIT_SAMPLING,
+                        eos_ids=eos, seed=None if (i // LIMIT_GREEDY_EVERY) % UNSEEDED_EVERY == 0 else seed + i)
+                for i in rows
+            ]
+            results = decode_batch(backend, target, draft, requests, k=LIMIT_K, where=f"position limit, rows {first}..")
+            for i, req, r in zip(rows, requests, results):
+                j = LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]
+                if req.sampling.greedy:
+                    assert r.tokens == greedy_ar[j], (
+                        f"greedy row {i} (prompt of {len(req.prompt)} tokens, {j} below the models' maximum positions, "
+                        f"in a batch with sampling rows at other distances): {r.tokens}, AR greedy decoding alone gives "
+                        f"{greedy_ar[j]}\n  replay: {ctx.replay}"
+                    )
+                else:
+                    outputs[j].append(tuple(r.tokens))
+    for j in LIMIT_DISTANCES:
+        assert_continuations_follow(
+            law_to_cells(limit_law(j)), outputs[j], ctx,
+            what=f"batched rows {j} position(s) below the models' maximum (prompt of {len(limit_prompt(j))} tokens): "
+            f"continuations of length {LIMIT_LENGTH} on {LIMIT_PAIR} ({LIMIT_SAMPLING.label()}, eos_id={eos}, k={LIMIT_K}), "
+            f"rows at {', '.join(str(d) for d in LIMIT_DISTANCES if d != j)} below in the same batches",
+            tv=LIMIT_TV, seed=seed,
+            sensitive_to="rounds with fewer than k drafts or none at the models' maximum positions: their fallback step, "
+            "their positions, room for drafts taken from another row",
+        )

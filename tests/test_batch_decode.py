@@ -213,3 +213,19 @@ def test_only_the_filtered_efficiency_cases_see_a_batched_draft_that_filters_bef
     (old,) = all_cases(["batch_acceptance_is_ideal"])
     record = run_case(old, mutant, ci)
     assert record.status == "passed", record.message[:1500]
+
+
+@pytest.mark.parametrize("name", ["greedy_fallback_at_position_limit", "room_from_first_row"])
+def test_only_the_position_limit_case_sees_the_batched_position_limit_mutants(name):
+    """batch_position_limit_law's premise: every older batch law case and the greedy-equality check end far below the
+    models' maximum positions, so a wrong fallback step or room taken from the first row goes unseen there (dev scale)."""
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants import MUTANTS
+
+    mutant = MUTANTS[name].backend()
+    dev = CheckContext(profile="dev")
+    for case in all_cases(["batch_sequence_law", "batch_greedy_equals_ar_at_every_batch_size"]):
+        record = run_case(case, mutant, dev)
+        assert record.status in ("passed", "skipped"), (case.id, record.status, record.message[:1500])
+    (new,) = all_cases(["batch_position_limit_law"])
+    assert run_case(new, mutant, CheckContext(profile="ci")).status in ("failed", "error")
