@@ -123,7 +123,7 @@ def write_plots(report: dict, out_dir: str | Path, stem: str = "profile") -> dic
     paths = {"speedup_vs_k": out / f"{stem}-speedup-k.png", "phases": out / f"{stem}-phases.png"}
     _speedup_vs_k(plt, report, paths["speedup_vs_k"])
     _phase_bars(plt, report, paths["phases"])
-    if report.get("context", {}).get("rows"):
+    if (report.get("context") or {}).get("rows"):
         paths["speedup_vs_context"] = out / f"{stem}-context.png"
         _speedup_vs_context(plt, report, paths["speedup_vs_context"])
     return {k: str(v) for k, v in paths.items()}

@@ -55,3 +55,10 @@ def test_plots_say_what_is_missing(run, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(PlotsUnavailable, match=r"pip install -e '.\[plots\]'"):
         write_plots(report, out_dir, "again")
+
+
+def test_a_report_without_context_sweep_plots_two_pictures(run, tmp_path):
+    _, _, out_dir = run
+    report = json.loads((out_dir / "profile.json").read_text())
+    report["context"] = None  # --contexts none
+    assert sorted(write_plots(report, tmp_path, "bare")) == ["phases", "speedup_vs_k"]
