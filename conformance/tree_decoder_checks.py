@@ -24,10 +24,22 @@ gpt2 ~6, ``cache_matches_prefill_every_round`` ~2 per case (6 cases), ``sequence
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
+from properties.sampling import call_backend
+
 from .decoder_checks import (
+    EFFICIENCY_NEW_TOKENS,
+    EFFICIENCY_PAIR,
+    FILTERED_EFFICIENCY,
     _greedy_equality,
+    _require_filters,
     check_decoder_cache_matches_prefill_every_round,
     check_decoder_sequence_law,
+    efficiency_tables,
+    sequence_models,
 )
 from .registry import CheckContext, NotApplicable, check
 
@@ -126,3 +138,77 @@ def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str):
         raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")
     _as_tree(lambda: check_decoder_sequence_law(TreeAsChain(backend, LAW_WIDTH), ctx, case), LAW_WIDTH)
 
+
+
+#: ``tree_decoder_acceptance_under_filters``: trees of width 2 and depth 2 (a full binary tree of 6 nodes: both level-1
+#: nodes are expanded, so the shape is fixed and its round law exact), 60 decodes of 64 tokens per case (about 1 700-3 600
+#: rounds). The cases are ``decoder_checks.FILTERED_EFFICIENCY``'s.
+TREE_EFFICIENCY_WIDTH = 2
+TREE_EFFICIENCY_DEPTH = 2
+TREE_EFFICIENCY_DECODES = 60
+
+
+@check(
+    guards="tree drafting that loses (or moves) acceptance without bias where the order of temperature and filters "
+    "matters: the draft drawing children from a differently warped distribution than the declared one while reporting "
+    "that q honestly",
+    requires=("tree_decoder", "sampling"),  # top_k / top_p / min_p per case: a case using an unclaimed filter is skipped
+    cases=[(name, {"case": name}) for name in FILTERED_EFFICIENCY],
+    statistical=True,
+)
+def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case: str):
+    """Accepted path length per round of tree decoding (width 2, depth 2) on ``order1-far`` against the declared tree
+    scheme's exact expectation given the round's last token (``properties.tree_exact.tree_accepted_moments`` on the
+    warped tables; normal test of the total), at the chain's three filter cases.
+
+    The representative deviation (children drawn from ``softmax(filters(z) / T)`` with that q reported, SpecInfer trees)
+    moves the exact mean accepted per round along the decodes from 0.056 to 0.507 (cold: T 0.5, top-k 4, top-p 0.7),
+    1.160 to 1.007 (hot: T 1.5, top-k 4, top-p 0.9) and 1.287 to 1.085 (min_p: T 1.5, min-p 0.1): +160, -8 and -10
+    standard errors of the case's total (tests/test_tree_decode.py). Schemes whose siblings can exhaust a filtered row
+    (``recursive``: the exact round law has no tree there) are not applicable.
+    """
+    from properties.stats import assert_total
+    from properties.tree_exact import kary, tree_accepted_moments
+
+    sampling, _ = FILTERED_EFFICIENCY[case]
+    _require_filters(backend, sampling, case)
+    scheme = getattr(backend.capabilities, "tree_scheme", "specinfer")
+    if scheme == "lossy":
+        raise NotApplicable("the backend declares a lossy tree scheme: it claims no exact acceptance law")
+    tables = efficiency_tables(EFFICIENCY_PAIR, sampling)
+    moments = {}
+    for depth in range(1, TREE_EFFICIENCY_DEPTH + 1):  # rounds near max_new_tokens have fewer levels
+        shape = kary(TREE_EFFICIENCY_WIDTH, depth)
+        try:
+            moments[len(shape)] = tree_accepted_moments(scheme, shape, tables)
+        except ValueError as exc:
+            raise NotApplicable(f"tree scheme {scheme} at {sampling.label()}: {exc}") from None
+    target, draft = sequence_models(EFFICIENCY_PAIR)
+    gen = torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}"))
+    decodes = max(1, math.ceil(TREE_EFFICIENCY_DECODES * ctx.look_fraction))
+    starts = torch.randint(0, tables.vocab, (decodes, 3), generator=torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}-prompts")))
+    means, variances, accepted = [], [], 0
+    for prompt in starts:
+        result = call_backend(
+            backend.decode_tree, target, draft, prompt[None, :], depth=TREE_EFFICIENCY_DEPTH, width=TREE_EFFICIENCY_WIDTH,
+            max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, generator=gen,
+            what=f"decode_tree() (prompt {prompt.tolist()}, {sampling.label()})",
+        )
+        full = prompt.tolist() + list(result.tokens)
+        for r in result.rounds:
+            if r.proposed == 0:
+                continue  # a plain target step
+            assert r.proposed in moments, (
+                f"round {r.round} of prompt {prompt.tolist()}: {r.proposed} tree nodes, a width-{TREE_EFFICIENCY_WIDTH} "
+                f"tree of depth <= {TREE_EFFICIENCY_DEPTH} has {sorted(moments)}"
+            )
+            mean, var = moments[r.proposed]
+            last = full[r.start - 1]
+            means.append(mean[last])
+            variances.append(var[last])
+            accepted += r.accepted
+    ctx.record(assert_total(
+        accepted, means, variances, unit="accepted nodes",
+        what=f"accepted path length per tree round (width {TREE_EFFICIENCY_WIDTH}, depth {TREE_EFFICIENCY_DEPTH}) vs the "
+        f"exact expectation of the declared tree scheme ({scheme}) on {EFFICIENCY_PAIR} at {sampling.label()}",
+    ))

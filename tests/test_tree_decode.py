@@ -362,3 +362,52 @@ def test_tree_decoder_benchmark_rows(capsys):
     assert tree["tokens_per_target_call"] > 1 and tree["nodes_per_round"] > 0 and tree["accepted_per_round"] >= 0
     lines = SUBCOMMAND.summarise(args, rows)
     assert any(line.startswith("greedy: best tree") for line in lines)
+
+
+@pytest.mark.parametrize("case, stated", [("cold", (0.056, 0.507, 160)), ("hot", (1.160, 1.007, -8)), ("min_p", (1.287, 1.085, -10))])
+def test_the_stated_tree_efficiency_shifts_are_exact(case, stated):
+    """tree_decoder_acceptance_under_filters' docstring: ideal vs filters-before-temperature children on SpecInfer trees
+    (width 2, depth 2), exact mean accepted per round along the decodes (the warped target chain's occupancy over 64
+    tokens from a uniform start) and the shift in standard errors of a total over the rounds of 60 decodes."""
+    import math
+
+    import numpy as np
+
+    from conformance.decoder_checks import EFFICIENCY_NEW_TOKENS, EFFICIENCY_PAIR, FILTERED_EFFICIENCY
+    from conformance.tree_decoder_checks import TREE_EFFICIENCY_DECODES, TREE_EFFICIENCY_DEPTH, TREE_EFFICIENCY_WIDTH
+    from properties.markov import MarkovPair
+    from properties.tree_exact import kary, tree_accepted_moments
+    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.warp import min_p_filter, scale_temperature, top_k_filter, top_p_filter, warp
+
+    cfg, _ = FILTERED_EFFICIENCY[case]
+    pair = exact_pair(EFFICIENCY_PAIR)
+    contexts = [[a] for a in range(pair.target.vocab)]
+    zt, zd = pair.target.next_logits(contexts), pair.draft.next_logits(contexts)
+    x = min_p_filter(top_p_filter(top_k_filter(zd.double(), cfg.top_k), cfg.top_p), cfg.min_p)
+    moved_q = torch.softmax(scale_temperature(x, cfg.temperature), -1).numpy()
+    p = warp(zt, cfg, dtype=torch.float64).numpy()
+    shape = kary(TREE_EFFICIENCY_WIDTH, TREE_EFFICIENCY_DEPTH)
+    ideal, var = tree_accepted_moments("specinfer", shape, MarkovPair("ideal", p, warp(zd, cfg, dtype=torch.float64).numpy(), 0, ""))
+    moved, _ = tree_accepted_moments("specinfer", shape, MarkovPair("moved", p, moved_q, 0, ""))
+    at, w = np.full(p.shape[0], 1.0 / p.shape[0]), np.zeros(p.shape[0])
+    for _ in range(EFFICIENCY_NEW_TOKENS):
+        w += at
+        at = at @ p
+    w /= w.sum()
+    a0, a1 = float(w @ ideal), float(w @ moved)
+    rounds = TREE_EFFICIENCY_DECODES * EFFICIENCY_NEW_TOKENS / (1 + a0)
+    z = (a1 - a0) / math.sqrt(float(w @ var) / rounds)
+    assert (round(a0, 3), round(a1, 3), round(z)) == stated
+
+
+def test_the_tree_law_check_lets_the_tree_filter_order_mutant_through():
+    """Drawing children filtered before the temperature (q honest) is exact: tree_decoder_sequence_law passes it (dev
+    scale); only the acceptance check sees it."""
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants import MUTANTS
+
+    mutant = MUTANTS["tree_draft_filters_before_temperature"].backend()
+    for case in all_cases(["tree_decoder_sequence_law"]):
+        record = run_case(case, mutant, CheckContext(profile="dev"))
+        assert record.status == "passed", (case.id, record.message[:1500])
