@@ -32,7 +32,7 @@ from specdec_ref.warp import GREEDY, SamplingConfig
 from .kit import Subcommand, environment, int_list, load_average
 from .profile_context import context_sweep
 from .profile_memory import memory_snapshot
-from .profile_model import fit_model, measure_costs, verdict
+from .profile_model import fit_model, least_interfered, measure_costs, verdict
 from .profile_stats import bootstrap_median, paired_ratio
 from .profile_timing import acceptance_by_position, by_unit, log_stderr, run_paired
 
@@ -142,13 +142,16 @@ def profile(
             return [flat[u * batch : (u + 1) * batch] for u in range(prompts)]
 
         units = make_units(prompt_length)
+        cost_args = dict(context=prompt_length + new_tokens // 2, seconds=cost_seconds)
+        costs_before = measure(target, draft, units[0], ks, **cost_args)
         if log:
             log(f"profile {backend.name}: {description}; k={ks}, B={batch}, {prompts} units, {repeats} repeats")
         extra = {} if baseline is None else {"baseline": baseline}
         runs = run_paired(backend, target, draft, ks, units, new_tokens=new_tokens, sampling=sampling, repeats=repeats, seed=seed, log=log,
                           **extra)
         memory_main = memory_snapshot()
-        costs = measure(target, draft, units[0], ks, context=prompt_length + new_tokens // 2, seconds=cost_seconds)
+        costs_after = measure(target, draft, units[0], ks, **cost_args)
+        costs = least_interfered(costs_before, costs_after)
         ar_grid = by_unit(runs["ar"], prompts, lambda r: r.per_token)
         ratios = {k: paired_ratio(ar_grid, by_unit(runs[f"spec k={k}"], prompts, lambda r: r.per_token), seed=seed) for k in ks}
         per_k = {k: _per_k(runs[f"spec k={k}"], k, prompts) for k in ks}
@@ -177,6 +180,7 @@ def profile(
         "pair": description, "settings": dict(ks=ks, batch=batch, prompts=prompts, prompt_length=prompt_length, new_tokens=new_tokens,
                                                repeats=repeats, mode=mode, threads=threads, seed=seed, cost_seconds=cost_seconds),
         "verdict": verdict(model, costs), "costs": costs.as_dict(), "model": model,
+        "costs_measured": {"before": costs_before.as_dict(), "after": costs_after.as_dict()},
         "ar": {"per_token": ar_per_token, "first": ar_first},
         "timing": ("whole calls, prefill included (the backend calls no on_round)" if whole
                    else "seconds per token after the first round or step (prefill and the first round timed apart)"),

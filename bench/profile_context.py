@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .profile_memory import kv_formula_bytes, memory_snapshot, reset_device_peak
-from .profile_model import measure_costs
+from .profile_model import least_interfered, measure_costs
 from .profile_stats import paired_ratio
 from .profile_timing import acceptance_by_position, by_unit, run_paired
 
@@ -27,6 +27,7 @@ def context_sweep(backend, target, draft, *, contexts: Sequence[int], k: int, ma
     for c in fits:
         units = make_units(c)
         reset_device_peak()
+        before = measure(target, draft, units[0], [k], context=c + new_tokens // 2, seconds=cost_seconds)
         runs = run_paired(backend, target, draft, [k], units, new_tokens=new_tokens, sampling=sampling, repeats=repeats, seed=seed,
                           **({} if baseline is None else {"baseline": baseline}))
         label = f"spec k={k}"
@@ -34,7 +35,7 @@ def context_sweep(backend, target, draft, *, contexts: Sequence[int], k: int, ma
                              by_unit(runs[label], len(units), lambda r: r.per_token), seed=seed)
         acc = acceptance_by_position(runs[label])
         batch = len(units[0])
-        costs = measure(target, draft, units[0], [k], context=c + new_tokens // 2, seconds=cost_seconds)
+        costs = least_interfered(before, measure(target, draft, units[0], [k], context=c + new_tokens // 2, seconds=cost_seconds))
         held = next((w.caches for w in runs["warmup"] if w.variant.k == k and w.caches), {}) or {}
         tokens = c + new_tokens  # what the caches describe at the end (within k + 1)
         row = {

@@ -78,7 +78,8 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
     cv = ", ".join(f"C_V({k}) {1e3 * v:.3f} ms ({costs['r'][k]:.2f} C_T)" for k, v in costs["C_V"].items())
     out.append(("Costs", [
         f"C_T {1e3 * costs['C_T']:.3f} ms, C_D {1e3 * costs['C_D']:.3f} ms (c = {costs['c']:.3f} target forwards), {cv}; "
-        f"cache at {costs['context']} tokens",
+        f"cache at {costs['context']} tokens; each the smaller of two measurements, before and after the decodes (C_T {_ms(report['costs_measured']['before']['C_T'])} "
+        f"/ {_ms(report['costs_measured']['after']['C_T'])} ms, C_D {_ms(report['costs_measured']['before']['C_D'])} / {_ms(report['costs_measured']['after']['C_D'])} ms)",
         f"AR: {1e3 * fit['ar_per_token']:.3f} ms per token = C_T + o_ar, o_ar {1e3 * fit['o_ar']:.3f} ms host work per step",
         f"fitted ({fit['source']}): o_d {1e3 * fit['o_d']:.3f} ms per drafted token, o_0 {1e3 * fit['o_0']:.3f} ms per round"
         + ("" if fit.get("o_verify") is None else f" (verify {1e3 * fit['o_verify']:.3f}, repair {1e3 * fit['o_repair']:.3f}, other {1e3 * fit['o_other']:.3f})"),
