@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from properties.sampling import BackendError
-from properties.stats import alpha_spent, judge_power
+from properties.stats import alpha_spent, failed_tests, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
 from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, INTERIM_ALPHA_SCALE, get_profile, use_profile
@@ -284,9 +284,11 @@ def _look(case: CheckCase, backend, ctx: CheckContext, timeout: float | None, al
     """One run of a case at ``ctx``'s sample share, every test at ``alpha_scale`` times its alpha."""
     record = CheckRecord(case.id, case.check.name, case.check.guards, "passed", requires=list(case.check.requires))
     ctx.results, ctx.findings = [], []
+    failed: list = []
     start = time.perf_counter()
     try:
-        with use_profile(ctx.profile), time_limit(ctx.timeout if timeout is None else timeout, case.id), alpha_spent(alpha_scale):
+        with use_profile(ctx.profile), time_limit(ctx.timeout if timeout is None else timeout, case.id), \
+                alpha_spent(alpha_scale), failed_tests() as failed:
             case.run(backend, ctx)
     except NotApplicable as exc:
         record.status, record.message = "skipped", f"not applicable: {exc}"
@@ -306,6 +308,7 @@ def _look(case: CheckCase, backend, ctx: CheckContext, timeout: float | None, al
         record.message = record.error + where
         record.traceback = "".join(traceback.format_exception(type(raised), raised, raised.__traceback__))
     record.seconds = time.perf_counter() - start
+    ctx.results += [r for r in failed if not any(r is x for x in ctx.results)]  # failed tests the check never recorded
     record.statistics = [r.as_record() for r in ctx.results]
     record.findings = list(ctx.findings)
     if case.check.statistical and (record.status == "passed" or (record.status == "failed" and record.statistics)):

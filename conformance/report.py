@@ -377,7 +377,9 @@ def _table(title: str, header: tuple[str, ...], rows: list[tuple]) -> list[str]:
     return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
-def render_markdown(cert: dict[str, Any]) -> str:
+def render_markdown(cert: dict[str, Any], plots: dict[str, Any] | None = None) -> str:
+    """The certificate as Markdown; ``plots`` (:func:`conformance.report_plots.draw_certificate`'s result, or
+    ``{"missing": why}``) adds a section of pictures of the failed tests and the lossy distances."""
     t = cert["totals"]
     backend = cert.get("backend") or {}
     v = cert["verdict"]
@@ -423,7 +425,21 @@ def render_markdown(cert: dict[str, Any]) -> str:
         [(_name(e), _cell(f.get("where")), f"{f.get('token_a')} / {f.get('token_b')}", _fmt(f.get("gap_top1_top2")), _fmt(f.get("tolerance")))
          for e in items for f in e.get("findings", []) if f.get("kind") == "numerical_flip"],
     )
+    lines += _plot_section(plots)
     return "\n".join(lines) + "\n"
+
+
+def _plot_section(plots: dict[str, Any] | None) -> list[str]:
+    if not plots:
+        return []
+    if plots.get("missing"):
+        return ["", "## Plots", "", f"Not drawn: {plots['missing']}"]
+    lines = []
+    for check, files in plots.get("tests", {}).items():
+        lines += [f"**`{_cell(check)}`**: observed against the exact law", ""] + [f"![{_cell(check)}]({f})" for f in files] + [""]
+    if plots.get("lossy"):
+        lines += ["**Measured distances of the lossy scheme**", "", f"![measured distances]({plots['lossy']})", ""]
+    return ["", "## Plots", "", *lines] if lines else []
 
 
 # ----------------------------------------------------------------------------- files
@@ -455,8 +471,16 @@ def write_atomic(path: str, text: str) -> None:
 
 
 def write_certificate(path: str, cert: dict[str, Any]) -> str:
-    """Write the JSON certificate at ``path`` and the Markdown summary next to it; return the Markdown path."""
+    """Write the JSON certificate at ``path`` and the Markdown summary next to it, with a folder of pictures of the
+    failed statistical tests (``cert-plots/``, :mod:`conformance.report_plots`; matplotlib optional); return the
+    Markdown path."""
+    from .report_plots import PLOTS_SUFFIX, draw_certificate
+
     md = markdown_path(path)
     write_atomic(path, json.dumps(cert, indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
-    write_atomic(md, render_markdown(cert))
+    try:
+        plots = draw_certificate(cert, os.path.splitext(md)[0] + PLOTS_SUFFIX)
+    except ImportError as exc:
+        plots = {"missing": str(exc)}
+    write_atomic(md, render_markdown(cert, plots))
     return md

@@ -42,6 +42,8 @@ ALPHA = 1e-6
 TV = 0.003
 #: The power each check is sized to reach against :data:`TV` at :data:`ALPHA`.
 TARGET_POWER = 0.99
+#: Cells a failed test's record carries (the largest standardised deviations).
+RECORDED_CELLS = 40
 #: Cells with a smaller expected count are pooled into one.
 MIN_EXPECTED = 20.0
 #: A test that cannot detect a law this far (in TV, or a rate shift) from the exact one with
@@ -66,6 +68,27 @@ def alpha_spent(scale: float) -> Iterator[None]:
         yield
     finally:
         _ALPHA_SCALE.reset(token)
+
+
+_FAILED = contextvars.ContextVar("specdec_failed_tests", default=None)
+
+
+@contextlib.contextmanager
+def failed_tests() -> Iterator[list]:
+    """Collect every test that fails inside (the results an ``assert_*`` helper raises on, which never reach the
+    caller's ``record``), so a report can show what failed, cell by cell."""
+    collected: list = []
+    token = _FAILED.set(collected)
+    try:
+        yield collected
+    finally:
+        _FAILED.reset(token)
+
+
+def _note_failure(result) -> None:
+    collected = _FAILED.get()
+    if collected is not None:
+        collected.append(result)
 
 
 def spent(alpha: float) -> float:
@@ -235,7 +258,19 @@ class FitResult:
             "impossible": [list(x) for x in self.impossible],
             "pooled_mass": self.pooled_mass,
             "seed": self.seed,
+            **({} if self.passed else {"cells": self.cell_records()}),
         }
+
+    def cell_records(self, max_cells: int = RECORDED_CELLS) -> list[list]:
+        """``[label, observed, expected count, standardised residual]`` of the cells deviating most (a failed test's
+        record carries them, for plots and readers; impossible cells first, residual ``None``)."""
+        expected_counts = self.expected * self.n
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z = np.where(expected_counts > 0, (self.observed - expected_counts) / np.sqrt(expected_counts), np.inf)
+        score = np.where(self.observed + expected_counts > 0, np.abs(z), -1.0)
+        order = [int(i) for i in np.argsort(-score, kind="stable") if score[i] >= 0][:max_cells]
+        return [[self.labels[i], int(self.observed[i]), float(expected_counts[i]), None if not np.isfinite(z[i]) else float(z[i])]
+                for i in order]
 
 
 def goodness_of_fit(
@@ -382,6 +417,7 @@ def assert_fits(observed, expected, *, what: str, **kwargs) -> FitResult:
     __tracebackhide__ = True
     result = goodness_of_fit(observed, expected, what=what, **kwargs)
     if not result.passed:
+        _note_failure(result)
         raise AssertionError(result.report())
     return result
 
@@ -431,6 +467,8 @@ class TotalResult:
             "passed": self.passed,
             "observed": self.observed,
             "expected": self.expected,
+            "std": self.std,
+            "unit": self.unit,
         }
 
 
@@ -458,6 +496,7 @@ def assert_total(
     power = float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta)) if n else 0.0
     result = TotalResult(what, n, int(observed), expected, std, z, alpha, shift, power, p_value, detects, unit)
     if not result.passed:
+        _note_failure(result)
         raise AssertionError(result.report())
     return result
 
