@@ -218,7 +218,7 @@ def fresh_prefill(model: nn.Module, tokens) -> tuple[torch.Tensor | None, list[t
     """
     from transformers import DynamicCache
 
-    from specdec_ref.models import model_dims
+    from specdec_ref.dims import model_dims
 
     param = next(model.parameters())
     ids = as_ids(tokens, device=param.device, what="tokens", batch=1, allow_empty=True)

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .history import TokenAutomaton
+from .automaton import TokenAutomaton
 
 
 @dataclass(frozen=True)
@@ -75,8 +74,6 @@ class SamplingConfig:
             raise ValueError(f"min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if self.constraint is not None:
-            from .history import TokenAutomaton
-
             if not isinstance(self.constraint, TokenAutomaton):
                 raise ValueError(f"constraint must be a specdec_ref.history.TokenAutomaton or None, got {type(self.constraint).__name__}")
 
