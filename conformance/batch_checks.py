@@ -25,7 +25,7 @@ from specdec_ref.decode import autoregressive_decode
 from specdec_ref.history import TokenAutomaton
 from specdec_ref.warp import GREEDY, SamplingConfig
 
-from .decoder_checks import (
+from .check_helpers import (
     EFFICIENCY_K,
     EFFICIENCY_NEW_TOKENS,
     EFFICIENCY_PAIR,

@@ -11,7 +11,7 @@ from hypothesis import settings
 
 from properties.stateful_cache import run_cache_machine
 
-from .decoder_checks import model_pair
+from .check_helpers import model_pair
 from .registry import CheckContext, check
 
 

@@ -30,17 +30,16 @@ import torch
 
 from properties.sampling import call_backend
 
-from .decoder_checks import (
+from .check_helpers import (
     EFFICIENCY_NEW_TOKENS,
     EFFICIENCY_PAIR,
     FILTERED_EFFICIENCY,
     _greedy_equality,
     _require_filters,
-    check_decoder_cache_matches_prefill_every_round,
-    check_decoder_sequence_law,
     efficiency_tables,
     sequence_models,
 )
+from .decoder_checks import check_decoder_cache_matches_prefill_every_round, check_decoder_sequence_law
 from .registry import CheckContext, NotApplicable, check
 
 #: Tree widths the greedy and cache checks use (each with the chain checks' k grid as depths: greedy
