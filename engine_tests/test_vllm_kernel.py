@@ -246,6 +246,34 @@ def test_defect_b_patched_step_without_drafts_samples_the_bonus(patch):
     assert all(0 <= row[0] < 6 for row in got["tokens"])
 
 
+_PADDED = """
+import vllm._C  # noqa: F401  (the CPU kernels)
+import vllm.utils.cpu_triton_utils as cpu
+PATCH
+V = 8
+tp = torch.zeros(6, V)
+tp[:, 7] = 1.0  # all mass on token 7: a draft id of -1 reads the previous row's last probability, 1.0
+out = torch.full((2, 4), -9, dtype=torch.int32)
+# request 0: drafts [2, 4, 1] (p = 0: rejected at once); request 1: the scheduler's placeholders [-1, -1, -1]
+cpu._rejection_random_sample_kernel_impl(out, torch.tensor([3, 6]), torch.tensor([2, 4, 1, -1, -1, -1]), None, tp,
+    torch.tensor([5, 6]), torch.full((6,), 3), torch.full((6,), 0.5, dtype=torch.float64), torch.tensor([False, False]),
+    3, V, NO_DRAFT_PROBS=True)
+result(rows=out.tolist())
+"""
+
+
+def test_defect_c_cpu_kernel_accepts_placeholder_drafts_unpatched():
+    """The CPU rejection kernel has no ``draft_token_id < 0`` check (the Triton kernel rejects them): the padded
+    request's placeholders are accepted and the bonus follows, so its first visible token comes from a clamped 0."""
+    rows = _fresh(_PADDED.replace("PATCH", ""))["rows"]
+    assert rows == [[3, -9, -9, -9], [-1, -1, -1, 6]], rows
+
+
+def test_defect_c_patched_kernel_rejects_placeholder_drafts():
+    rows = _fresh(_PADDED.replace("PATCH", "print(vllm_patch.apply('C'))"))["rows"]
+    assert rows == [[3, -9, -9, -9], [3, -9, -9, -9]], rows
+
+
 # ----------------------------------------------------------------------------- the patch itself
 
 
@@ -266,7 +294,7 @@ def test_apply_is_idempotent_and_names_what_it_patched():
 
 def test_apply_rejects_unknown_defects():
     with pytest.raises(vllm_patch.VLLMPatchError, match="unknown vLLM defect"):
-        vllm_patch.apply("C")
+        vllm_patch.apply("Z")
 
 
 def test_apply_raises_on_version_drift_and_changes_nothing(monkeypatch):
