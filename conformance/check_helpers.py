@@ -13,6 +13,7 @@ import torch
 from properties.sampling import call_backend
 from properties.stateful_cache import compare_kv, fresh_prefill
 from properties.stats import assert_total
+from specdec_ref.contract import Request
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.models import make_draft, tiny_lm
 from specdec_ref.warp import GREEDY, SamplingConfig, warp
@@ -269,3 +270,57 @@ def assert_rounds_accept_ideally(ctx: CheckContext, scheme, sampling: SamplingCo
             f"on {EFFICIENCY_PAIR} at {settings}, k={EFFICIENCY_K}",
         )
     )
+
+
+# ----------------------------------------------------------------------------- batched decoding
+
+
+def _needs(backend, config: SamplingConfig) -> list[str]:
+    """The capabilities a request with ``config`` needs that the backend does not claim."""
+    flags = ["greedy"] if config.greedy else ["sampling"]
+    flags += [f for f in ("top_k", "top_p", "min_p") if not config.greedy and getattr(config, f) is not None]
+    if config.history_dependent:
+        flags.append("history_sampling")
+    return [f for f in flags if not backend.capabilities.has(f)]
+
+
+def _claimed(backend, configs) -> list[SamplingConfig]:
+    return [c for c in configs if not _needs(backend, c)]
+
+
+def decode_batch(backend, target, draft, requests: list[Request], *, k: int, where: str, on_round=None):
+    """``backend.decode_batch`` with failures named and every result's stops checked."""
+    __tracebackhide__ = True
+    results = call_backend(backend.decode_batch, target, draft, requests, k=k, on_round=on_round,
+                           what=f"decode_batch() ({where}, {len(requests)} requests, k={k})")
+    assert isinstance(results, (list, tuple)) and len(results) == len(requests), (
+        f"{where}: decode_batch must return one result per request ({len(requests)}), got {type(results).__name__} "
+        f"of length {len(results) if hasattr(results, '__len__') else '?'}"
+    )
+    for i, (res, req) in enumerate(zip(results, requests)):
+        tokens = getattr(res, "tokens", None)
+        assert isinstance(tokens, list) and all(isinstance(x, int) for x in tokens), (
+            f"{where}, request {i}: .tokens must be a list of ints, got {type(tokens).__name__}"
+        )
+        assert_stops(res, max_new_tokens=req.max_new_tokens, eos_ids=req.eos_ids, min_new_tokens=req.sampling.min_new_tokens,
+                     bonus=backend.capabilities.bonus, where=f"{where}, request {i} (prompt {_ids(req.prompt)})")
+    return results
+
+
+def _ids(prompt) -> list[int]:
+    return prompt.reshape(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
+
+
+def _mixed_requests(seed: int, configs, count: int, vocab: int = 16) -> list[Request]:
+    """``count`` requests with ragged prompts (1..9 tokens), budgets (3..14), EOS ids and settings drawn from ``configs``;
+    every other one seeded."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(count):
+        length = int(torch.randint(1, 10, (1,), generator=g))
+        prompt = torch.randint(0, vocab, (length,), generator=g).tolist()
+        config = configs[i % len(configs)]
+        eos = int(torch.randint(0, vocab, (1,), generator=g)) if i % 3 else None
+        out.append(Request(prompt=prompt, max_new_tokens=int(torch.randint(3, 15, (1,), generator=g)), sampling=config,
+                           eos_ids=eos, seed=seed * 100 + i if i % 2 == 0 else None))
+    return out

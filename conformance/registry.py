@@ -27,6 +27,7 @@ claimed, or case not applicable, with the reason).
 from __future__ import annotations
 
 import re
+import sys
 import time
 import traceback
 import zlib
@@ -95,8 +96,11 @@ class Check:
 
     @property
     def family(self) -> str:
-        """The module's concept: ``verifier``, ``decoder``, ``cache``, ``contract``, ``tree`` or ``tree_decoder`` (one test file each)."""
-        return self.func.__module__.rsplit(".", 1)[-1].removesuffix("_checks")
+        """The module's concept: ``verifier``, ``decoder``, ``cache``, ``contract``, ``tree``, ``tree_decoder`` or ``batch``
+        (one test file each): the module's ``FAMILY`` where it sets one (a family split over modules), else its name
+        without ``_checks``."""
+        module = sys.modules.get(self.func.__module__)
+        return getattr(module, "FAMILY", None) or self.func.__module__.rsplit(".", 1)[-1].removesuffix("_checks")
 
     @property
     def doc(self) -> str:
@@ -330,7 +334,7 @@ def run_checks(
 #: :func:`check`. The registry never imports them by module (they import it), so there is no import circle;
 #: a new check module is added here (in this order, the order checks have always registered in).
 CHECK_MODULES = (
-    "batch_checks", "cache_checks", "contract_checks", "decoder_checks", "tree_checks", "tree_decoder_checks",
+    "batch_checks", "batch_efficiency_checks", "cache_checks", "contract_checks", "decoder_checks", "tree_checks", "tree_decoder_checks",
     "verifier_checks",
 )
 
