@@ -446,6 +446,50 @@ def _assert_acceptance_is_ideal(backend, ctx: CheckContext, sampling: SamplingCo
     assert_rounds_accept_ideally(ctx, scheme, sampling, prompts.tolist(), results, where="")
 
 
+#: ``decoder_reports_phase_timings``: decodes on an exactly-known pair, and the slack allowed between the sum of a
+#: call's reported phases and its measured wall time (validation and the call itself are outside the phases).
+PHASE_DECODES = 8
+PHASE_SLACK = 1.05
+PHASE_SLACK_S = 2e-3
+
+
+@check(
+    guards="a phase_timings claim not honoured: round records without seconds, phases missing, negative or not finite, "
+    "phases that add up to more than the call took",
+    requires=("decoder", "phase_timings"),
+)
+def check_decoder_reports_phase_timings(backend, ctx: CheckContext):
+    """A decoder claiming ``phase_timings`` puts a dict of the contract's ``PHASES`` (plus ``prefill`` in the first
+    round) of finite, non-negative wall seconds in every ``RoundRecord.seconds``, and a call's phases add up to at most
+    its measured wall time (times ``PHASE_SLACK``, plus ``PHASE_SLACK_S``): 8 sampled decodes on ``order1-close``."""
+    import time
+
+    from specdec_ref.contract import PHASES
+
+    target, draft = sequence_models("order1-close")
+    gen = torch.Generator().manual_seed(ctx.seed_for("phase-timings"))
+    for i in range(PHASE_DECODES):
+        prompt = torch.tensor([[1 + i % 6, (3 * i) % 7]])
+        t0 = time.perf_counter()
+        result = _decode(backend, target, draft, prompt, k=3, max_new_tokens=16, sampling=SamplingConfig(temperature=1.0),
+                         generator=gen)
+        wall = time.perf_counter() - t0
+        total = 0.0
+        for r in result.rounds:
+            where = f"decode {i} (prompt {prompt.tolist()}), round {r.round}"
+            seconds = getattr(r, "seconds", None)
+            assert isinstance(seconds, dict), f"{where}: the backend claims phase_timings but RoundRecord.seconds is {seconds!r}"
+            want = set(PHASES) | ({"prefill"} if r.round == 0 else set())
+            assert want <= set(seconds), f"{where}: phases {sorted(want - set(seconds))} missing from {sorted(seconds)}"
+            bad = {k: v for k, v in seconds.items() if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0)}
+            assert not bad, f"{where}: phase seconds must be finite and >= 0, got {bad}"
+            total += sum(seconds.values())
+        assert total <= wall * PHASE_SLACK + PHASE_SLACK_S, (
+            f"decode {i} (prompt {prompt.tolist()}): its rounds report {total * 1e3:.2f} ms of phases, but the call took "
+            f"{wall * 1e3:.2f} ms (allowed: x{PHASE_SLACK} + {PHASE_SLACK_S * 1e3:g} ms)"
+        )
+
+
 @check(guards="silent wrong answers on bad input (empty prompt, k < 1, max_new_tokens < 0, EOS outside the vocabulary, vocab mismatch)", requires=("decoder",))
 def check_decoder_rejects_bad_input(backend, ctx: CheckContext):
     """Bad decoder arguments raise ValueError (or TypeError) instead of decoding something."""

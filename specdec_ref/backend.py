@@ -39,6 +39,7 @@ class ReferenceBackend:
         batched_decoder=True,
         min_p=True,
         history_sampling=True,
+        phase_timings=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
     )

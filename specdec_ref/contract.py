@@ -258,7 +258,7 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``batched_decoder`` exposes ``decode_batch`` (:class:`BatchedDecoder`): many requests per call
 ``min_p``           the decoder honours ``SamplingConfig.min_p``
 ``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
-``phase_timings``   the decoder reports each round's phase seconds in ``RoundRecord.seconds`` (below)
+``phase_timings``   ``decode`` / ``decode_batch`` report each round's phase seconds in ``RoundRecord.seconds`` (below)
 ==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
