@@ -312,7 +312,8 @@ def _look(case: CheckCase, backend, ctx: CheckContext, timeout: float | None, al
         record.message = record.error + where
         record.traceback = "".join(traceback.format_exception(type(raised), raised, raised.__traceback__))
     record.seconds = time.perf_counter() - start
-    ctx.results += [r for r in failed if not any(r is x for x in ctx.results)]  # failed tests the check never recorded
+    if record.status == "failed":  # the failed tests the check raised on without recording them
+        ctx.results += [r for r in failed if not any(r is x for x in ctx.results)]
     record.statistics = [r.as_record() for r in ctx.results]
     record.findings = list(ctx.findings)
     if case.check.statistical and (record.status == "passed" or (record.status == "failed" and record.statistics)):
