@@ -272,11 +272,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from .records import DecodeResult, Request, RoundRecord  # re-exported: what a decoder returns and receives
 from .warp import GREEDY, SamplingConfig  # re-exported: the sampling settings a decoder receives
 
 __all__ = [
@@ -418,79 +419,6 @@ class Capabilities:
         d = dataclasses.asdict(self)
         d.pop("extra")
         return d
-
-
-# ----------------------------------------------------------------------------- decoder results
-
-
-@dataclass
-class RoundRecord:
-    """What one speculative round did for one request, and its cache lengths right after the repair."""
-
-    round: int
-    start: int  # committed length before the round
-    proposed: int  # k used this round
-    accepted: int  # m: drafts the verifier accepted (before EOS truncation)
-    emitted: int  # tokens committed this round (after EOS / max_new_tokens truncation)
-    target_len: int
-    draft_len: int
-    committed_len: int
-    target_calls: int  # cumulative
-    draft_calls: int  # cumulative
-    row: int = 0  # the request's index in the batch it was submitted with
-    #: wall seconds of the round's phases, as the decoder reports them (module docstring, "Phase timings"); None: not
-    #: reported. Never compared (two decodes of the same request are equal whatever their timings).
-    seconds: dict[str, float] | None = field(default=None, compare=False)
-
-    @property
-    def pending(self) -> int:
-        return self.committed_len - self.target_len
-
-
-@dataclass
-class DecodeResult:
-    """Generated tokens (prompt excluded) and how they were produced."""
-
-    tokens: list[int]
-    prompt_len: int
-    finished_by: str  # "eos" | "max_new_tokens"
-    rounds: list[RoundRecord] = field(default_factory=list)
-    target_calls: int = 0
-    draft_calls: int = 0
-    host_syncs: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def acceptance_rate(self) -> float:
-        proposed = sum(r.proposed for r in self.rounds)
-        return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
-
-    @property
-    def tokens_per_round(self) -> float:
-        return len(self.tokens) / len(self.rounds) if self.rounds else float("nan")
-
-    def as_record(self) -> dict:
-        d = asdict(self)
-        d["rounds"] = [asdict(r) for r in self.rounds]
-        return d
-
-
-@dataclass
-class Request:
-    """One request of a batched decode (``decode_batch``): its own prompt, settings, stop ids and randomness.
-
-    ``prompt``: token ids (a list, ``Long[t]`` or ``Long[1, t]``; any length >= 1). ``eos_ids``: ids that end
-    generation (an int, a sequence, or None). ``generator`` (a ``torch.Generator``) or ``seed`` (an int; the
-    decoder makes the generator) makes the request reproducible; with neither it is *unseeded* and draws
-    from the global RNG.
-    """
-
-    prompt: Any
-    max_new_tokens: int
-    sampling: SamplingConfig = GREEDY
-    eos_ids: Any = None
-    generator: torch.Generator | None = None
-    seed: int | None = None
 
 
 # ----------------------------------------------------------------------------- protocols

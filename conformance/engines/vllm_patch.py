@@ -161,48 +161,65 @@ def _import(name: str):
         raise _drift(f"cannot import {name} ({exc})") from exc
 
 
-def _plan_a():
-    """Check A's target; return a function that patches it (raises VLLMPatchError before changing anything)."""
-    cpu_tl = _import("vllm.utils.cpu_triton_utils")
-    cpu_platform = _import("vllm.platforms.cpu")
-    dispatcher = _import("vllm.triton_utils.dispatcher")
-    original = getattr(cpu_tl, "_expand_kernel_impl", None)
+def _original_override(cpu_tl, impl: str, mark: str, params: tuple[str, ...]):
+    """``cpu_triton_utils.<impl>``, checked to have ``params``; None when patch ``mark`` is applied already."""
+    original = getattr(cpu_tl, impl, None)
     if original is None:
-        raise _drift("vllm.utils.cpu_triton_utils has no _expand_kernel_impl")
-    if getattr(original, _MARK, None) == "A":
+        raise _drift(f"vllm.utils.cpu_triton_utils has no {impl}")
+    if getattr(original, _MARK, None) == mark:
         return None
-    params = tuple(inspect.signature(original).parameters)
-    if params != _EXPAND_PARAMS:
-        raise _drift(f"cpu_triton_utils._expand_kernel_impl{params} does not have the parameters {_EXPAND_PARAMS}")
-    register = getattr(getattr(cpu_platform, "CpuPlatform", None), "register_triton_kernel_overrides", None)
+    found = tuple(inspect.signature(original).parameters)
+    if found != params:
+        raise _drift(f"cpu_triton_utils.{impl}{found} does not have the parameters {params}")
+    return original
+
+
+def _check_registered(cpu_platform, kernel: str, impl: str) -> None:
+    """``CpuPlatform.register_triton_kernel_overrides`` still maps ``kernel`` to ``cpu_tl.<impl>``."""
     try:
-        source = inspect.getsource(register)
-    except (TypeError, OSError) as exc:
+        source = inspect.getsource(cpu_platform.CpuPlatform.register_triton_kernel_overrides)
+    except (TypeError, OSError, AttributeError) as exc:
         raise _drift(f"cannot read CpuPlatform.register_triton_kernel_overrides ({exc})") from exc
-    if f'"{_EXPAND_NAME}"' not in source or "cpu_tl._expand_kernel_impl" not in source:
-        raise _drift(f"CpuPlatform.register_triton_kernel_overrides no longer maps {_EXPAND_NAME} to "
-                     "cpu_tl._expand_kernel_impl")
+    if f'"{kernel}"' not in source or f"cpu_tl.{impl}" not in source:
+        raise _drift(f"CpuPlatform.register_triton_kernel_overrides no longer maps {kernel} to cpu_tl.{impl}")
+
+
+def _replacement(cpu_tl, impl: str, kernel: str, wrapper_name: str, original, fixed):
+    """A function that puts ``fixed`` in place of the CPU override ``impl`` of ``kernel``: in ``cpu_triton_utils`` (for
+    a later registration) and, when the overrides are registered already, in the live ``KernelOverride``
+    (``rejection_sampler.<wrapper_name>``) and the dispatcher's registry. Every target is checked first."""
+    dispatcher = _import("vllm.triton_utils.dispatcher")
     registry = getattr(dispatcher, "_registry", None)
     if not isinstance(registry, dict):
         raise _drift("vllm.triton_utils.dispatcher has no _registry dict")
     wrapper = None
-    entry = registry.get(_EXPAND_NAME)
+    entry = registry.get(kernel)
     if entry is not None:  # the overrides are registered already: fix the live wrapper in place
         rs = _import("vllm.v1.sample.rejection_sampler")
-        wrapper = getattr(rs, "expand_kernel", None)
+        wrapper = getattr(rs, wrapper_name, None)
         if not isinstance(wrapper, dispatcher.KernelOverride) or getattr(wrapper, "_impl", None) is not entry[1]:
-            raise _drift("rejection_sampler.expand_kernel is not the KernelOverride registered for it")
+            raise _drift(f"rejection_sampler.{wrapper_name} is not the KernelOverride registered for it")
         if entry[1] is not original:
-            raise _drift(f"the registered {_EXPAND_NAME} override is not cpu_triton_utils._expand_kernel_impl")
+            raise _drift(f"the registered {kernel} override is not cpu_triton_utils.{impl}")
 
     def patch():
-        cpu_tl._expand_kernel_impl = expand_kernel_fixed
+        setattr(cpu_tl, impl, fixed)
         if wrapper is not None:
-            wrapper._impl = expand_kernel_fixed
-            wrapper.func = expand_kernel_fixed
-            registry[_EXPAND_NAME] = (entry[0], expand_kernel_fixed)
+            wrapper._impl = fixed
+            wrapper.func = fixed
+            registry[kernel] = (entry[0], fixed)
 
     return patch
+
+
+def _plan_a():
+    """Check A's target; return a function that patches it (raises VLLMPatchError before changing anything)."""
+    cpu_tl = _import("vllm.utils.cpu_triton_utils")
+    original = _original_override(cpu_tl, "_expand_kernel_impl", "A", _EXPAND_PARAMS)
+    if original is None:
+        return None
+    _check_registered(_import("vllm.platforms.cpu"), _EXPAND_NAME, "_expand_kernel_impl")
+    return _replacement(cpu_tl, "_expand_kernel_impl", _EXPAND_NAME, "expand_kernel", original, expand_kernel_fixed)
 
 
 def _plan_b():
@@ -233,52 +250,22 @@ def _plan_c():
     """Check C's target (the CPU override of ``rejection_random_sample_kernel``, live wrapper included when the
     overrides are registered already); return a function that patches it."""
     cpu_tl = _import("vllm.utils.cpu_triton_utils")
-    cpu_platform = _import("vllm.platforms.cpu")
-    dispatcher = _import("vllm.triton_utils.dispatcher")
-    rs = _import("vllm.v1.sample.rejection_sampler")
-    original = getattr(cpu_tl, "_rejection_random_sample_kernel_impl", None)
+    impl = "_rejection_random_sample_kernel_impl"
+    original = _original_override(cpu_tl, impl, "C", _RANDOM_PARAMS)
     if original is None:
-        raise _drift("vllm.utils.cpu_triton_utils has no _rejection_random_sample_kernel_impl")
-    if getattr(original, _MARK, None) == "C":
         return None
-    params = tuple(inspect.signature(original).parameters)
-    if params != _RANDOM_PARAMS:
-        raise _drift(f"cpu_triton_utils._rejection_random_sample_kernel_impl{params} does not have the parameters "
-                     f"{_RANDOM_PARAMS}")
     try:
         source = inspect.getsource(original)
-        register_source = inspect.getsource(cpu_platform.CpuPlatform.register_triton_kernel_overrides)
-        reference = inspect.getsource(rs)  # the Triton reference kernel lives in this module
-    except (TypeError, OSError, AttributeError) as exc:
+        reference = inspect.getsource(_import("vllm.v1.sample.rejection_sampler"))  # the Triton reference kernel
+    except (TypeError, OSError) as exc:
         raise _drift(f"cannot read the rejection_random_sample_kernel override or its reference ({exc})") from exc
     if "torch.ops._C.rejection_random_sample_kernel_impl" not in source:
-        raise _drift("_rejection_random_sample_kernel_impl no longer calls torch.ops._C.rejection_random_sample_kernel_impl")
-    if f'"{_RANDOM_NAME}"' not in register_source or "cpu_tl._rejection_random_sample_kernel_impl" not in register_source:
-        raise _drift(f"CpuPlatform.register_triton_kernel_overrides no longer maps {_RANDOM_NAME} to "
-                     "cpu_tl._rejection_random_sample_kernel_impl")
+        raise _drift(f"{impl} no longer calls torch.ops._C.rejection_random_sample_kernel_impl")
+    _check_registered(_import("vllm.platforms.cpu"), _RANDOM_NAME, impl)
     if "draft_token_id < 0" not in reference:
         raise _drift("the Triton rejection_random_sample_kernel no longer rejects drafts < 0; re-check before patching")
-    registry = getattr(dispatcher, "_registry", None)
-    if not isinstance(registry, dict):
-        raise _drift("vllm.triton_utils.dispatcher has no _registry dict")
-    wrapper = None
-    entry = registry.get(_RANDOM_NAME)
-    if entry is not None:  # the overrides are registered already: fix the live wrapper in place
-        wrapper = getattr(rs, "rejection_random_sample_kernel", None)
-        if not isinstance(wrapper, dispatcher.KernelOverride) or getattr(wrapper, "_impl", None) is not entry[1]:
-            raise _drift("rejection_sampler.rejection_random_sample_kernel is not the KernelOverride registered for it")
-        if entry[1] is not original:
-            raise _drift(f"the registered {_RANDOM_NAME} override is not cpu_triton_utils._rejection_random_sample_kernel_impl")
-    fixed = _make_random_sample_fixed(original)
-
-    def patch():
-        cpu_tl._rejection_random_sample_kernel_impl = fixed
-        if wrapper is not None:
-            wrapper._impl = fixed
-            wrapper.func = fixed
-            registry[_RANDOM_NAME] = (entry[0], fixed)
-
-    return patch
+    return _replacement(cpu_tl, impl, _RANDOM_NAME, "rejection_random_sample_kernel", original,
+                        _make_random_sample_fixed(original))
 
 
 _PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c}
