@@ -39,6 +39,11 @@ def _speedup_vs_k(plt, report: dict, path: Path) -> None:
     ax.set_xlabel("k (drafts per round)")
     ax.set_ylabel("speedup over AR")
     ax.set_xticks(ks)
+    _finish(plt, fig, ax, report, path)
+
+
+def _finish(plt, fig, ax, report: dict, path: Path) -> None:
+    """Title, legend, layout; write ``path`` and free the figure."""
     ax.set_title(report["title"], fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -59,11 +64,7 @@ def _speedup_vs_context(plt, report: dict, path: Path) -> None:
     ax.minorticks_off()
     ax.set_xlabel("context length (prompt tokens)")
     ax.set_ylabel("speedup over AR")
-    ax.set_title(report["title"], fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, report, path)
 
 
 def _phase_bars(plt, report: dict, path: Path) -> None:
