@@ -240,6 +240,24 @@ def efficiency_prompts(ctx: CheckContext, seed_key: str) -> torch.Tensor:
     return torch.randint(0, exact_pair(EFFICIENCY_PAIR).target.vocab, (decodes, 3), generator=generator)
 
 
+def round_totals(prompts, results, moments_of) -> tuple[int, list[float], list[float]]:
+    """``(accepted, means, variances)`` over every round with drafts of ``results`` (decodes of ``prompts`` on an order-1
+    pair): the accepted count against ``moments_of(proposed)``'s exact ``[V]`` mean and variance at the round's last
+    committed token (an order-1 round depends on that token only)."""
+    means, variances, accepted = [], [], 0
+    for prompt, result in zip(prompts, results):
+        full = list(prompt) + list(result.tokens)
+        for r in result.rounds:
+            if r.proposed == 0:
+                continue  # a plain target step
+            mean, var = moments_of(r.proposed)
+            last = full[r.start - 1]
+            means.append(mean[last])
+            variances.append(var[last])
+            accepted += r.accepted
+    return accepted, means, variances
+
+
 def assert_rounds_accept_ideally(ctx: CheckContext, scheme, sampling: SamplingConfig, prompts: list[list[int]], results,
                                  *, where: str) -> None:
     """The accepted drafts of every drafted round of ``results`` (decodes of ``prompts`` on ``EFFICIENCY_PAIR``) against
@@ -249,19 +267,13 @@ def assert_rounds_accept_ideally(ctx: CheckContext, scheme, sampling: SamplingCo
 
     tables = efficiency_tables(EFFICIENCY_PAIR, sampling)
     moments: dict[int, tuple] = {}
-    means, variances, accepted = [], [], 0
-    for prompt, result in zip(prompts, results):
-        full = list(prompt) + result.tokens
-        for r in result.rounds:
-            if r.proposed == 0:
-                continue  # a plain target step
-            if r.proposed not in moments:
-                moments[r.proposed] = accepted_moments(tables, scheme, r.proposed)
-            mean, var = moments[r.proposed]
-            last = full[r.start - 1]
-            means.append(mean[last])
-            variances.append(var[last])
-            accepted += r.accepted
+
+    def moments_of(proposed: int):
+        if proposed not in moments:
+            moments[proposed] = accepted_moments(tables, scheme, proposed)
+        return moments[proposed]
+
+    accepted, means, variances = round_totals(prompts, results, moments_of)
     settings = ", ".join(f"{k}={v}" for k, v in sampling.as_dict().items() if k in ("temperature", "top_k", "top_p", "min_p") and v is not None)
     ctx.record(
         assert_total(

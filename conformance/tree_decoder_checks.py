@@ -37,6 +37,7 @@ from .check_helpers import (
     _greedy_equality,
     _require_filters,
     efficiency_tables,
+    round_totals,
     sequence_models,
 )
 from .decoder_checks import check_decoder_cache_matches_prefill_every_round, check_decoder_sequence_law
@@ -186,26 +187,23 @@ def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case
     gen = torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}"))
     decodes = max(1, math.ceil(TREE_EFFICIENCY_DECODES * ctx.look_fraction))
     starts = torch.randint(0, tables.vocab, (decodes, 3), generator=torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}-prompts")))
-    means, variances, accepted = [], [], 0
-    for prompt in starts:
-        result = call_backend(
+    results = [
+        call_backend(
             backend.decode_tree, target, draft, prompt[None, :], depth=TREE_EFFICIENCY_DEPTH, width=TREE_EFFICIENCY_WIDTH,
             max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, generator=gen,
             what=f"decode_tree() (prompt {prompt.tolist()}, {sampling.label()})",
         )
-        full = prompt.tolist() + list(result.tokens)
-        for r in result.rounds:
-            if r.proposed == 0:
-                continue  # a plain target step
-            assert r.proposed in moments, (
-                f"round {r.round} of prompt {prompt.tolist()}: {r.proposed} tree nodes, a width-{TREE_EFFICIENCY_WIDTH} "
-                f"tree of depth <= {TREE_EFFICIENCY_DEPTH} has {sorted(moments)}"
-            )
-            mean, var = moments[r.proposed]
-            last = full[r.start - 1]
-            means.append(mean[last])
-            variances.append(var[last])
-            accepted += r.accepted
+        for prompt in starts
+    ]
+
+    def moments_of(nodes: int):
+        assert nodes in moments, (
+            f"a round with {nodes} tree nodes: a width-{TREE_EFFICIENCY_WIDTH} tree of depth <= {TREE_EFFICIENCY_DEPTH} "
+            f"has {sorted(moments)}"
+        )
+        return moments[nodes]
+
+    accepted, means, variances = round_totals(starts.tolist(), results, moments_of)
     ctx.record(assert_total(
         accepted, means, variances, unit="accepted nodes",
         what=f"accepted path length per tree round (width {TREE_EFFICIENCY_WIDTH}, depth {TREE_EFFICIENCY_DEPTH}) vs the "
