@@ -1,0 +1,110 @@
+"""The command lines: ``python -m conformance.samples FILE.jsonl ...`` certifies a file, ``... generate OUT.jsonl ...`` writes one.
+
+Exit codes: 0 for ``CERTIFIED`` and ``CERTIFIED AT REDUCED POWER``, 1 otherwise (input and settings errors
+included: ``INPUT ERROR`` / ``SETTINGS ERROR`` on stderr, the verdict words on stdout), 2 for argparse usage errors.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from specdec_ref.warp import SamplingConfig
+
+from ..report import NOT_CERTIFIED
+from .generate import generate_with_transformers
+from .law import _EXTRA_SETTINGS, SAMPLES_TV, AmbiguousLawError
+from .read import SamplesInputError, write_jsonl
+from .verdict import INCONCLUSIVE, certify_samples
+
+
+def _sampling_from_args(args) -> SamplingConfig:
+    extra = {name: getattr(args, name) for _, name, _, _ in _EXTRA_SETTINGS if hasattr(args, name)}
+    if args.greedy:
+        return SamplingConfig(greedy=True, **{k: v for k, v in extra.items() if k != "min_p"})
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, **extra)
+
+
+def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
+    for flag, name, kind, off in _EXTRA_SETTINGS:
+        parser.add_argument(flag, dest=name, type=kind, default=off, help=f"the engine's {name} (default: off)")
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (default 1)")
+    parser.add_argument("--top-k", type=int, default=None, help="top-k (default: none)")
+    parser.add_argument("--top-p", type=float, default=None, help="top-p (default: none)")
+    parser.add_argument("--greedy", action="store_true", help="greedy decoding: compare with the greedy continuation")
+    parser.add_argument("--max-new-tokens", type=int, default=4, help="the engine's max_new_tokens (default 4)")
+    parser.add_argument("--eos", action="store_true", help="the engine stopped at the model's EOS token")
+
+
+def _certify_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance.samples",
+        description="Certify completions of a shipped exactly-known checkpoint produced by any engine "
+        "(subcommand `generate` produces such a file with transformers).",
+    )
+    parser.add_argument("file", help="JSONL: one object per line with prompt_ids, completion_ids (and optional seed, finish_reason)")
+    parser.add_argument("--model", required=True, help="the exact model the completions come from (e.g. order1-target) or a pair name")
+    _add_sampling_args(parser)
+    _add_extra_setting_args(parser)
+    parser.add_argument("--length", type=int, default=None, help="L, the number of first tokens whose law is tested (default: chosen from N)")
+    parser.add_argument("--tv", type=float, default=SAMPLES_TV, help=f"the alternative the power is stated against (default {SAMPLES_TV})")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="greedy: the dtype the engine ran in (flip tolerance)")
+    parser.add_argument("--tolerance", type=float, default=None, help="greedy: absolute logit tolerance of a numerical flip (overrides --dtype)")
+    parser.add_argument("--json", default=None, help="also write the verdict as JSON to this path")
+    args = parser.parse_args(argv)
+    try:
+        sampling = _sampling_from_args(args)
+        verdict = certify_samples(
+            args.file, model=args.model, sampling=sampling, max_new_tokens=args.max_new_tokens,
+            eos_id=True if args.eos else None, length=args.length, tv=args.tv, dtype=args.dtype, tolerance=args.tolerance,
+        )
+    except SamplesInputError as exc:
+        print(f"INPUT ERROR: {exc}", file=sys.stderr)
+        print(f"{NOT_CERTIFIED}: the completions could not be read", file=sys.stdout)
+        return 1
+    except AmbiguousLawError as exc:
+        print(f"SETTINGS ERROR: {exc}", file=sys.stderr)
+        print(f"{INCONCLUSIVE}: the exact law is not defined by these settings", file=sys.stdout)
+        return 1
+    except ValueError as exc:
+        print(f"INPUT ERROR: {exc}", file=sys.stderr)
+        return 1
+    print(verdict.report())
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(verdict.as_record(), fh, indent=2)
+    return verdict.exit_code
+
+
+def _generate_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m conformance.samples generate",
+        description="Write n completions per prompt from transformers generate(assistant_model=draft) on a shipped pair.",
+    )
+    parser.add_argument("out", help="the JSONL file to write")
+    parser.add_argument("--pair", required=True, help="a shipped exact pair (e.g. order1-close)")
+    parser.add_argument("--prompt", action="append", required=True, help="prompt ids, space separated (repeatable)")
+    parser.add_argument("--n", type=int, required=True, help="samples per prompt")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first sample (sample i gets seed + i)")
+    parser.add_argument("--no-assistant", action="store_true", help="plain generate, no draft")
+    parser.add_argument("--num-assistant-tokens", type=int, default=None, help="pin the draft length (default: transformers' schedule)")
+    _add_sampling_args(parser)
+    args = parser.parse_args(argv)
+    prompts = [[int(x) for x in p.replace(",", " ").split()] for p in args.prompt]
+    records = generate_with_transformers(
+        args.pair, prompts, args.n, _sampling_from_args(args), args.max_new_tokens, args.seed,
+        eos=args.eos, assisted=not args.no_assistant, num_assistant_tokens=args.num_assistant_tokens,
+    )
+    write_jsonl(args.out, records)
+    print(f"wrote {len(records)} completions to {args.out} ({records[0]['engine']})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "generate":
+        return _generate_main(argv[1:])
+    return _certify_main(argv)

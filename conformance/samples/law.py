@@ -1,0 +1,132 @@
+"""The exact law a completions file is tested against: its settings, the tested length L, and tie splitting.
+
+Invariant: a law is tested only where the settings determine it (:func:`split_ties` finds no top-p cut inside
+a group of tied logits, else :class:`AmbiguousLawError`); L (:func:`choose_length`) is the largest length at
+which N samples keep power 0.99 against :data:`SAMPLES_TV`, within :data:`MAX_CELLS` continuations.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from properties.sequences import continuation_law
+from properties.stats import ALPHA, MIN_EXPECTED, TARGET_POWER, power_against_tv
+from specdec_ref.warp import SamplingConfig
+
+
+#: The alternative the black-box sampling test states its power against (the decoder-level goal).
+SAMPLES_TV = 0.03
+#: Largest number of continuations a law may have for :func:`choose_length` to go to that length.
+MAX_CELLS = 4096
+
+
+class AmbiguousLawError(ValueError):
+    """The settings make the exact law depend on how a sampler sorts tied logits (:func:`split_ties`)."""
+
+
+#: The history-dependent and min-p settings the certify command accepts: (flag, SamplingConfig field, type, off value).
+_EXTRA_SETTINGS = (
+    ("--min-p", "min_p", float, None),
+    ("--repetition-penalty", "repetition_penalty", float, 1.0),
+    ("--presence-penalty", "presence_penalty", float, 0.0),
+    ("--frequency-penalty", "frequency_penalty", float, 0.0),
+    ("--min-new-tokens", "min_new_tokens", int, 0),
+)
+
+
+def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
+    if sampling.greedy:
+        parts = ["greedy"]
+    else:
+        parts = [f"temperature={sampling.temperature:g}"]
+        if sampling.top_k is not None:
+            parts.append(f"top_k={sampling.top_k}")
+        if sampling.top_p is not None:
+            parts.append(f"top_p={sampling.top_p:g}")
+    for _, name, _, off in _EXTRA_SETTINGS:
+        value = getattr(sampling, name)
+        if value != off and not (sampling.greedy and name == "min_p"):
+            parts.append(f"{name}={value:g}")
+    parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
+    return ", ".join(parts)
+
+
+def _law(model, prompt, n: int, sampling: SamplingConfig, eos_id: int | None):
+
+    return continuation_law(model, list(prompt), n, sampling, eos_id=eos_id)
+
+
+def _power_at(law, n: int, alpha: float, tv: float) -> tuple[float, int]:
+    """(power of the test of ``law`` with ``n`` samples against ``tv``, df), pooling as goodness_of_fit does."""
+    probs = np.asarray(list(law.values()) + ([law.pruned_mass] if law.pruned_mass > 0 else []), dtype=np.float64)
+    small = (probs > 0) & (probs * n < MIN_EXPECTED)
+    df = int(np.count_nonzero(probs > 0) - small.sum()) - (0 if small.any() else 1)
+    return power_against_tv(n, max(df, 0), alpha, tv - float(probs[small].sum())), df
+
+
+def choose_length(model, prompt, n: int, sampling: SamplingConfig, *, max_new_tokens: int, eos_id: int | None,
+                  alpha: float = ALPHA, tv: float = SAMPLES_TV, max_cells: int = MAX_CELLS) -> tuple[int, str]:
+    """``(L, why)``: the largest L <= max_new_tokens whose test still has power 0.99 against ``tv`` with ``n`` samples.
+
+    Each extra token multiplies the cells; the pooled small cells and the extra degrees of freedom
+    cost power. L = 1 when even one token cannot reach it (its power is then stated as is); the
+    enumeration also stops at ``max_cells`` continuations.
+    """
+    chosen, why = 1, ""
+    for length in range(1, max_new_tokens + 1):
+        law = _law(model, prompt, length, sampling, eos_id)
+        if len(law) > max_cells and length > 1:
+            why = f"L={length} would have {len(law)} continuations (> {max_cells})"
+            break
+        if length > 1 and split_ties(model, prompt, length, sampling, eos_id=eos_id):
+            why = f"at L={length} a top-p cut splits tied logits (the law there depends on how ties are sorted)"
+            break
+        power, df = _power_at(law, n, alpha, tv)
+        if power < TARGET_POWER:
+            why = (
+                f"N={n} samples give power {power:.3f} < {TARGET_POWER:g} against TV {tv:g} at L={length} "
+                f"({len(law)} continuations)" if length > 1 else
+                f"N={n} samples give power {power:.3f} < {TARGET_POWER:g} against TV {tv:g} even at L=1"
+            )
+            break
+        chosen = length
+        if all(len(seq) < length or (eos_id is not None and seq[-1] == eos_id) for seq in law) and length > 1:
+            why = f"every continuation ends with EOS by L={length}"
+            break
+    else:
+        why = f"L reaches max_new_tokens {max_new_tokens}"
+    return chosen, why
+
+
+def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int | None) -> list[str]:
+    """Rows of the law where the warped support splits a group of exactly tied logits (empty: the law is well defined).
+
+    Top-k keeps every token tied with the k-th, but a top-p cut can fall inside a tie group: then *which*
+    tied tokens survive depends on how the sampler sorts equal values (``torch.sort`` descending keeps
+    the lowest ids, transformers' ascending ``TopPLogitsWarper`` the highest), so the law is not
+    determined by the settings. Ties are judged on each prefix's processed logits (history-dependent
+    settings applied on its own history, :func:`properties.sequences.processed_logits64`), the logits the
+    cut actually sees. One line per such prefix (generated tokens so far, kept and cut tokens).
+    """
+    if sampling.greedy:
+        return []
+    from properties.sequences import processed_logits64
+    from specdec_ref.warp import warp
+
+    law = _law(model, prompt, n, sampling, eos_id)
+    prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
+    rows = processed_logits64(model, list(prompt), prefixes, sampling, eos_id=eos_id)
+    kept = warp(rows, sampling, dtype=torch.float64) > 0
+    problems = []
+    for prefix, z, keep in zip(prefixes, rows, kept):
+        if keep.all():
+            continue
+        lowest_kept = float(z[keep].min())
+        tied_out = [int(t) for t in torch.nonzero(~keep & (z == lowest_kept)).flatten()]
+        if tied_out:
+            tied_in = [int(t) for t in torch.nonzero(keep & (z == lowest_kept)).flatten()]
+            problems.append(
+                f"after {list(prompt) + list(prefix)}: tokens {tied_in} and {tied_out} have the same logit "
+                f"{lowest_kept:g}; the cut keeps {tied_in} and drops {tied_out}"
+            )
+    return problems

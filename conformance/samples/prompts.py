@@ -1,0 +1,133 @@
+"""One prompt's test: the law of its completions' first L tokens (sampling), or their greedy walk (``--greedy``).
+
+Invariant: a :class:`PromptReport` passes when its goodness-of-fit passes (sampling) or when no completion has
+an algorithmic divergence (greedy); numerical flips are reported, never failures, and the walk goes on along
+the engine's own path after one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
+from properties.sequences import law_to_cells, next_logits64
+from properties.stats import FitResult, goodness_of_fit
+
+from .law import AmbiguousLawError, _law, _settings_label, choose_length, split_ties
+from .read import SampleRecord
+
+
+@dataclass
+class PromptReport:
+    """One prompt's test: ``fit`` (sampling) or greedy divergences / flips."""
+
+    prompt: tuple[int, ...]
+    n: int
+    lines: list[int]
+    length: int | None = None
+    length_reason: str = ""
+    fit: FitResult | None = None
+    divergences: list[dict] = field(default_factory=list)  # algorithmic: line, position, expected, got, verdict
+    flips: list[dict] = field(default_factory=list)  # numerical flips (reported, not failures)
+
+    @property
+    def passed(self) -> bool:
+        return (self.fit is None or self.fit.passed) and not self.divergences
+
+
+def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv) -> PromptReport:
+
+    n = len(group)
+    if length is None:
+        length, reason = choose_length(model, prompt, n, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, alpha=alpha, tv=tv)
+    else:
+        reason = "set by --length"
+    split = split_ties(model, prompt, length, sampling, eos_id=eos_id)
+    if split:
+        raise AmbiguousLawError(
+            f"prompt {list(prompt)}: with these settings the law of the first {length} token(s) is not determined by "
+            f"them: {split[0]}{f' (and {len(split) - 1} more)' if len(split) > 1 else ''}. Which tied tokens a top-p cut "
+            "keeps depends on how the sampler sorts equal logits (torch.sort descending keeps the lowest ids, "
+            "transformers' TopPLogitsWarper the highest); choose another top_p (or top_k) for this prompt"
+            + (", or a smaller --length" if length > 1 else "")
+        )
+    cells = law_to_cells(_law(model, prompt, length, sampling, eos_id))
+    counts = cells.counts(r.completion[:length] for r in group)
+    settings = _settings_label(sampling, eos_id)
+    fit = goodness_of_fit(
+        counts, cells.probs, what=f"prompt {list(prompt)}: first {length} generated token(s) ({settings})",
+        labels=cells.labels, alpha=alpha, tv=tv,  # the verdict prints the replay command once
+    )
+    report = PromptReport(prompt, n, [r.line for r in group], length, reason, fit)
+    if fit.impossible:
+        examples = cells.impossible_examples(r.completion[:length] for r in group)
+        lines = [r.line for r in group if cells.index_of(r.completion[:length]) == len(cells.labels) - 1][:5]
+        report.length_reason += f"; impossible continuations {examples} on line(s) {lines}"
+    return report
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def _classify(model, prefix: list[int], got: int | None, z: torch.Tensor, dtype, position: int, tolerance: float | None = None) -> FlipVerdict:
+    """properties.flips' verdict for the engine's ``got`` against the greedy choice, from table logits ``z``."""
+    order = torch.argsort(-z, stable=True)
+    ranks = torch.empty_like(order)
+    ranks[order] = torch.arange(z.shape[-1])
+    top1_token, top2_token = int(order[0]), int(order[1]) if z.shape[-1] > 1 else int(order[0])
+    top1, top2 = float(z[top1_token]), float(z[top2_token])
+    # the row's logit scale over tokens of positive probability (order2's <bos> logit, -2**16, is a mask, not a scale)
+    scale = float(z[torch.softmax(z, -1) > 0].abs().max())
+    tol = tolerance_for(dtype, None, scale) if tolerance is None else float(tolerance)
+    la = None if got is None else float(z[got])
+    if la is None:
+        kind, gap_between = ALGORITHMIC_DIVERGENCE, None
+    else:
+        gap_between = abs(la - top1)
+        kind = NUMERICAL_FLIP if top1 - la <= tol else ALGORITHMIC_DIVERGENCE
+    note = "exact tie in the table" if la is not None and la == top1 else ""
+    return FlipVerdict(
+        prefix=list(prefix), token_a=got, token_b=top1_token, logit_a=la, logit_b=top1,
+        rank_a=None if got is None else int(ranks[got]), rank_b=0, top1=top1, top2=top2,
+        top1_token=top1_token, top2_token=top2_token, gap_top1_top2=top1 - top2, gap_between=gap_between,
+        logits_scale=scale, tolerance=tol, dtype=str(dtype), kind=kind, position=position,
+        labels=("engine", "greedy"), note=note,
+    )
+
+
+def _greedy_walk(model, prompt, completion, *, max_new_tokens, eos_id, dtype, tolerance=None) -> tuple[dict | None, list[dict]]:
+    """Walk one completion along the engine's path: ``(first algorithmic divergence or None, flips)``."""
+    steps = min(len(completion) + 1, max_new_tokens)  # one row per position the engine chose (or stopped) at
+    flips = []
+    for i in range(steps):
+        if eos_id is not None and i > 0 and completion[i - 1] == eos_id:
+            return None, flips  # stopped at EOS (tokens after it are an invariant violation)
+        context = list(prompt) + list(completion[:i])
+        z = next_logits64(model, [context])[0]  # row by row: a context past a divergence is never evaluated
+        got = completion[i] if i < len(completion) else None
+        expected = int(torch.argmax(z))
+        if got == expected:
+            continue
+        verdict = _classify(model, context, got, z, dtype, i, tolerance)
+        entry = {"position": i, "expected": expected, "got": got, "verdict": verdict}
+        if verdict.kind == NUMERICAL_FLIP:
+            flips.append(entry)
+            continue
+        return entry, flips
+    return None, flips
+
+
+def _greedy_test(model, prompt, group: list[SampleRecord], *, max_new_tokens, eos_id, dtype, tolerance=None) -> PromptReport:
+    report = PromptReport(prompt, len(group), [r.line for r in group])
+    done: dict[tuple, tuple] = {}
+    for r in group:
+        if r.completion not in done:
+            done[r.completion] = _greedy_walk(
+                model, prompt, r.completion, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype, tolerance=tolerance
+            )
+        divergence, flips = done[r.completion]
+        if divergence is not None:
+            report.divergences.append({**divergence, "line": r.line, "completion": list(r.completion)})
+        report.flips.extend({**f, "line": r.line} for f in flips)
+    return report

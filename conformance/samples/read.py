@@ -1,0 +1,229 @@
+"""The completions' input: parse and validate a completions file (JSONL path or records) for an exact model.
+
+Invariant: every :class:`SampleRecord` :func:`read_records` returns has ids inside the model's vocabulary, a
+prompt the model's law is defined for, and at most one sample per ``(prompt, seed, index)``; anything else
+raises :class:`SamplesInputError` naming the line. :func:`invariant_violations` lists the deterministic
+invariants a well-formed completion can still break (its length, what follows an EOS, its ``finish_reason``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+
+FINISH_EOS = ("stop", "eos")
+FINISH_LENGTH = ("length", "max_new_tokens")
+
+
+class SamplesInputError(ValueError):
+    """The completions file (or records) is malformed; the message names the line."""
+
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def _resolve_model(model):
+    """An exact model (by name, or a pair name: its target), or the object itself (ExactModel / torch module)."""
+    if isinstance(model, str):
+        from specdec_ref import exact_models
+
+        if model in exact_models.EXACT_MODELS:
+            return exact_models.exact_model(model)
+        if model in exact_models.EXACT_PAIRS:
+            return exact_models.exact_pair(model).target
+        raise SamplesInputError(
+            f"unknown model {model!r}; shipped exact models: {', '.join(sorted(exact_models.EXACT_MODELS))} "
+            f"(or a pair: {', '.join(sorted(exact_models.EXACT_PAIRS))})"
+        )
+    return model
+
+
+def _model_name(model) -> str:
+    name = getattr(model, "name", None)
+    if isinstance(name, str):
+        return name
+    recipe = getattr(model, "specdec_recipe", None)
+    return f"{type(model).__name__}" + (f"({recipe.get('arch', '')})" if isinstance(recipe, dict) else "")
+
+
+def _vocab(model) -> int:
+    if hasattr(model, "next_logits") and hasattr(model, "vocab"):
+        return int(model.vocab)
+    from specdec_ref.models import model_dims
+
+    return int(model_dims(model)["vocab_size"])
+
+
+def _max_positions(model) -> int | None:
+    if hasattr(model, "next_logits"):
+        value = getattr(model, "max_positions", None)
+        return int(value) if value else None
+    from specdec_ref.models import model_dims
+
+    return model_dims(model)["max_positions"] or None
+
+
+# ----------------------------------------------------------------------------- input
+
+
+@dataclass(frozen=True)
+class SampleRecord:
+    """One completion: where it came from (``line``: 1-based line of the file, or record index + 1)."""
+
+    line: int
+    prompt: tuple[int, ...]
+    completion: tuple[int, ...]
+    seed: int | None = None
+    finish_reason: str | None = None
+    index: int | None = None  # position of the sample among the n of one request (shares its seed)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _id_list(value, key: str, where: str, vocab: int, *, allow_empty: bool) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise SamplesInputError(f"{where}: {key!r} must be a list of ints, got {type(value).__name__}")
+    bad = [x for x in value if not _is_int(x)]
+    if bad:
+        raise SamplesInputError(f"{where}: {key!r} must hold ints only, got {bad[0]!r}")
+    if not value and not allow_empty:
+        raise SamplesInputError(f"{where}: {key!r} is empty (the prompt needs at least one token)")
+    out = [i for i in value if not 0 <= i < vocab]
+    if out:
+        pos = value.index(out[0])
+        raise SamplesInputError(
+            f"{where}: {key!r}[{pos}] = {out[0]} is outside the vocabulary [0, {vocab}) of the model"
+        )
+    return tuple(value)
+
+
+def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_positions: int | None, max_new_tokens: int,
+                  model=None) -> SampleRecord:
+    if not isinstance(obj, dict):
+        raise SamplesInputError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
+    missing = [key for key in ("prompt_ids", "completion_ids") if key not in obj]
+    if missing:
+        raise SamplesInputError(f"{where}: missing field(s) {', '.join(missing)} (have: {', '.join(sorted(obj)) or 'none'})")
+    prompt = _id_list(obj["prompt_ids"], "prompt_ids", where, vocab, allow_empty=False)
+    completion = _id_list(obj["completion_ids"], "completion_ids", where, vocab, allow_empty=True)
+    if len(prompt) < min_context:
+        raise SamplesInputError(
+            f"{where}: the prompt has {len(prompt)} token(s); this model's law is defined for prompts of at least {min_context}"
+        )
+    if max_positions is not None and len(prompt) + max_new_tokens > max_positions + 1:
+        raise SamplesInputError(
+            f"{where}: prompt length {len(prompt)} + max_new_tokens {max_new_tokens} exceeds the model's "
+            f"{max_positions} positions"
+        )
+    check_context = getattr(model, "cell", None)  # an ExactModel says which contexts its law is defined for
+    if check_context is not None:
+        try:
+            check_context(list(prompt))
+        except ValueError as exc:
+            raise SamplesInputError(f"{where}: prompt_ids {list(prompt)} is not a valid context of the model: {exc}") from None
+    seed = obj.get("seed")
+    if seed is not None and not _is_int(seed):
+        raise SamplesInputError(f"{where}: 'seed' must be an int or null, got {seed!r}")
+    finish = obj.get("finish_reason")
+    if finish is not None and finish not in FINISH_EOS + FINISH_LENGTH:
+        raise SamplesInputError(
+            f"{where}: unknown finish_reason {finish!r}; expected one of {', '.join(FINISH_EOS + FINISH_LENGTH)} or null"
+        )
+    index = obj.get("index")
+    if index is not None and not (_is_int(index) and index >= 0):
+        raise SamplesInputError(f"{where}: 'index' must be an int >= 0 or null, got {index!r}")
+    return SampleRecord(line, prompt, completion, seed=seed, finish_reason=finish, index=index)
+
+
+def read_records(
+    path_or_records, *, vocab: int, max_new_tokens: int, min_context: int = 1, max_positions: int | None = None, model=None
+) -> tuple[list[SampleRecord], str]:
+    """Parse and validate completions: a JSONL path (``str`` / ``Path``) or an iterable of dicts.
+
+    Returns ``(records, source)``; raises :class:`SamplesInputError` naming the line for malformed
+    input (see the :mod:`conformance.samples` docstring). Blank lines are skipped. ``model``: an exact model whose
+    ``cell(prompt)`` rejects contexts its law is not defined for (order2: ``<bos>`` first, nowhere else).
+    """
+    records: list[SampleRecord] = []
+    if isinstance(path_or_records, (str, os.PathLike)):
+        source = os.fspath(path_or_records)
+        try:
+            with open(source, encoding="utf-8") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise SamplesInputError(f"cannot read {source}: {exc}") from None
+        for number, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            where = f"{source}:{number}"
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise SamplesInputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            records.append(_parse_record(obj, where, number, vocab, min_context, max_positions, max_new_tokens, model))
+    else:
+        source = "<records>"
+        for number, obj in enumerate(path_or_records, 1):
+            records.append(_parse_record(obj, f"record {number}", number, vocab, min_context, max_positions, max_new_tokens, model))
+    if not records:
+        raise SamplesInputError(f"{source}: no completions")
+    seen: dict[tuple, int] = {}
+    for r in records:
+        if r.seed is None:
+            continue
+        key = (r.prompt, r.seed, r.index)
+        if key in seen:
+            which = f"seed {r.seed}" + (f" with index {r.index}" if r.index is not None else "")
+            raise SamplesInputError(
+                f"{_where(source, r.line)}: {which} was already used for this prompt on line {seen[key]}: "
+                "samples must be independent (one seed per request, 'index' for the n samples of one request, "
+                "or no seed field)"
+            )
+        seen[key] = r.line
+    return records, source
+
+
+def _where(source: str, line: int) -> str:
+    return f"record {line}" if source == "<records>" else f"{source}:{line}"
+
+
+def write_jsonl(path, records: Iterable[dict]) -> str:
+    """Write records one JSON object per line; returns the path."""
+    path = os.fspath(path)
+    with open(path, "w", encoding="utf-8") as fh:
+        for r in records:
+            fh.write(json.dumps(r) + "\n")
+    return path
+
+
+# ----------------------------------------------------------------------------- invariants
+
+
+def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int, eos_id: int | None, source: str) -> list[str]:
+    """Deterministic invariants (:mod:`conformance.samples` docstring), one message per violating line."""
+    problems = []
+    for r in records:
+        where = _where(source, r.line)
+        c = r.completion
+        if len(c) > max_new_tokens:
+            problems.append(f"{where}: {len(c)} generated tokens > max_new_tokens {max_new_tokens} (wrong --max-new-tokens, or the engine ignores it)")
+            continue
+        if eos_id is not None and eos_id in c[:-1]:
+            at = c.index(eos_id)
+            problems.append(f"{where}: {len(c) - at - 1} token(s) after the EOS ({eos_id}) at position {at}: generation must stop at EOS")
+            continue
+        ends_eos = eos_id is not None and len(c) > 0 and c[-1] == eos_id
+        if len(c) < max_new_tokens and not ends_eos:
+            why = "ends without EOS" if eos_id is not None else "EOS stopping is off (no --eos)"
+            problems.append(f"{where}: {len(c)} generated tokens < max_new_tokens {max_new_tokens} and it {why}: a completion stops only at EOS or max_new_tokens")
+            continue
+        if r.finish_reason in FINISH_EOS and not ends_eos:
+            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion does not end with EOS ({eos_id})")
+        elif r.finish_reason in FINISH_LENGTH and ends_eos:
+            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion ends with EOS ({eos_id})")
+    return problems

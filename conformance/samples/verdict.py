@@ -1,0 +1,374 @@
+"""The verdict on a completions file: :func:`certify_samples` runs every test, :class:`SamplesVerdict` words it.
+
+Invariant: the family-wise alpha is split evenly over the tests the verdict rests on (each prompt's full-law
+test and the pooled transition test; the per-position statistics only localise); the verdict words are the
+suite's own (:mod:`conformance.report`, plus ``INCONCLUSIVE``) and :func:`replay_command` reproduces it.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+import torch
+
+from properties.flips import FlipVerdict
+from properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
+from properties.transitions import FIRST_TESTED_POSITION, count_transitions, transition_test
+from specdec_ref.warp import SamplingConfig
+
+from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
+from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label
+from .prompts import PromptReport, _greedy_test, _sampling_test
+from .read import (
+    SampleRecord,
+    _is_int,
+    _max_positions,
+    _model_name,
+    _resolve_model,
+    _vocab,
+    _where,
+    invariant_violations,
+    read_records,
+)
+
+#: Positions after the first up to this one get a transition test each (all of them are in the pooled test).
+MAX_POSITION_TESTS = 16
+
+INCONCLUSIVE = "INCONCLUSIVE"  # CERTIFIED, REDUCED and NOT_CERTIFIED are the suite's own words (conformance.report)
+
+
+def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, length: int | None,
+                   source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None) -> str:
+    """The command line that reproduces a verdict."""
+    args = ["python", "-m", "conformance.samples", "--model", model_name]
+    for flag, name, _, off in _EXTRA_SETTINGS:
+        value = getattr(sampling, name)
+        if value != off and not (sampling.greedy and name == "min_p"):
+            args += [flag, f"{value:g}"]
+    if sampling.greedy:
+        args.append("--greedy")
+        if tolerance is not None:
+            args += ["--tolerance", f"{tolerance:g}"]
+        elif dtype and dtype != "float32":
+            args += ["--dtype", dtype]
+    else:
+        args += ["--temperature", f"{sampling.temperature:g}"]
+        if sampling.top_k is not None:
+            args += ["--top-k", str(sampling.top_k)]
+        if sampling.top_p is not None:
+            args += ["--top-p", f"{sampling.top_p:g}"]
+        if length is not None:
+            args += ["--length", str(length)]
+        if tv != SAMPLES_TV:
+            args += ["--tv", f"{tv:g}"]
+    args += ["--max-new-tokens", str(max_new_tokens)]
+    if eos:
+        args.append("--eos")
+    args.append(source)
+    return shlex.join(args)
+
+
+def _fit_lines(head: str, f: FitResult) -> list[str]:
+    """``head``, then the test's statistic, alpha, power and pass/FAIL on the same line; on failure its cells."""
+    status = "pass" if f.passed else "FAIL"
+    lines = [
+        f"{head}, chi-square {f.statistic:.1f} on {f.df} df, p={f.p_value:.3g}, alpha={f.alpha:.3g}, "
+        f"power {f.power:.4f} against TV {f.tv:g}, detects TV >= {f.detects:.3g}: {status}"
+    ]
+    if not f.passed:
+        lines.extend("    " + x for x in f.report().splitlines()[1:])
+    return lines
+
+
+@dataclass
+class SamplesVerdict:
+    """The outcome of :func:`certify_samples`: ``headline`` (the verdict words), ``level``, every test."""
+
+    level: str  # "certified" | "reduced" | "not_certified" | "inconclusive"
+    headline: str
+    model: str
+    sampling: SamplingConfig
+    max_new_tokens: int
+    eos_id: int | None
+    source: str
+    n: int
+    prompts: list[PromptReport]
+    violations: list[str]
+    alpha: float
+    tv: float
+    replay: str
+    power_note: str = ""
+    transitions: FitResult | None = None  # every generated token after the first, pooled by context class
+    position_fits: list[tuple[int, FitResult]] = field(default_factory=list)  # (position, its transition test)
+    transition_classes: int = 0
+    transition_excluded: dict = field(default_factory=dict)
+
+    @property
+    def positions_tested(self) -> list[int]:
+        """The generated positions (1-based) some test covered: 1..L of the full-law tests and every transition."""
+        tested = set()
+        for p in self.prompts:
+            if p.fit is not None and p.length:
+                tested.update(range(1, p.length + 1))
+        tested.update(pos for pos, _ in self.position_fits)
+        return sorted(tested)
+
+    @property
+    def certified(self) -> bool:
+        return self.level in ("certified", "reduced")
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.certified else 1
+
+    @property
+    def fits(self) -> list[FitResult]:
+        """The tests the verdict rests on: the prompts' full-law tests, then the pooled transition test.
+
+        ``position_fits`` (the same transition statistic per generated position) localise a departure; they
+        share the pooled test's alpha and are not counted as further tests.
+        """
+        out = [p.fit for p in self.prompts if p.fit is not None]
+        return out + ([self.transitions] if self.transitions is not None else [])
+
+    @property
+    def divergences(self) -> list[dict]:
+        return [d for p in self.prompts for d in p.divergences]
+
+    @property
+    def flips(self) -> list[dict]:
+        return [f for p in self.prompts for f in p.flips]
+
+    def report(self) -> str:
+        lines = [self.headline]
+        mode = "greedy" if self.sampling.greedy else "sampling"
+        lines.append(
+            f"model {self.model}, {mode} ({_settings_label(self.sampling, self.eos_id)}), max_new_tokens={self.max_new_tokens}; "
+            f"{self.source}: N={self.n} completions of {len(self.prompts)} prompt(s)"
+        )
+        if not self.sampling.greedy:
+            n_tests = len(self.fits)
+            lines.append(
+                "statistics: Pearson chi-square against the exact law from the tables, per prompt (the first L tokens) and "
+                "per context class (every token after the first given its context); "
+                f"family-wise alpha={self.alpha:g} ({self.alpha / max(n_tests, 1):.3g} per test, {n_tests} tests); "
+                f"alternative: every law at TV >= {self.tv:g}; power target {TARGET_POWER:g}"
+            )
+        else:
+            lines.append(
+                "greedy: every completion compared token for token with the target's greedy continuation "
+                "(deterministic: no alpha, no power; divergences classified as in properties.flips)"
+            )
+        for p in self.prompts:
+            if p.fit is not None:
+                f = p.fit
+                lines.extend(_fit_lines(
+                    f"  prompt {list(p.prompt)}: N={f.n}, L={p.length} ({len(f.labels) - 1} cells; {p.length_reason})", f
+                ))
+            else:
+                status = "pass" if p.passed else "FAIL"
+                lines.append(
+                    f"  prompt {list(p.prompt)}: N={p.n} greedy completions, {len(p.divergences)} algorithmic divergence(s), "
+                    f"{len(p.flips)} numerical flip(s): {status}"
+                )
+                for d in p.divergences[:5]:
+                    got = "<end of completion>" if d["got"] is None else d["got"]
+                    lines.append(
+                        f"    {_where(self.source, d['line'])}: prompt {list(p.prompt)}, position {d['position']}: "
+                        f"expected {d['expected']}, got {got}; completion {d['completion']}"
+                    )
+                    lines.append("      " + d["verdict"].describe())
+                if len(p.divergences) > 5:
+                    lines.append(f"    ... {len(p.divergences) - 5} more divergent completions")
+                for fl in p.flips[:3]:
+                    lines.append(f"    numerical flip ({_where(self.source, fl['line'])}): " + fl["verdict"].describe())
+        if not self.sampling.greedy:
+            lines.extend(self._transition_lines())
+        if self.violations:
+            lines.append(f"deterministic invariants: {len(self.violations)} violation(s):")
+            lines.extend("  " + v for v in self.violations[:20])
+            if len(self.violations) > 20:
+                lines.append(f"  ... {len(self.violations) - 20} more")
+        else:
+            lines.append("deterministic invariants: ok (max_new_tokens tokens unless ended by EOS, nothing after EOS)")
+        if self.power_note:
+            lines.append(self.power_note)
+        lines.append(f"replay: {self.replay}")
+        return "\n".join(lines)
+
+    def _transition_lines(self) -> list[str]:
+        tested = self.positions_tested
+        span = f"{tested[0]}-{tested[-1]}" if len(tested) > 1 else (str(tested[0]) if tested else "none")
+        lines = [f"positions tested: {span}" + ("" if self.transitions is not None else
+                                                 " (no position after the first: speculation untested)")]
+        f = self.transitions
+        if f is None:
+            return lines
+        lines.extend(_fit_lines(f"  {f.what.split(':')[0]}: N={f.n} tokens in {self.transition_classes} context class(es)", f))
+        if self.position_fits:
+            lines.append("    per position (localisation, not further tests; 'departs' where p < the pooled test's alpha):")
+        for pos, pf in self.position_fits:
+            status = "departs" if not pf.passed else "ok"
+            lines.append(
+                f"    position {pos}: N={pf.n}, chi-square {pf.statistic:.1f} on {pf.df} df, p={pf.p_value:.3g}, "
+                f"detects TV >= {pf.detects:.3g}: {status}"
+            )
+            if not pf.passed and f.passed is False and pos == min(q for q, g in self.position_fits if not g.passed):
+                lines.extend("      " + x for x in pf.table(max_rows=8).splitlines())
+        for why, k in self.transition_excluded.items():
+            lines.append(f"  {k} token(s) not tested: {why}")
+        return lines
+
+    def as_record(self) -> dict:
+        return {
+            "level": self.level,
+            "positions_tested": self.positions_tested,
+            "transition_positions": [pos for pos, _ in self.position_fits],
+            "transition_classes": self.transition_classes,
+            "transition_excluded": dict(self.transition_excluded),
+            "localisation": [{"position": pos, **pf.as_record()} for pos, pf in self.position_fits],
+            "headline": self.headline,
+            "certified": self.certified,
+            "model": self.model,
+            "sampling": self.sampling.as_dict(),
+            "max_new_tokens": self.max_new_tokens,
+            "eos_id": self.eos_id,
+            "n": self.n,
+            "alpha": self.alpha,
+            "tv": self.tv,
+            "statistics": [f.as_record() for f in self.fits],
+            "violations": list(self.violations),
+            "divergences": [
+                {k: (v.as_record() if isinstance(v, FlipVerdict) else v) for k, v in d.items()} for d in self.divergences
+            ],
+            "replay": self.replay,
+        }
+
+
+def certify_samples(
+    path_or_records,
+    *,
+    model,
+    sampling: SamplingConfig,
+    max_new_tokens: int,
+    eos_id: int | None = None,
+    length: int | None = None,
+    alpha: float = ALPHA,
+    tv: float = SAMPLES_TV,
+    dtype: torch.dtype | str = torch.float32,
+    tolerance: float | None = None,
+) -> SamplesVerdict:
+    """Judge completions of ``model`` (an exact model's name or object) produced with ``sampling``.
+
+    ``path_or_records``: a JSONL path or an iterable of dicts (:mod:`conformance.samples` docstring). ``eos_id``: the EOS
+    the engine stopped at (``True``: the model's own; ``None``: no EOS stop). ``length``: the L of the
+    sequence law (default: :func:`choose_length` per prompt). ``dtype``: what the engine computed in
+    (greedy: the flip tolerance is :func:`properties.flips.tolerance_for` of it at the row's logit scale);
+    ``tolerance``: an absolute logit tolerance instead. Raises :class:`SamplesInputError` for malformed input.
+    """
+    if not isinstance(sampling, SamplingConfig):
+        raise TypeError(f"sampling must be a specdec_ref.warp.SamplingConfig, got {type(sampling).__name__}")
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    exact = _resolve_model(model)
+    if eos_id is True:
+        eos_id = int(exact.eos_id)
+    vocab = _vocab(exact)
+    if eos_id is not None and not (_is_int(eos_id) and 0 <= eos_id < vocab):
+        raise ValueError(f"eos_id must be None, True or a token id in [0, {vocab}), got {eos_id!r}")
+    if length is not None and not (_is_int(length) and 1 <= length <= max_new_tokens):
+        raise ValueError(f"length must be an int in [1, max_new_tokens={max_new_tokens}], got {length!r}")
+    dtype = getattr(torch, dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype
+    records, source = read_records(
+        path_or_records, vocab=vocab, max_new_tokens=max_new_tokens,
+        min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
+    )
+    name = model if isinstance(model, str) else _model_name(exact)
+    replay = replay_command(
+        name, sampling, max_new_tokens=max_new_tokens, eos=eos_id is not None, length=length, source=source,
+        dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance,
+    )
+    groups: dict[tuple[int, ...], list[SampleRecord]] = {}
+    for r in records:
+        groups.setdefault(r.prompt, []).append(r)
+    violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source)
+    counts = None
+    position_tests: list[int] = []
+    if not sampling.greedy:
+        counts = count_transitions(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id)
+        if len(counts.positions) > 1:  # with one position the pooled test is that position's test
+            position_tests = [pos for pos in counts.positions if pos <= MAX_POSITION_TESTS]
+    # alpha split evenly over the tests the verdict rests on: the prompts' full-law tests and the pooled transition
+    # test (the per-position transition statistics localise a departure; they are not further tests)
+    n_tests = len(groups) + (1 if counts is not None and counts.n else 0)
+    per_alpha = alpha / n_tests
+    reports = []
+    for prompt, group in groups.items():
+        if sampling.greedy:
+            reports.append(_greedy_test(
+                exact, prompt, group, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype, tolerance=tolerance
+            ))
+        else:
+            reports.append(_sampling_test(
+                exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
+                alpha=per_alpha, tv=tv,
+            ))
+    transitions, position_fits = None, []
+    if counts is not None and counts.n:
+        settings = _settings_label(sampling, eos_id)
+        last = counts.positions[-1]
+        transitions = transition_test(
+            counts, what=f"positions {FIRST_TESTED_POSITION}-{last}: every generated token after the first given its context ({settings})",
+            alpha=per_alpha, tv=tv,
+        )
+        position_fits = [
+            (pos, transition_test(counts, what=f"position {pos}: the generated token given its context ({settings})",
+                                  positions=[pos], alpha=per_alpha, tv=tv))
+            for pos in position_tests
+        ]
+    failed = [p for p in reports if not p.passed]
+    failed_transitions = transitions is not None and not transitions.passed
+    note = ""
+    if violations or failed or failed_transitions:
+        parts = []
+        if failed:
+            what = "sequence law" if not sampling.greedy else "greedy continuation"
+            parts.append(f"{len(failed)} of {len(reports)} prompt(s) fail the {what}")
+        if failed_transitions:
+            where = sorted(pos for pos, f in position_fits if not f.passed)
+            parts.append("the law of the tokens after the first fails" + (
+                f" (departs first at position {where[0]})" if where else ""))
+        if violations:
+            parts.append(f"{len(violations)} invariant violation(s)")
+        level, headline = "not_certified", f"{NOT_CERTIFIED}: " + ", ".join(parts)
+    elif sampling.greedy:
+        level, headline = "certified", CERTIFIED
+        if any(p.flips for p in reports):
+            within = f"tolerance {tolerance:g}" if tolerance is not None else f"the {dtype} tolerance"
+            note = f"{sum(len(p.flips) for p in reports)} numerical flip(s) within {within} (reported, not failures)"
+    elif transitions is None:
+        level = "inconclusive"
+        headline = f"{INCONCLUSIVE}: no generated position after the first was tested (speculation untested)"
+        note = ("the first generated token is sampled from the prefill, before any draft exists; a file tests drafted "
+                "positions only when its completions have 2 or more tokens"
+                + (f"; {sum(counts.excluded.values())} transition(s) excluded: " + "; ".join(counts.excluded)
+                   if counts is not None and counts.excluded else ""))
+    else:
+        power, why = judge_power([p.fit.as_record() for p in reports] + [transitions.as_record()])
+        if power == "inconclusive":
+            level, headline = "inconclusive", f"{INCONCLUSIVE}: too few samples"
+            note = why
+        elif power == "reduced":
+            x = max([p.fit.detects for p in reports] + [transitions.detects])
+            level, headline = "reduced", f"{REDUCED}: detects TV >= {x:.3g}"
+            note = f"too few samples for power {TARGET_POWER:g} against TV {tv:g}; {why}"
+        else:
+            level, headline = "certified", CERTIFIED
+            note = f"every prompt's test has power >= {TARGET_POWER:g} against TV {tv:g}"
+    return SamplesVerdict(
+        level=level, headline=headline, model=name, sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
+        source=source, n=len(records), prompts=reports, violations=violations, alpha=alpha, tv=tv, replay=replay,
+        power_note=note, transitions=transitions, position_fits=position_fits,
+        transition_classes=len(counts.classes) if counts is not None else 0,
+        transition_excluded=dict(counts.excluded) if counts is not None else {},
+    )
