@@ -163,6 +163,16 @@ def _eos_ids(eos, vocab: int, where: str) -> tuple[int, ...]:
     return ids
 
 
+def _plain_prompt(prompt, vocab: int, device) -> torch.Tensor | None:
+    """A non-empty list / tuple of Python ints in ``[0, vocab)`` as ``Long[1, t]`` on ``device`` (no tensor round trip,
+    no host read-back), or None for anything else (``as_prompt`` then checks it and names what is wrong)."""
+    if type(prompt) not in (list, tuple) or not prompt or not all(type(x) is int for x in prompt):
+        return None
+    if min(prompt) < 0 or max(prompt) >= vocab:
+        return None
+    return torch.tensor([prompt], dtype=torch.long, device=device)
+
+
 def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Batch:
     """Check every request (ValueError naming the request and the field) and make seeded generators."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -178,7 +188,9 @@ def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Ba
             raise ValueError(f"{where}: must be a specdec_ref.contract.Request, got {type(r).__name__}")
         if not isinstance(r.sampling, SamplingConfig):
             raise ValueError(f"{where}: sampling must be a SamplingConfig, got {type(r.sampling).__name__}")
-        prompt = as_prompt(r.prompt, vocab=vocab, device=device, what=f"{where}: prompt")
+        prompt = _plain_prompt(r.prompt, vocab, device)
+        if prompt is None:  # a tensor, or anything the fast path does not vouch for: the full checks and messages
+            prompt = as_prompt(r.prompt, vocab=vocab, device=device, what=f"{where}: prompt")
         n = r.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{where}: max_new_tokens must be an int >= 0, got {n!r}")

@@ -24,9 +24,11 @@ _DIMS: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary
 def model_dims(model: nn.Module) -> dict[str, int]:
     """``vocab_size``, ``num_layers``, ``num_kv_heads``, ``head_dim``, ``max_positions`` from the config."""
     config = model.config
-    plain = not getattr(type(config), "sub_configs", None) and hasattr(config, "__dict__")
+    # The instance dict read past the config class's own ``__getattribute__`` (transformers' is slow), so a memo hit
+    # costs a dict lookup per field.
+    raw = _instance_dict(config)
+    plain = raw is not None and not getattr(type(config), "sub_configs", None)
     if plain:
-        raw = vars(config)
         stamp = (id(config),) + tuple(raw.get(name) for name in _DIM_FIELDS)
         hit = _DIMS.get(model)
         if hit is not None and hit[0] == stamp:
@@ -35,6 +37,13 @@ def model_dims(model: nn.Module) -> dict[str, int]:
     if plain:
         _DIMS[model] = (stamp, dims)
     return dict(dims)
+
+
+def _instance_dict(config) -> dict | None:
+    try:
+        return object.__getattribute__(config, "__dict__")
+    except AttributeError:
+        return None
 
 
 def _read_dims(config) -> dict[str, int]:

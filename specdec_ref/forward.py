@@ -34,6 +34,7 @@ __all__ = [
     "token_list",
     "check_id_range",
     "weights_fingerprint",
+    "WeightsWatch",
     "model_copy",
     "reference_logits",
     "fresh_prefill",
@@ -134,6 +135,28 @@ def weights_fingerprint(model: nn.Module) -> tuple:
     across processes (for that, hash the contents: ``specdec_ref.pretrained.state_dict_checksum``).
     """
     return tuple((name, p.data_ptr(), p._version, p.dtype, p.device) for name, p in model.named_parameters())
+
+
+class WeightsWatch:
+    """A model's module tree and parameters as seen at construction; :meth:`unchanged` is True while no submodule or
+    parameter was replaced and no parameter was moved, cast or modified in place (autograd's version counter): the
+    events :func:`weights_fingerprint` sees, checked with a few dict lookups per module instead of a walk of the tree.
+    Writes through ``.data`` bypass the version counter, as for the fingerprint."""
+
+    def __init__(self, model: nn.Module):
+        self._edges: list[tuple[dict, str, object]] = []
+        self._params: list[torch.Tensor] = []
+        for module in model.modules():
+            self._edges.extend((module._modules, name, child) for name, child in module._modules.items())
+            self._edges.extend((module._parameters, name, p) for name, p in module._parameters.items())
+            self._params.extend(p for p in module._parameters.values() if p is not None)
+        self._stamp = self._params_stamp()
+
+    def _params_stamp(self) -> tuple:
+        return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in self._params)
+
+    def unchanged(self) -> bool:
+        return all(owner.get(name) is obj for owner, name, obj in self._edges) and self._params_stamp() == self._stamp
 
 
 #: ``model -> {dtype: (weights_fingerprint(model), copy)}``; weakly keyed, so copies die with the model.

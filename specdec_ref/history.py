@@ -89,9 +89,11 @@ class SamplingState:
                 raise ValueError(f"constraint automaton has {c.constraint.vocab} tokens per state, the vocabulary has V={vocab}")
         if not self.active:
             return
+        rows = [i for i, p in enumerate(prompts) for _ in p]
+        ids = [int(t) for p in prompts for t in p]
         self.seen = torch.zeros(b, vocab, dtype=torch.bool, device=self.device)
-        for i, p in enumerate(prompts):
-            self.seen[i, torch.as_tensor(list(p), dtype=torch.long, device=self.device)] = True
+        index = torch.tensor([rows, ids], dtype=torch.long, device=self.device)
+        self.seen[index[0], index[1]] = True  # one scatter for every prompt
         self.counts = torch.zeros(b, vocab, dtype=torch.float32, device=self.device)
         self.generated = torch.zeros(b, dtype=torch.long, device=self.device)
         self.state = torch.tensor([c.constraint.start if c.constraint else 0 for c in self.configs], dtype=torch.long, device=self.device)

@@ -47,12 +47,18 @@ def check_generators(generator: Generators, batch: int) -> None:
 def uniform(shape: tuple[int, ...], generator: Generators, device, dtype=torch.float32) -> torch.Tensor:
     """``torch.rand(shape)``; with a per-row list, row ``b`` (the first dimension) from ``generator[b]``."""
     if is_per_row(generator):
-        return torch.stack([torch.rand(shape[1:], generator=g, device=device, dtype=dtype) for g in generator])
+        out = torch.empty(shape, device=device, dtype=dtype)
+        for row, g in zip(out, generator):  # in place, row by row: the same draws as torch.rand(shape[1:], generator=g)
+            row.uniform_(generator=g)
+        return out
     return torch.rand(shape, generator=generator, device=device, dtype=dtype)
 
 
 def exponential_like(weights: torch.Tensor, generator: Generators) -> torch.Tensor:
     """Exp(1) draws shaped like ``weights``; with a per-row list, row ``b`` (the first dimension) from ``generator[b]``."""
     if is_per_row(generator):
-        return torch.stack([torch.empty_like(w).exponential_(generator=g) for w, g in zip(weights, generator)])
+        out = torch.empty_like(weights, memory_format=torch.contiguous_format)
+        for row, g in zip(out, generator):  # in place, row by row: row b's draws come from generator[b] only
+            row.exponential_(generator=g)
+        return out
     return torch.empty_like(weights).exponential_(generator=generator)

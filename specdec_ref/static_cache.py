@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_ref.cache import ATOL, RTOL, ModelCache
-from specdec_ref.forward import weights_fingerprint
+from specdec_ref.forward import WeightsWatch
 
 __all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
 
@@ -84,9 +84,34 @@ def _unsupported_reason(model) -> str | None:
     return None
 
 
+#: ``model -> (stamp, reason)``: the support verdict per model, re-decided when its config object, its inner model or
+#: its rotary module is replaced (each cache a decode opens asks; transformers' config lookups are slow).
+_SUPPORT: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _support_stamp(model) -> tuple:
+    inner = getattr(model, "model", None)
+    cfg = getattr(model, "config", None)
+    return (id(cfg), id(inner), id(getattr(inner, "rotary_emb", None)), id(getattr(model, "lm_head", None)))
+
+
+def _support_reason(model) -> str | None:
+    """:func:`_unsupported_reason`, memoised per model (see ``_SUPPORT``)."""
+    try:
+        hit = _SUPPORT.get(model)
+    except TypeError:  # not weak-referenceable: decide every time
+        return _unsupported_reason(model)
+    stamp = _support_stamp(model)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    reason = _unsupported_reason(model)
+    _SUPPORT[model] = (stamp, reason)
+    return reason
+
+
 def supports(model) -> bool:
     """True when :class:`StaticModelCache` can run ``model`` (Llama / Qwen2, full attention, SiLU, static RoPE)."""
-    return _unsupported_reason(model) is None
+    return _support_reason(model) is None
 
 
 class StaticKV:
@@ -121,7 +146,7 @@ def _cat_bias(linears, device, dtype):
     )
 
 
-#: Fused weights per model, keyed on :func:`~specdec_ref.forward.weights_fingerprint` (see
+#: Fused weights per model, valid while its :class:`~specdec_ref.forward.WeightsWatch` sees no change (see
 #: :meth:`StaticModelCache.refresh_weights`).
 _FUSED: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 #: ``model -> {(max_length, device, dtype): (inv_freq stamp, (cos, sin, causal))}`` (see ``StaticModelCache._tables``).
@@ -144,7 +169,7 @@ class StaticModelCache(ModelCache):
     """
 
     def __init__(self, model: nn.Module, *, batch_size: int = 1, check_ids: bool = True, max_length: int | None = None):
-        reason = _unsupported_reason(model)
+        reason = _support_reason(model)
         if reason is not None:
             raise ValueError(reason)
         if max_length is not None:
@@ -207,15 +232,15 @@ class StaticModelCache(ModelCache):
         """Re-read the weights from the transformers module tree (after changing the model's parameters)."""
         self._fuse_weights()
         names = ("_layers", "_embed", "_final_norm", "_lm_w", "_lm_b", "_eps", "_final_eps")
-        _FUSED[self.model] = (weights_fingerprint(self.model), {name: self.__dict__[name] for name in names})
+        _FUSED[self.model] = (WeightsWatch(self.model), {name: self.__dict__[name] for name in names})
 
     def _load_weights(self) -> None:
         """Fused weights shared by every cache of a model whose parameters were not replaced or modified
-        in place since (keyed on :func:`~specdec_ref.forward.weights_fingerprint`), so a cache per decode
+        in place since (:class:`~specdec_ref.forward.WeightsWatch`), so a cache per decode
         call does not re-fuse.
         Writes through ``.data`` bypass version counters: call :meth:`refresh_weights` after those."""
         cached = _FUSED.get(self.model)
-        if cached is not None and cached[0] == weights_fingerprint(self.model):
+        if cached is not None and cached[0].unchanged():
             self.__dict__.update(cached[1])
         else:
             self.refresh_weights()
