@@ -13,6 +13,7 @@ from specdec_ref.forward import (
     model_copy,
     reference_logits,
     token_list,
+    WeightsWatch,
     weights_fingerprint,
 )
 from specdec_ref.models import ARCHS, model_dims, tiny_lm
@@ -173,6 +174,43 @@ def test_fingerprint_tracks_in_place_edits_and_replacement():
     assert fp2 != fp
     m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone(), requires_grad=False)
     assert weights_fingerprint(m) != fp2
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["in_place", "parameter_replaced", "submodule_replaced", "cast"],
+)
+def test_weights_watch_sees_what_the_fingerprint_sees(change):
+    """The static cache's cheap staleness check fires on every event the fingerprint sees (an unseen change would
+    decode with stale fused weights: a silent wrong answer)."""
+    m = tiny_lm("llama", seed=3)
+    watch = WeightsWatch(m)
+    fp = weights_fingerprint(m)
+    assert watch.unchanged()
+    if change == "in_place":
+        with torch.no_grad():
+            m.model.layers[0].mlp.down_proj.weight[0, 0] += 1.0
+    elif change == "parameter_replaced":
+        m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach().clone(), requires_grad=False)
+    elif change == "submodule_replaced":
+        m.model.layers[0].self_attn.q_proj = copy.deepcopy(m.model.layers[0].self_attn.q_proj)
+    else:
+        m.to(torch.bfloat16)
+    assert weights_fingerprint(m) != fp
+    assert not watch.unchanged(), change
+
+
+def test_static_cache_refuses_stale_fused_weights():
+    """A cache opened after a parameter was replaced computes with the new weights (fused copies are re-made)."""
+    from specdec_ref.static_cache import StaticModelCache
+
+    m = tiny_lm("llama", seed=4)
+    ids = torch.tensor([[1, 2, 3]])
+    before = StaticModelCache(m).feed(ids)
+    m.lm_head.weight = torch.nn.Parameter(m.lm_head.weight.detach() * 2, requires_grad=False)
+    after = StaticModelCache(m).feed(ids)
+    assert not torch.allclose(before, after)
+    assert torch.allclose(after, m(ids).logits.float(), atol=1e-5, rtol=1e-4)
 
 
 def test_model_copy_is_cached_and_invalidated_by_an_in_place_edit():
