@@ -446,7 +446,7 @@ def check_batch_position_limit_law(backend, ctx: CheckContext):
                  for j in LIMIT_DISTANCES}
     per_distance = max(required_samples(np.asarray(list(limit_law(j).values())), LIMIT_TV) for j in LIMIT_DISTANCES)
     scaled = math.ceil(per_distance * ctx.sample_scale)
-    if ctx.look_fraction == 1.0:  # a reduced profile (dev) keeps enough rows to be conclusive; an interim look does not
+    if ctx.look_fraction >= 1.0:  # a reduced profile (dev) keeps enough rows to be conclusive; an interim look does not
         scaled = max(scaled, min(per_distance, LIMIT_FLOOR))
     # rows i with i % 8 == 7 are greedy; the others' distances cycle, so each distance gets >= scaled rows
     n = math.ceil(scaled * len(LIMIT_DISTANCES) * LIMIT_GREEDY_EVERY / (LIMIT_GREEDY_EVERY - 1)) + 8

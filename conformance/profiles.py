@@ -42,12 +42,20 @@ class Profile:
     :data:`INTERIM_ALPHA_SCALE`; a rejection there is final (a broken backend fails in a fraction of the time),
     otherwise the check runs in full at its stated alpha and power. The two looks together spend
     ``(1 + INTERIM_ALPHA_SCALE)`` times the per-test alpha, which the certificate's family-wise bound includes.
+
+    After it, a check whose tests are chi-square tests or totals gets an *early-pass look* at
+    ``early_pass_fraction`` of its sample (:mod:`properties.early_pass`): it passes there when every statistic is
+    below the bound that a deviation at the stated alternative exceeds with probability >= 1 - ``EARLY_PASS_BETA``
+    (it never rejects there, so it spends no alpha); otherwise its full look draws ``reserve_scale()`` (1.07) times
+    the sample, so that the whole procedure keeps the stated power (union bound). A correct backend passes most
+    such checks at half the sample.
     """
 
     name: str
     sample_scale: float
     hypothesis: dict
     interim_fraction: float = 0.0
+    early_pass_fraction: float = 0.0
 
     @property
     def derandomized(self) -> bool:
@@ -57,9 +65,11 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
-        Profile("ci", 1.0, dict(max_examples=60, derandomize=True, print_blob=True, **_COMMON), interim_fraction=0.05),
+        Profile("ci", 1.0, dict(max_examples=60, derandomize=True, print_blob=True, **_COMMON), interim_fraction=0.05,
+                early_pass_fraction=0.5),
         Profile("dev", 0.1, dict(max_examples=20, derandomize=True, **_COMMON)),
-        Profile("thorough", 4.0, dict(max_examples=600, derandomize=False, print_blob=True, **_COMMON), interim_fraction=0.05),
+        Profile("thorough", 4.0, dict(max_examples=600, derandomize=False, print_blob=True, **_COMMON), interim_fraction=0.05,
+                early_pass_fraction=0.5),
     )
 }
 

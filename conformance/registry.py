@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
 from properties.sampling import BackendError
+from properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
 from properties.stats import alpha_spent, failed_tests, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
@@ -215,6 +216,7 @@ class CheckRecord:
     traceback: str | None = None
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     interim_statistics: list[dict] = field(default_factory=list)  # the interim look's tests (alpha spent there)
+    look: str = "full"  # "full", "interim" (rejected there) or "early_pass" (passed at the early-pass look)
 
     @property
     def rejects(self) -> bool:
@@ -277,11 +279,61 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
                 f"sample was not drawn):\n{interim.message}"
             )
             return interim
-        final = _look(case, backend, ctx, timeout, 1.0)
+        early = get_profile(ctx.profile).early_pass_fraction
+        scale = 1.0
+        if early > 0 and case.id not in _NEVER_EARLY:
+            probe_ctx = replace(ctx, look_fraction=early)
+            probe = _look(case, backend, probe_ctx, timeout, 1.0)
+            decision, why = (early_pass(probe.statistics, scale=reserve_scale() / early) if probe.status == "passed"
+                             else ("continue", probe.status))
+            if decision == "ineligible":  # its tests have no futility bound: never probe this case again
+                _NEVER_EARLY.add(case.id)
+            elif decision == "pass":
+                return _passed_early(probe, probe_ctx, ctx, interim, early)
+            else:
+                scale = reserve_scale()  # the final look makes up for the power the probe spent
+            interim.seconds += probe.seconds
+        final_ctx = replace(ctx, look_fraction=scale) if scale != 1.0 else ctx
+        final = _look(case, backend, final_ctx, timeout, 1.0)
+        if scale != 1.0:
+            ctx.results, ctx.findings = final_ctx.results, final_ctx.findings
+            final.statistics = [spend_early_pass_power(r) for r in final.statistics]
+            if final.status == "passed":
+                final.power, why = judge_power(final.statistics)
+                if final.power == "inconclusive":
+                    final.status, final.message = "inconclusive", why
         final.interim_statistics = interim.statistics
         final.seconds += interim.seconds
         return final
     return _look(case, backend, ctx, timeout, 1.0)
+
+
+#: Cases whose tests have no futility bound (a measurement, one possible cell): run_case does not probe them again in
+#: this process. Keyed by case, so that whether a case is probed never depends on which cases a worker ran before.
+_NEVER_EARLY: set[str] = set()
+
+
+def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext, interim: CheckRecord,
+                  fraction: float) -> CheckRecord:
+    """The record of a case that passed at its early-pass look: its tests as drawn there, each stating the power of
+    the whole procedure (the full look it would have run, sized up by ``reserve_scale``, net of the power spent)."""
+    planned = reserve_scale() / fraction
+    fits = list(probe_ctx.results)  # the tests' own objects, in the order of their records (the look passed)
+    probe.statistics = [
+        spend_early_pass_power(r, fit, r["n"] * planned) | {"early_pass": {"look_n": r["n"], "fraction": fraction}}
+        for r, fit in zip(probe.statistics, fits)
+    ]
+    probe.power, why = judge_power(probe.statistics)
+    if probe.power == "inconclusive":
+        probe.status, probe.message = "inconclusive", why
+    else:
+        probe.look = "early_pass"
+        probe.message = (f"passed at the early-pass look ({fraction:g} of the sample): every statistic is below the "
+                         f"bound a law at the stated TV exceeds with probability >= {1 - EARLY_PASS_BETA:g}")
+    probe.interim_statistics = interim.statistics
+    probe.seconds += interim.seconds
+    ctx.results, ctx.findings = probe_ctx.results, probe_ctx.findings
+    return probe
 
 
 def _look(case: CheckCase, backend, ctx: CheckContext, timeout: float | None, alpha_scale: float) -> CheckRecord:

@@ -32,6 +32,7 @@ import os
 import tempfile
 from typing import Any, Iterable
 
+from properties.early_pass import EARLY_PASS_BETA
 from properties.stats import is_test
 
 SCHEMA_VERSION = 2
@@ -290,6 +291,7 @@ def build_certificate(
         "totals": totals,
         "statistical_tests": len(stats),
         "interim_tests": len(interim),
+        "early_passes": sum(1 for e in entries if any(s.get("early_pass") for s in e["statistics"])),
         "family_wise_alpha_bound": sum((float(s.get("alpha", 0.0)) for s in stats + interim), 0.0),
         "errors": group_errors(entries),
         "xfails": [{"line": p, "reason": r} for p, r in xfails],
@@ -331,9 +333,14 @@ def statistics_line(cert: dict[str, Any]) -> str:
     alphas = [s.get("alpha", 0.0) for e in cert["items"] for s in e["statistics"] if is_test(s)]
     interim = cert.get("interim_tests") or 0
     looks = f" (plus {interim} interim looks at 1/100 of that alpha)" if interim else ""
+    early = cert.get("early_passes") or 0
+    passed_early = (f"; {early} checks passed at their early-pass look (half the sample, below the bound a law at "
+                    f"the stated TV exceeds with probability >= {1 - EARLY_PASS_BETA:g}; the stated power is net of that)"
+                    if early else "")
     return (
         f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}{looks}: family-wise "
         f"false-alarm probability <= {cert['family_wise_alpha_bound']:.2g} (Bonferroni: the sum of the per-test alphas)"
+        + passed_early
     )
 
 

@@ -193,10 +193,29 @@ class FitResult:
     impossible: list[tuple[str, int]] = field(default_factory=list)
     seed: int | None = None
     replay: str | None = None
+    min_expected: float = MIN_EXPECTED
+    grouped: bool = False  # a product-multinomial test (conditional_goodness_of_fit): cells pooled per group
 
     @property
     def passed(self) -> bool:
         return not self.impossible and self.p_value > self.alpha
+
+    def pooling_at(self, n: float) -> tuple[int, float]:
+        """``(df, pooled mass)`` the same test would have on ``n`` samples (cells pool where ``p n < min_expected``,
+        as :func:`goodness_of_fit` pools them); a grouped test keeps its own (its groups' counts are random)."""
+        if self.grouped:
+            return self.df, self.pooled_mass
+        possible = self.expected > 0
+        small = possible & (self.expected * n < self.min_expected)
+        big = int((possible & ~small).sum())
+        pooled = float(self.expected[small].sum())
+        extra = 1 if small.any() and (pooled * n >= self.min_expected or big == 0) else 0
+        return big + extra - 1, pooled
+
+    def power_at(self, n: float, power: float = TARGET_POWER) -> tuple[float, float]:
+        """``(power against the stated TV, TV detected with power ``power``)`` of the same test on ``n`` samples."""
+        df, pooled = self.pooling_at(n)
+        return power_against_tv(n, df, self.alpha, max(self.tv - pooled, 0.0)), detectable_tv(n, df, self.alpha, pooled_mass=pooled, power=power)
 
     @property
     def detects(self) -> float:
@@ -258,6 +277,7 @@ class FitResult:
             "impossible": [list(x) for x in self.impossible],
             "pooled_mass": self.pooled_mass,
             "seed": self.seed,
+            "kind": "chi_square",
             **({} if self.passed else {"cells": self.cell_records()}),
         }
 
@@ -350,6 +370,7 @@ def goodness_of_fit(
         impossible=impossible,
         seed=seed,
         replay=replay,
+        min_expected=min_expected,
     )
 
 
@@ -405,7 +426,7 @@ def conditional_goodness_of_fit(
     return FitResult(
         what=what, n=n, alpha=alpha, tv=tv, power=power_against_tv(n, df, alpha, max(tv - pooled_mass, 0.0)),
         statistic=float(stat), df=df, p_value=p_value, labels=all_labels, observed=obs, expected=exp,
-        pooled=pooled, pooled_mass=pooled_mass, impossible=impossible,
+        pooled=pooled, pooled_mass=pooled_mass, impossible=impossible, grouped=True,
     )
 
 
@@ -469,6 +490,7 @@ class TotalResult:
             "expected": self.expected,
             "std": self.std,
             "unit": self.unit,
+            "kind": "total",
         }
 
 

@@ -8,6 +8,7 @@ from properties import exact
 from properties.sample_size import required_blocks
 from properties.scenarios import STAT_SCENARIOS, balanced_scenario, mix_for_acceptance
 from properties.stats import (
+    assert_total,
     ALPHA,
     TARGET_POWER,
     TV,
@@ -192,3 +193,102 @@ def test_transition_test_holds_its_level_on_a_chain_and_states_its_power():
                                       what="biased", labels=labels, alpha=1e-6, tv=0.05)
     assert fit.power > 0.99 and not fit.passed
     assert "s0 -> 0" in fit.report()  # cells name their class and outcome
+
+
+# ----------------------------------------------------------------------------- the early-pass look
+
+
+def test_reserve_scale_raises_the_power_by_beta_at_every_df():
+    """Sizing the full look up by reserve_scale() gives power >= TARGET + beta for any df (the union bound then keeps
+    the procedure's power >= TARGET): checked where the ratio is largest (df 1) and far out."""
+    from properties.early_pass import EARLY_PASS_BETA, reserve_scale
+    from properties.stats import ALPHA, TARGET_POWER, _noncentrality_for_power
+
+    scale = reserve_scale()
+    assert 1.0 < scale < 1.1
+    for df in (1, 2, 3, 7, 20, 100, 1000):
+        lam = _noncentrality_for_power(df, ALPHA, TARGET_POWER)
+        assert _noncentrality_for_power(df, ALPHA, TARGET_POWER + EARLY_PASS_BETA) <= lam * scale * (1 + 1e-9), df
+
+
+def _fit(observed, expected, tv=0.05):
+    from properties.stats import goodness_of_fit
+
+    return goodness_of_fit(observed, expected, what="t", labels=[str(i) for i in range(len(expected))], tv=tv)
+
+
+def test_futility_bound_is_exceeded_by_a_law_at_the_stated_tv_with_probability_one_minus_beta():
+    """Simulated: samples from a law at TV 0.05 (the stated TV) fall at or below the early-pass bound in at most
+    about beta of the draws; samples from the exact law fall there in most draws (the saving)."""
+    from properties.early_pass import EARLY_PASS_BETA, futility_bound
+
+    rng = np.random.default_rng(7)
+    p = np.full(8, 1 / 8)
+    q = p.copy()
+    q[:4] += 0.0125
+    q[4:] -= 0.0125  # TV 0.05
+    n = 6000
+    below = {"exact": 0, "shifted": 0}
+    trials = 2000
+    for name, law in (("exact", p), ("shifted", q)):
+        for _ in range(trials):
+            record = _fit(rng.multinomial(n, law), p).as_record()
+            below[name] += record["statistic"] <= futility_bound(record)
+    assert below["shifted"] / trials <= EARLY_PASS_BETA + 3 * math.sqrt(EARLY_PASS_BETA / trials)
+    assert below["exact"] / trials > 0.5
+
+
+def test_early_pass_decisions():
+    from properties.early_pass import early_pass, futility_bound
+
+    p = np.full(8, 1 / 8)
+    calm = _fit(np.full(8, 750), p).as_record()
+    assert early_pass([calm]) == ("pass", "")
+    rough = _fit(np.array([900, 600] + [750] * 6), p).as_record()
+    assert rough["statistic"] > futility_bound(rough) and early_pass([calm, rough])[0] == "continue"
+    impossible = _fit(np.array([750] * 7 + [1]), np.r_[np.full(7, 1 / 7), 0.0]).as_record()
+    assert early_pass([impossible])[0] == "continue"
+    total = {"what": "a total", "kind": "total", "df": 1, "n": 100, "tv": 0.1, "statistic": 0.0}
+    assert early_pass([calm, total])[0] == "ineligible" and early_pass([])[0] == "ineligible"
+    single = _fit(np.array([100, 0]), np.array([1.0, 0.0])).as_record()  # one possible cell: no chi-square bound
+    assert early_pass([single])[0] == "ineligible"
+
+
+def test_early_pass_power_is_the_full_looks_net_of_beta():
+    """A case that passed early states the power of the full look it replaced (pooling recomputed at that N) minus
+    beta; a full look after a probe states its own power minus beta."""
+    from properties.early_pass import EARLY_PASS_BETA, spend_early_pass_power
+    from properties.stats import power_against_tv
+
+    p = np.r_[np.full(6, 0.16), 0.03, 0.01]
+    fit = _fit(np.round(p * 400).astype(int), p)
+    record = fit.as_record()
+    assert record["pooled_mass"] > 0  # at N=400 the two small cells pool
+    planned = spend_early_pass_power(record, fit, 4000)
+    df, pooled = fit.pooling_at(4000)
+    assert pooled == 0 and df == 7
+    assert planned["power"] == pytest.approx(power_against_tv(4000, 7, record["alpha"], 0.05) - EARLY_PASS_BETA)
+    own = spend_early_pass_power(record)
+    assert own["power"] == pytest.approx(max(record["power"] - EARLY_PASS_BETA, 0.0))
+    measurement = {"kind": "tv_estimate", "tv": 0.01}
+    assert spend_early_pass_power(measurement) == measurement
+
+
+def test_a_total_passes_early_only_when_its_z_is_small():
+    """A total test's early-pass bound on |z|: a shift of the full look's detectable shift per trial exceeds it with
+    probability >= 1 - beta at the probe (normal approximation), and the exact mean lies well inside it."""
+    from properties.early_pass import EARLY_PASS_BETA, early_pass, futility_bound, planned_shift, spend_early_pass_power
+    from scipy import stats as st
+
+    rng = np.random.default_rng(3)
+    means, variances = np.full(2000, 0.4), np.full(2000, 0.24)
+    calm = assert_total(800, means, variances, what="calm").as_record()
+    assert calm["kind"] == "total" and early_pass([calm], scale=2.14) == ("pass", "")
+    bound = futility_bound(calm, planned_n=2000 * 2.14)
+    shift = planned_shift(calm, 2000 * 2.14)
+    mean_z = shift * 2000 / calm["std"]
+    assert st.norm.cdf(bound - mean_z) - st.norm.cdf(-bound - mean_z) <= EARLY_PASS_BETA + 1e-12
+    drawn = rng.binomial(2000, 0.4 + shift, size=4000)
+    assert np.mean(np.abs((drawn - 800) / calm["std"]) <= bound) <= EARLY_PASS_BETA + 3 * math.sqrt(EARLY_PASS_BETA / 4000)
+    stated = spend_early_pass_power(calm, planned_n=2000 * 2.14)
+    assert stated["tv"] == pytest.approx(shift) and stated["power"] >= 0.99

@@ -1,0 +1,124 @@
+"""The early-pass look: a statistical check may pass on part of its sample when the evidence already excludes
+every deviation it states power against (a group-sequential futility rule).
+
+``conformance.registry.run_case`` probes a case on ``early_pass_fraction`` of its sample (ci / thorough profiles).
+The case passes there when every test's statistic is at or below its :func:`futility_bound`: a deviation at the
+stated alternative exceeds that bound with probability >= ``1 - EARLY_PASS_BETA``. The probe never rejects, so it
+spends no alpha; it spends up to ``EARLY_PASS_BETA`` of power, which the full look (sized up by
+:func:`reserve_scale`) makes up: by the union bound the whole procedure keeps the stated power, and every record
+states that net power (:func:`spend_early_pass_power`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import TYPE_CHECKING, Sequence
+
+from scipy import stats
+
+from .stats import ALPHA, TARGET_POWER, _finite_or_none, _noncentrality_for_power, detectable_tv, power_against_tv
+
+if TYPE_CHECKING:
+    from .stats import FitResult
+
+#: The power an early-pass look may spend: a law at the stated TV lets a case pass there with probability at most
+#: this (conformance.registry.run_case; the final look is sized up by :func:`reserve_scale` to make up for it).
+EARLY_PASS_BETA = 0.005
+
+
+@functools.lru_cache(maxsize=None)
+def reserve_scale(alpha: float = ALPHA, beta: float = EARLY_PASS_BETA, power: float = TARGET_POWER) -> float:
+    """Factor on a chi-square test's N that raises its power from ``power`` to ``power + beta`` at ``alpha``, for every
+    df: the noncentrality ratio at df = 1, where it is largest (it falls with df: 1.070 at df 1, 1.042 at df 1000 for
+    alpha 1e-6; tests/test_stats.py checks df 1..1000)."""
+    return _noncentrality_for_power(1, alpha, power + beta) / _noncentrality_for_power(1, alpha, power)
+
+
+def planned_shift(record: dict, planned_n: float, beta: float = EARLY_PASS_BETA) -> float:
+    """The rate shift a total test's full look of ``planned_n`` trials detects with power ``TARGET_POWER + beta`` (its
+    variance scaled from the record's ``n`` trials; the alternative an early pass of that test is stated against)."""
+    std = record["std"] * math.sqrt(planned_n / record["n"])
+    power = TARGET_POWER + beta + 1e-9  # a hair above, so that the power stated net of beta is not below the target by rounding
+    return float((stats.norm.isf(record["alpha"] / 2) + stats.norm.isf(1 - power)) * std / planned_n)
+
+
+def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> float | None:
+    """The largest statistic at which a test's ``record`` lets its case pass early, or None (no bound: it cannot).
+
+    Chi-square: every law at TV >= ``t`` exceeds the bound with probability >= ``1 - beta`` at the record's N (the
+    noncentral chi-square with ``4 N (t - pooled_mass)^2`` that :func:`power_against_tv` bounds the power with),
+    capped below the test's own critical value; df >= 1 only. ``t`` is the record's stated ``tv``, or the smaller TV
+    that the full look of ``planned_n`` samples detects with :data:`TARGET_POWER` (an over-powered test keeps its
+    power against the deviations its full look sees). Total (a normal z): the bound on ``|z|`` that a shift of
+    :func:`planned_shift` per trial (the full look's alternative; ``planned_n`` needed) exceeds with probability >=
+    ``1 - beta`` at the record's N."""
+    if record.get("kind") == "total":
+        if planned_n is None or not record.get("n") or not record.get("std"):
+            return None
+        mean_z = planned_shift(record, planned_n, beta) * record["n"] / record["std"]
+        return float(min(max(mean_z + stats.norm.ppf(beta), 0.0), stats.norm.isf(record["alpha"] / 2)))
+    if record.get("kind") != "chi_square" or not record.get("df") or record["df"] < 1 or not record.get("n"):
+        return None
+    pooled = record.get("pooled_mass", 0.0)
+    tv = record["tv"]
+    if planned_n:
+        tv = min(tv, detectable_tv(planned_n, record["df"], record["alpha"], pooled_mass=pooled))
+    lam = 4.0 * record["n"] * max(tv - pooled, 0.0) ** 2
+    if lam <= 0:
+        return None
+    return float(min(stats.ncx2.ppf(beta, record["df"], lam), stats.chi2.isf(record["alpha"], record["df"])))
+
+
+def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: float = 1.0) -> tuple[str, str]:
+    """``("pass" | "continue" | "ineligible", why)`` for the statistical records of an early-pass look that drew
+    ``1 / scale`` of the full look's sample.
+
+    *pass*: every record is at or below its :func:`futility_bound` (no impossible outcome), so a deviation at the
+    stated alternative in any of them would have been seen with probability >= ``1 - beta``. *ineligible*: some
+    record has no such bound (a measurement, one possible cell) or there is none: the case always runs in full.
+    *continue*: eligible, but some statistic is above its bound.
+    """
+    if not records:
+        return "ineligible", "no statistical test"
+    worst = None
+    for r in records:
+        bound = futility_bound(r, beta, planned_n=r.get("n", 0) * scale)
+        if bound is None:
+            return "ineligible", f"{r.get('what')}: no futility bound (a measurement, or one possible cell)"
+        statistic = abs(r["statistic"]) if r.get("kind") == "total" else r["statistic"]
+        if r.get("impossible") or statistic > bound:
+            worst = worst or f"{r['what']}: statistic {statistic:.2f} above the early-pass bound {bound:.2f}"
+    if worst:
+        return "continue", worst
+    return "pass", ""
+
+
+def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n: float | None = None,
+                           beta: float = EARLY_PASS_BETA) -> dict:
+    """``record`` (of the test ``fit``) stating the power of the whole procedure: its full look's power net of the
+    ``beta`` an early-pass look spent (union bound: a law at the stated TV escapes both with probability <= ``1 -
+    P + beta``). ``planned_n``: the full look's N, for a case that passed early (its pooling recomputed at that N
+    from ``fit``); default the record's own N."""
+    if record.get("kind") == "total":
+        n = record["n"] if planned_n is None else planned_n
+        shift = planned_shift(record, n, beta)
+        std = record["std"] * math.sqrt(n / record["n"])
+        crit, delta = stats.norm.isf(record["alpha"] / 2), shift * n / std
+        out = dict(record)
+        out["tv"] = out["detects"] = shift
+        out["power"] = max(float(stats.norm.sf(crit - delta) + stats.norm.cdf(-crit - delta)) - beta, 0.0)
+        return out
+    if record.get("kind") != "chi_square":
+        return record
+    target = min(TARGET_POWER + beta, 1 - 1e-12)
+    if fit is not None and planned_n is not None:
+        power, detects = fit.power_at(planned_n, target)
+    else:
+        tv = max(record["tv"] - record.get("pooled_mass", 0.0), 0.0)
+        power = power_against_tv(record["n"], record["df"], record["alpha"], tv)
+        detects = detectable_tv(record["n"], record["df"], record["alpha"], pooled_mass=record.get("pooled_mass", 0.0),
+                                power=target)
+    out = dict(record)
+    out["power"] = max(power - beta, 0.0)
+    out["detects"] = _finite_or_none(detects)
+    return out
