@@ -23,6 +23,10 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m b
 * ``profile`` (:mod:`bench.profile`): does speculation pay, for any backend claiming ``decoder`` (``--backend``):
   paired interleaved AR vs speculative timing with bootstrap intervals, the cost model fitted and checked per k,
   reported phases, breakeven acceptance, a context sweep, memory, the verdict line; JSON, Markdown and plots (``--out``).
+* ``profile-engine`` (:mod:`bench.profile_engine`): the same question for an engine driven through its public API
+  (``--engine vllm``: :mod:`conformance.engines.vllm_profile`, run under ``.venv-vllm`` when vLLM is not importable
+  here): paired interleaved wall time per request and tokens/s with and without its speculation, bootstrap
+  intervals, acceptance from its counters, the verdict line; JSON and Markdown (``--out``).
 
 Adding a subcommand: a module with ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
 returning one dict per table row, its column list and (optionally) a ``summarise_X(args, rows) ->
@@ -41,14 +45,14 @@ import sys
 import time
 from typing import Sequence
 
-from . import batch, checks, decoder, profile, tree_decoder, tree_verifier, verifier
+from . import batch, checks, decoder, profile, profile_engine, tree_decoder, tree_verifier, verifier
 from .kit import Subcommand, environment, format_table, jsonable, load_average
 
 SUBCOMMANDS: dict[str, Subcommand] = {
     s.name: s
     for s in (
         verifier.SUBCOMMAND, checks.SUBCOMMAND, decoder.SUBCOMMAND, tree_verifier.SUBCOMMAND, tree_decoder.SUBCOMMAND, batch.SUBCOMMAND,
-        profile.SUBCOMMAND,
+        profile.SUBCOMMAND, profile_engine.SUBCOMMAND,
     )
 }
 

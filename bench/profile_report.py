@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Callable
 
 from .kit import Column, format_table, jsonable
 
@@ -133,9 +134,10 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
     return out
 
 
-def text_report(report: dict) -> str:
+def text_report(report: dict, *, sections_of: Callable[[dict], list] = sections) -> str:
+    """The report as plain text; ``sections_of`` lays out another report kind (e.g. :mod:`bench.profile_engine`)."""
     parts = []
-    for heading, lines, table in sections(report):
+    for heading, lines, table in sections_of(report):
         parts.append(f"== {heading}")
         parts.extend(lines)
         if table:
@@ -144,9 +146,9 @@ def text_report(report: dict) -> str:
     return "\n".join(parts).rstrip()
 
 
-def markdown_report(report: dict, images: dict[str, str] | None = None) -> str:
+def markdown_report(report: dict, images: dict[str, str] | None = None, *, sections_of: Callable[[dict], list] = sections) -> str:
     parts = [f"# Speedup profile: {report['title']}", ""]
-    for heading, lines, table in sections(report):
+    for heading, lines, table in sections_of(report):
         parts.append(f"## {heading}")
         parts.append("")
         parts.extend(f"`{line}`" if heading == "Verdict" else f"- {line}" for line in lines)
@@ -158,7 +160,8 @@ def markdown_report(report: dict, images: dict[str, str] | None = None) -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def write_report(report: dict, out_dir: str | Path, *, stem: str = "profile", plots: bool = True) -> dict[str, str]:
+def write_report(report: dict, out_dir: str | Path, *, stem: str = "profile", plots: bool = True,
+                 sections_of: Callable[[dict], list] = sections) -> dict[str, str]:
     """``{stem}.json``, ``{stem}.md`` and (unless ``plots`` is False) the plots in ``out_dir``; their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -168,7 +171,7 @@ def write_report(report: dict, out_dir: str | Path, *, stem: str = "profile", pl
 
         files.update(write_plots(report, out, stem))
     md = out / f"{stem}.md"
-    md.write_text(markdown_report(report, files))
+    md.write_text(markdown_report(report, files, sections_of=sections_of))
     js = out / f"{stem}.json"
     files.update(markdown=str(md), json=str(js))
     js.write_text(json.dumps(jsonable({**report, "files": files}), indent=2))

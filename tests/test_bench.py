@@ -155,7 +155,8 @@ def test_python_dash_m_bench_runs_the_command_line():
 
 def test_every_subcommand_has_its_own_parser_and_json_option():
     parser = cli.build_parser()
-    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder", "tree-verifier", "tree-decoder", "batch", "profile"}
+    assert set(cli.SUBCOMMANDS) == {"verifier", "checks", "decoder", "tree-verifier", "tree-decoder", "batch", "profile",
+                                   "profile-engine"}
     for name in cli.SUBCOMMANDS:
         args = parser.parse_args([name, "--json", "x.json"])
         assert args.command == name and args.json == "x.json"
