@@ -24,7 +24,7 @@ Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m b
   paired interleaved AR vs speculative timing with bootstrap intervals, the cost model fitted and checked per k,
   reported phases, breakeven acceptance, a context sweep, memory, the verdict line; JSON, Markdown and plots (``--out``).
 * ``profile-engine`` (:mod:`bench.profile_engine`): the same question for an engine driven through its public API
-  (``--engine vllm``: :mod:`conformance.engines.vllm_profile`, run under ``.venv-vllm`` when vLLM is not importable
+  (``--engine vllm``: :mod:`bench.vllm_profile`, run under ``.venv-vllm`` when vLLM is not importable
   here): paired interleaved wall time per request and tokens/s with and without its speculation, bootstrap
   intervals, acceptance from its counters, the verdict line; JSON and Markdown (``--out``).
 

