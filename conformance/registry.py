@@ -274,6 +274,7 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
         if interim.status in ("failed", "error"):  # conclusive at any sample size: stop here
             ctx.results, ctx.findings = look.results, look.findings
             interim.interim_statistics, interim.statistics = interim.statistics, []
+            interim.look = "interim"
             interim.message = (
                 f"rejected at the interim look ({fraction:g} of the sample, alpha x {INTERIM_ALPHA_SCALE:g}; the full "
                 f"sample was not drawn):\n{interim.message}"
@@ -281,13 +282,13 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
             return interim
         early = get_profile(ctx.profile).early_pass_fraction
         scale = 1.0
-        if early > 0 and case.id not in _NEVER_EARLY:
+        if early > 0 and (id(backend), case.id) not in _NEVER_EARLY:
             probe_ctx = replace(ctx, look_fraction=early)
             probe = _look(case, backend, probe_ctx, timeout, 1.0)
-            decision, why = (early_pass(probe.statistics, scale=reserve_scale() / early) if probe.status == "passed"
-                             else ("continue", probe.status))
-            if decision == "ineligible":  # its tests have no futility bound: never probe this case again
-                _NEVER_EARLY.add(case.id)
+            decision, _ = (early_pass(probe.statistics, scale=reserve_scale() / early) if probe.status == "passed"
+                           else ("continue", probe.status))
+            if decision == "ineligible":  # its tests have no futility bound: never probe this case on this backend again
+                _NEVER_EARLY[(id(backend), case.id)] = backend  # kept alive, so its id is not reused
             elif decision == "pass":
                 return _passed_early(probe, probe_ctx, ctx, interim, early)
             else:
@@ -308,9 +309,10 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     return _look(case, backend, ctx, timeout, 1.0)
 
 
-#: Cases whose tests have no futility bound (a measurement, one possible cell): run_case does not probe them again in
-#: this process. Keyed by case, so that whether a case is probed never depends on which cases a worker ran before.
-_NEVER_EARLY: set[str] = set()
+#: ``(id(backend), case id)`` of the cases whose tests have no futility bound on that backend (a measurement, one
+#: possible cell): run_case does not probe them again. It only saves time: such a case runs its full look at scale 1
+#: whether probed or not, so a result never depends on which cases or backends a worker ran before.
+_NEVER_EARLY: dict[tuple[int, str], object] = {}
 
 
 def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext, interim: CheckRecord,
@@ -329,7 +331,7 @@ def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext
     else:
         probe.look = "early_pass"
         probe.message = (f"passed at the early-pass look ({fraction:g} of the sample): every statistic is below the "
-                         f"bound a law at the stated TV exceeds with probability >= {1 - EARLY_PASS_BETA:g}")
+                         f"bound a deviation at the stated alternative exceeds with probability >= {1 - EARLY_PASS_BETA:g}")
     probe.interim_statistics = interim.statistics
     probe.seconds += interim.seconds
     ctx.results, ctx.findings = probe_ctx.results, probe_ctx.findings
