@@ -334,8 +334,8 @@ def statistics_line(cert: dict[str, Any]) -> str:
     interim = cert.get("interim_tests") or 0
     looks = f" (plus {interim} interim looks at 1/100 of that alpha)" if interim else ""
     early = cert.get("early_passes") or 0
-    passed_early = (f"; {early} checks passed at their early-pass look (half the sample, below the bound a law at "
-                    f"the stated TV exceeds with probability >= {1 - EARLY_PASS_BETA:g}; the stated power is net of that)"
+    passed_early = (f"; {early} checks passed at their early-pass look (half the sample, below the bound a deviation at "
+                    f"the stated alternative exceeds with probability >= {1 - EARLY_PASS_BETA:g}; the stated power is net of that)"
                     if early else "")
     return (
         f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}{looks}: family-wise "
