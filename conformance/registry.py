@@ -282,18 +282,17 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
             return interim
         early = get_profile(ctx.profile).early_pass_fraction
         scale = 1.0
-        claimed = getattr(backend, "capabilities", None)
-        never_key = (case.id, getattr(claimed, "scheme", None), getattr(claimed, "tree_scheme", None), ctx.profile, ctx.device)
-        if early > 0 and never_key not in _NEVER_EARLY:
+        if early > 0:
             probe_ctx = replace(ctx, look_fraction=early)
             probe = _look(case, backend, probe_ctx, timeout, 1.0)
             decision, _ = (early_pass(probe.statistics, scale=reserve_scale() / early) if probe.status == "passed"
                            else ("continue", probe.status))
-            if decision == "ineligible":  # its tests have no futility bound: never probe this case under this scheme again
-                _NEVER_EARLY.add(never_key)
-            elif decision == "pass":
+            # "ineligible": a test without a futility bound (a TV measurement, one possible cell), so the full look runs
+            # at scale 1. Not remembered: whether a backend's records have bounds can depend on the backend, and a
+            # result must never depend on which cases or backends a worker ran before.
+            if decision == "pass":
                 return _passed_early(probe, probe_ctx, ctx, interim, early)
-            else:
+            if decision == "continue":
                 scale = reserve_scale()  # the final look makes up for the power the probe spent
             interim.seconds += probe.seconds
         final_ctx = replace(ctx, look_fraction=scale) if scale != 1.0 else ctx
@@ -309,13 +308,6 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
         final.seconds += interim.seconds
         return final
     return _look(case, backend, ctx, timeout, 1.0)
-
-
-#: ``(case id, declared schemes, profile, device)`` of the cases whose tests have no futility bound (a TV measurement of
-#: a lossy scheme, a single possible cell: both fixed by the case, the declared scheme's law and the sample size, not by
-#: what a backend does): run_case does not probe them again. It only saves time: such a case runs its full look at
-#: scale 1 whether probed or not, so a result never depends on which cases or backends a worker ran before.
-_NEVER_EARLY: set[tuple] = set()
 
 
 def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext, interim: CheckRecord,

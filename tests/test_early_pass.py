@@ -10,7 +10,6 @@ import math
 import numpy as np
 import pytest
 
-from conformance import registry
 from conformance.registry import Check, CheckCase, CheckContext, run_case
 from properties.early_pass import EARLY_PASS_BETA, reserve_scale
 from properties.stats import TARGET_POWER, assert_total, goodness_of_fit, samples_for_power
@@ -74,9 +73,7 @@ def test_a_check_with_a_test_without_futility_bound_always_runs_in_full(backend)
     record = _run(check, "synthetic_with_one_cell", backend)
     assert record.status == "passed" and record.look == "full"
     assert record.statistics[0]["n"] == N  # the plain full look: no probe spent power, nothing sized up
-    claimed = backend.capabilities
-    assert ("synthetic_with_one_cell", claimed.scheme, claimed.tree_scheme, "ci", "cpu") in registry._NEVER_EARLY
-    again = _run(check, "synthetic_with_one_cell", backend)  # not probed again: the same full look, the same result
+    again = _run(check, "synthetic_with_one_cell", backend)  # the same full look, the same result, whatever ran before
     assert again.statistics == record.statistics and again.look == "full"
 
 
