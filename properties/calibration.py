@@ -150,7 +150,7 @@ def early_pass_table(n: int, fraction: float, *, tvs=(0.0, 0.001, 0.003, 0.01), 
     0: the exact law): the share passed at the probe, the detection rate of the whole procedure, and the power it
     states against the suite's TV (the full look's, net of the power the probe spends; None below that TV, where
     the futility bound promises nothing)."""
-    from .early_pass import EARLY_PASS_BETA, early_pass, reserve_scale
+    from .early_pass import early_pass, reserve_scale, spend_early_pass_power
     from .stats import TV
 
     sc = STAT_SCENARIOS[scenario]
@@ -164,7 +164,6 @@ def early_pass_table(n: int, fraction: float, *, tvs=(0.0, 0.001, 0.003, 0.01), 
         law = worst_direction(p, tv) if tv > 0 else p
         stated_tv = TV  # the check's stated alternative decides the futility bound, whatever the law
         early = detected = 0
-        stated = None
         for _ in range(repeats):
             probe = rng.multinomial(n_probe, law)
             fit = goodness_of_fit(probe, p, what="first token", labels=labels, tv=stated_tv)
@@ -173,11 +172,8 @@ def early_pass_table(n: int, fraction: float, *, tvs=(0.0, 0.001, 0.003, 0.01), 
                 continue
             full = goodness_of_fit(probe + rng.multinomial(n_full - n_probe, law), p, what="first token", labels=labels, tv=stated_tv)
             detected += not full.passed
-            stated = full.power - EARLY_PASS_BETA
-        if stated is None:
-            stated = goodness_of_fit(rng.multinomial(n_full, p), p, what="first token", labels=labels, tv=stated_tv).power - EARLY_PASS_BETA
-        if tv < stated_tv:
-            stated = None
+        # what a record states: the full look's power (pooling at its N, not the sample) net of the probe's beta
+        stated = spend_early_pass_power(fit.as_record(), fit, n_full)["power"] if tv >= stated_tv else None
         rows.append({"tv": tv, "n_probe": n_probe, "n_full": n_full, "repeats": repeats, "passed_early": early / repeats,
                      "detection_rate": detected / repeats, "stated_power": stated})
     return rows

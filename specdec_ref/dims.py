@@ -26,7 +26,7 @@ def model_dims(model: nn.Module) -> dict[str, int]:
     config = model.config
     # The instance dict read past the config class's own ``__getattribute__`` (transformers' is slow), so a memo hit
     # costs a dict lookup per field.
-    raw = _instance_dict(config)
+    raw = instance_dict(config)
     plain = raw is not None and not getattr(type(config), "sub_configs", None)
     if plain:
         stamp = (id(config),) + tuple(raw.get(name) for name in _DIM_FIELDS)
@@ -39,7 +39,8 @@ def model_dims(model: nn.Module) -> dict[str, int]:
     return dict(dims)
 
 
-def _instance_dict(config) -> dict | None:
+def instance_dict(config) -> dict | None:
+    """``config.__dict__`` read past the class's own ``__getattribute__`` (None without one)."""
     try:
         return object.__getattribute__(config, "__dict__")
     except AttributeError:

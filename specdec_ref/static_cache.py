@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specdec_ref.cache import ATOL, RTOL, ModelCache
+from specdec_ref.dims import instance_dict
 from specdec_ref.forward import WeightsWatch
 
 __all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
@@ -84,15 +85,18 @@ def _unsupported_reason(model) -> str | None:
     return None
 
 
-#: ``model -> (stamp, reason)``: the support verdict per model, re-decided when its config object, its inner model or
-#: its rotary module is replaced (each cache a decode opens asks; transformers' config lookups are slow).
+#: ``model -> (stamp, reason)``: the support verdict per model, re-decided when its config object or the config fields
+#: it reads change, or its inner model, rotary module or lm_head is replaced (each cache a decode opens asks;
+#: transformers' config lookups are slow).
 _SUPPORT: "weakref.WeakKeyDictionary[nn.Module, tuple]" = weakref.WeakKeyDictionary()
 
 
 def _support_stamp(model) -> tuple:
     inner = getattr(model, "model", None)
     cfg = getattr(model, "config", None)
-    return (id(cfg), id(inner), id(getattr(inner, "rotary_emb", None)), id(getattr(model, "lm_head", None)))
+    raw = instance_dict(cfg) or {}  # the config fields the verdict reads, past transformers' slow attribute lookup
+    fields = tuple(repr(raw.get(name)) for name in ("model_type", "layer_types", "hidden_act", "text_config"))
+    return (id(cfg), type(cfg), fields, id(inner), id(getattr(inner, "rotary_emb", None)), id(getattr(model, "lm_head", None)))
 
 
 def _support_reason(model) -> str | None:

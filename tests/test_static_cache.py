@@ -290,3 +290,19 @@ def test_rope_tables_are_shared_per_length_and_rebuilt_when_inv_freq_changes():
     third = StaticModelCache(model, max_length=12)
     assert third._cos is not first._cos
     torch.testing.assert_close(third.feed(ids), next_token_logits(model, ids), atol=1e-5, rtol=1e-4)
+
+
+def test_support_verdict_follows_a_config_change_after_a_cache_was_opened():
+    """The memoised support verdict is re-decided when a field it reads changes: a config that stops being supported
+    gets the named error, never a lean forward of the wrong architecture."""
+    from specdec_ref.models import tiny_lm
+    from specdec_ref.static_cache import StaticModelCache, supports
+
+    m = tiny_lm("llama", seed=9)
+    StaticModelCache(m)
+    m.config.hidden_act = "gelu"
+    assert not supports(m)
+    with pytest.raises(ValueError, match="SiLU MLP only"):
+        StaticModelCache(m)
+    m.config.hidden_act = "silu"
+    assert supports(m)
