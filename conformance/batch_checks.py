@@ -35,6 +35,7 @@ from .check_helpers import (
     model_pair,
     sequence_models,
 )
+from . import streams
 from .registry import CheckContext, NotApplicable, check
 
 #: Settings of the deterministic checks: plain sampling, with filters, and with every history-dependent setting.
@@ -176,6 +177,29 @@ SEQUENCE_BATCH = 1024
 UNSEEDED_EVERY = 4
 
 
+def batched_rows(ctx: CheckContext, key: str, n: int, seed: int, requests_for, decode) -> list[tuple]:
+    """``(row, request, result)`` of the first ``n`` rows of a stream of ``SEQUENCE_BATCH``-row batches:
+    ``requests_for(rows)`` builds a batch's requests, ``decode(rows, requests)`` decodes it. Unseeded rows draw from
+    the global torch stream, seeded with ``seed`` before the first batch and carried from batch to batch (and restored
+    around each call); every batch is drawn whole, so every look of a case takes a prefix of the same rows
+    (``conformance.streams``)."""
+    def start():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return {"rng": torch.get_rng_state()}
+
+    def draw(state, index, size):
+        rows = range(index * size, (index + 1) * size)
+        requests = requests_for(rows)
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state["rng"])
+            results = decode(rows, requests)
+            state["rng"] = torch.get_rng_state()
+        return list(zip(rows, requests, results))
+
+    return streams.draws(ctx.streams, (key, seed), n, start=start, draw=draw, chunk=SEQUENCE_BATCH)
+
+
 @dataclass(frozen=True)
 class HistoryCase:
     """One case of ``batch_sequence_law``: an exact pair, a prompt, history-dependent settings, and what they expose."""
@@ -294,17 +318,13 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     cells = law_to_cells(history_law(case))
     n = math.ceil(history_samples(case) * ctx.sample_scale)
     seed = ctx.seed_for("batch-sequence", case)
-    outputs = []
-    with torch.random.fork_rng(devices=[]):  # the unseeded rows draw from the global stream: seed it, restore it
-        torch.manual_seed(seed)
-        for first in range(0, n, SEQUENCE_BATCH):
-            requests = [
-                Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
-                        eos_ids=eos, seed=None if i % UNSEEDED_EVERY == 0 else seed + i)
-                for i in range(first, min(n, first + SEQUENCE_BATCH))
-            ]
-            results = decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, rows {first}..")
-            outputs += [tuple(r.tokens) for r in results]
+    rows = batched_rows(
+        ctx, f"batch-sequence-{case}", n, seed,
+        lambda rows: [Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
+                              eos_ids=eos, seed=None if i % UNSEEDED_EVERY == 0 else seed + i) for i in rows],
+        lambda rows, requests: decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, rows {rows[0]}.."),
+    )
+    outputs = [tuple(r.tokens) for _, _, r in rows]
     assert_continuations_follow(
         cells, outputs, ctx, what=f"batched rows: continuations of length {spec.length} of {list(spec.prompt)} on "
         f"{spec.pair} ({spec.sampling.label()}, eos_ids={list(eos)}, k={spec.k})",
@@ -358,18 +378,15 @@ def check_batch_mixed_settings_law(backend, ctx: CheckContext):
                       for g in range(len(MIXED_GROUPS))) * ctx.sample_scale) * len(MIXED_GROUPS)
     seed = ctx.seed_for("batch-mixed-settings")
     outputs: list[list[tuple]] = [[] for _ in MIXED_GROUPS]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for first in range(0, n, SEQUENCE_BATCH):
-            rows = range(first, min(n, first + SEQUENCE_BATCH))
-            requests = [
-                Request(prompt=list(MIXED_PROMPT), max_new_tokens=MIXED_LENGTH, sampling=MIXED_GROUPS[i % len(MIXED_GROUPS)],
-                        eos_ids=table.eos_id, seed=None if (i // len(MIXED_GROUPS)) % UNSEEDED_EVERY == 0 else seed + i)
-                for i in rows
-            ]
-            results = decode_batch(backend, target, draft, requests, k=2, where=f"mixed settings, rows {first}..")
-            for i, r in zip(rows, results):
-                outputs[i % len(MIXED_GROUPS)].append(tuple(r.tokens))
+    rows = batched_rows(
+        ctx, "batch-mixed-settings", n, seed,
+        lambda rows: [Request(prompt=list(MIXED_PROMPT), max_new_tokens=MIXED_LENGTH, sampling=MIXED_GROUPS[i % len(MIXED_GROUPS)],
+                              eos_ids=table.eos_id, seed=None if (i // len(MIXED_GROUPS)) % UNSEEDED_EVERY == 0 else seed + i)
+                      for i in rows],
+        lambda rows, requests: decode_batch(backend, target, draft, requests, k=2, where=f"mixed settings, rows {rows[0]}.."),
+    )
+    for i, _, r in rows:
+        outputs[i % len(MIXED_GROUPS)].append(tuple(r.tokens))
     for g, config in enumerate(MIXED_GROUPS):
         assert_continuations_follow(
             cells[g], outputs[g], ctx, what=f"batched rows of settings group {g} ({config.label()}) interleaved with the "
@@ -452,27 +469,24 @@ def check_batch_position_limit_law(backend, ctx: CheckContext):
     n = math.ceil(scaled * len(LIMIT_DISTANCES) * LIMIT_GREEDY_EVERY / (LIMIT_GREEDY_EVERY - 1)) + 8
     seed = ctx.seed_for("batch-position-limit")
     outputs: dict[int, list[tuple]] = {j: [] for j in LIMIT_DISTANCES}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for first in range(0, n, SEQUENCE_BATCH):
-            rows = range(first, min(n, first + SEQUENCE_BATCH))
-            requests = [
-                Request(prompt=limit_prompt(LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]), max_new_tokens=LIMIT_LENGTH,
-                        sampling=GREEDY if i % LIMIT_GREEDY_EVERY == LIMIT_GREEDY_EVERY - 1 else LIMIT_SAMPLING,
-                        eos_ids=eos, seed=None if (i // LIMIT_GREEDY_EVERY) % UNSEEDED_EVERY == 0 else seed + i)
-                for i in rows
-            ]
-            results = decode_batch(backend, target, draft, requests, k=LIMIT_K, where=f"position limit, rows {first}..")
-            for i, req, r in zip(rows, requests, results):
-                j = LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]
-                if req.sampling.greedy:
-                    assert r.tokens == greedy_ar[j], (
-                        f"greedy row {i} (prompt of {len(req.prompt)} tokens, {j} below the models' maximum positions, "
-                        f"in a batch with sampling rows at other distances): {r.tokens}, AR greedy decoding alone gives "
-                        f"{greedy_ar[j]}\n  replay: {ctx.replay}"
-                    )
-                else:
-                    outputs[j].append(tuple(r.tokens))
+    rows = batched_rows(
+        ctx, "batch-position-limit", n, seed,
+        lambda rows: [Request(prompt=limit_prompt(LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]), max_new_tokens=LIMIT_LENGTH,
+                              sampling=GREEDY if i % LIMIT_GREEDY_EVERY == LIMIT_GREEDY_EVERY - 1 else LIMIT_SAMPLING,
+                              eos_ids=eos, seed=None if (i // LIMIT_GREEDY_EVERY) % UNSEEDED_EVERY == 0 else seed + i)
+                      for i in rows],
+        lambda rows, requests: decode_batch(backend, target, draft, requests, k=LIMIT_K, where=f"position limit, rows {rows[0]}.."),
+    )
+    for i, req, r in rows:
+        j = LIMIT_DISTANCES[i % len(LIMIT_DISTANCES)]
+        if req.sampling.greedy:
+            assert r.tokens == greedy_ar[j], (
+                f"greedy row {i} (prompt of {len(req.prompt)} tokens, {j} below the models' maximum positions, "
+                f"in a batch with sampling rows at other distances): {r.tokens}, AR greedy decoding alone gives "
+                f"{greedy_ar[j]}\n  replay: {ctx.replay}"
+            )
+        else:
+            outputs[j].append(tuple(r.tokens))
     for j in LIMIT_DISTANCES:
         assert_continuations_follow(
             law_to_cells(limit_law(j)), outputs[j], ctx,

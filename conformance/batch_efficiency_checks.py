@@ -169,7 +169,8 @@ def check_batch_acceptance_under_filters(backend, ctx: CheckContext, case: str):
     scheme = efficiency_scheme(backend)
     target, draft = sequence_models(EFFICIENCY_PAIR)
     seed = ctx.seed_for(f"batch-efficiency-{case}")
-    prompts = efficiency_prompts(ctx, f"batch-efficiency-{case}").tolist()
+    prompts, rows = efficiency_prompts(ctx, f"batch-efficiency-{case}")
+    prompts = prompts[:rows].tolist()
     requests = [Request(prompt=p, max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, seed=seed + i) for i, p in enumerate(prompts)]
     results = decode_batch(backend, target, draft, requests, k=EFFICIENCY_K, where=f"case {case}")
     assert_rounds_accept_ideally(ctx, scheme, sampling, prompts, results, where="batched rows: ")

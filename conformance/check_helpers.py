@@ -230,14 +230,28 @@ def efficiency_scheme(backend):
     return exact_scheme(backend, "a lossy scheme declares no exact acceptance law; its tokens per call are measured instead")
 
 
-def efficiency_prompts(ctx: CheckContext, seed_key: str) -> torch.Tensor:
-    """The efficiency checks' prompts ``[decodes, 3]``: a fixed count under every profile (``EFFICIENCY_DECODES``); an
-    interim look (``run_case``) decodes its share of it."""
+def efficiency_prompts(ctx: CheckContext, seed_key: str) -> tuple[torch.Tensor, int]:
+    """The efficiency checks' prompts: ``(prompts, rows)``, :func:`look_prompts` of a fixed count under every profile
+    (``EFFICIENCY_DECODES``); a look decodes its share of it, the first ``rows``."""
     from specdec_ref.exact_models import exact_pair
 
-    decodes = max(1, math.ceil(EFFICIENCY_DECODES * ctx.look_fraction))
-    generator = torch.Generator().manual_seed(ctx.seed_for(f"{seed_key}-prompts"))
-    return torch.randint(0, exact_pair(EFFICIENCY_PAIR).target.vocab, (decodes, 3), generator=generator)
+    return look_prompts(ctx, f"{seed_key}-prompts", EFFICIENCY_DECODES, exact_pair(EFFICIENCY_PAIR).target.vocab)
+
+
+#: The largest share of its sample any look of a case draws (``run_case``'s full look after an early-pass look
+#: draws ``reserve_scale()`` = 1.07); the rows of :func:`look_prompts` are drawn for this share once.
+MAX_LOOK_FRACTION = 2
+
+
+def look_prompts(ctx: CheckContext, seed_key: str, decodes: int, vocab: int, length: int = 3) -> tuple[torch.Tensor, int]:
+    """``(prompts, rows)``: one fixed draw of ``[MAX_LOOK_FRACTION x decodes, length]`` prompts, the same at every look
+    of a case (what a stream's draw function may read, ``conformance.streams``), and the ``ceil(decodes x look share)``
+    of them this look decodes."""
+    rows = max(1, math.ceil(decodes * ctx.look_fraction))
+    if rows > MAX_LOOK_FRACTION * decodes:
+        raise ValueError(f"a look of {ctx.look_fraction:g} of the sample exceeds the prompts drawn ({MAX_LOOK_FRACTION}x)")
+    generator = torch.Generator().manual_seed(ctx.seed_for(seed_key))
+    return torch.randint(0, vocab, (MAX_LOOK_FRACTION * decodes, length), generator=generator), rows
 
 
 def round_totals(prompts, results, moments_of) -> tuple[int, list[float], list[float]]:

@@ -50,6 +50,7 @@ from .check_helpers import (  # noqa: F401  (shared with the other check modules
     prompts,
     sequence_models,
 )
+from . import streams
 from .registry import CheckContext, check
 
 
@@ -378,10 +379,13 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str):
     cells = law_to_cells(sequence_law(case))
     n = math.ceil(sequence_samples(case) * ctx.sample_scale)
     seed = ctx.seed_for("sequence", case)
-    gen = torch.Generator().manual_seed(seed)
     prompt = torch.tensor([list(spec.prompt)])
     run = dict(k=spec.k, max_new_tokens=spec.length, sampling=spec.sampling, eos_id=eos)
-    outputs = [tuple(_decode(backend, target, draft, prompt, generator=gen, **run).tokens) for _ in range(n)]
+    outputs = streams.draws(  # one generator for every decode, in order: a later look continues the earlier one's
+        ctx.streams, ("sequence", case, seed), n, start=lambda: torch.Generator().manual_seed(seed),
+        draw=lambda gen, i, size: [tuple(_decode(backend, target, draft, prompt, generator=gen, **run).tokens)
+                                   for _ in range(size)],
+    )
     settings = {key: v for key, v in spec.sampling.as_dict().items() if v not in (None, False)}
     label = ", ".join(f"{key}={v}" for key, v in settings.items()) + (f", eos_id={eos}" if eos is not None else "")
     assert_continuations_follow(
@@ -436,14 +440,14 @@ def _assert_acceptance_is_ideal(backend, ctx: CheckContext, sampling: SamplingCo
     drafted round against the declared scheme's exact expectation given its start (recorded on ``ctx``)."""
     scheme = efficiency_scheme(backend)
     target, draft = sequence_models(EFFICIENCY_PAIR)
-    gen = torch.Generator().manual_seed(ctx.seed_for(seed_key))
-    prompts = efficiency_prompts(ctx, seed_key)
-    results = [
-        _decode(backend, target, draft, prompt[None, :], k=EFFICIENCY_K, max_new_tokens=EFFICIENCY_NEW_TOKENS,
-                sampling=sampling, generator=gen)
-        for prompt in prompts
-    ]
-    assert_rounds_accept_ideally(ctx, scheme, sampling, prompts.tolist(), results, where="")
+    seed = ctx.seed_for(seed_key)
+    prompts, rows = efficiency_prompts(ctx, seed_key)
+    results = streams.draws(  # decode i uses prompt i; a later look continues the earlier one's generator
+        ctx.streams, ("efficiency", seed_key, seed), rows, start=lambda: torch.Generator().manual_seed(seed),
+        draw=lambda gen, i, size: [_decode(backend, target, draft, prompts[i][None, :], k=EFFICIENCY_K,
+                                           max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, generator=gen)],
+    )
+    assert_rounds_accept_ideally(ctx, scheme, sampling, prompts[:rows].tolist(), results, where="")
 
 
 #: ``decoder_reports_phase_timings``: decodes on an exactly-known pair, and the slack allowed between the sum of a

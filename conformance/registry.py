@@ -72,6 +72,7 @@ class CheckContext:
     timeout: float | None = DEFAULT_TIMEOUT  # per-check limit in seconds (conformance.watchdog); 0 or None: none
     device: str = "cpu"  # where the verifier and tree checks put verify()/verify_tree() inputs and generators (--specdec-device)
     look_fraction: float = 1.0  # the share of the sample this look draws (run_case's interim look sets it)
+    streams: dict = field(default_factory=dict, repr=False)  # the case's samples, grown across its looks (conformance.streams)
 
     @property
     def sample_scale(self) -> float:
@@ -267,6 +268,14 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     if missing:
         record.status, record.message, record.missing_capabilities = "skipped", skip_reason(missing, backend), missing
         return record
+    ctx.streams = {}  # every look of this case takes a prefix of the same samples; no other case sees them
+    try:
+        return _run_looks(case, backend, ctx, timeout)
+    finally:
+        ctx.streams = {}
+
+
+def _run_looks(case: CheckCase, backend, ctx: CheckContext, timeout: float | None) -> CheckRecord:
     fraction = get_profile(ctx.profile).interim_fraction
     if case.check.statistical and fraction > 0 and ctx.look_fraction == 1.0:
         look = replace(ctx, look_fraction=fraction)
@@ -280,21 +289,28 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
                 f"sample was not drawn):\n{interim.message}"
             )
             return interim
-        early = get_profile(ctx.profile).early_pass_fraction
+        fractions = get_profile(ctx.profile).early_pass_fractions
         scale = 1.0
-        if early > 0:
+        for early in fractions:  # the early-pass looks, each on a longer prefix of the same sample (conformance.streams)
             probe_ctx = replace(ctx, look_fraction=early)
             probe = _look(case, backend, probe_ctx, timeout, 1.0)
-            decision, _ = (early_pass(probe.statistics, scale=reserve_scale() / early) if probe.status == "passed"
-                           else ("continue", probe.status))
+            interim.seconds += probe.seconds
+            if probe.status == "passed":
+                decision, _ = early_pass(probe.statistics, beta=EARLY_PASS_BETA / len(fractions), scale=reserve_scale() / early,
+                                         fits=probe_ctx.results)
+            else:  # too few samples at this look: the next one; failed or raised on part of the sample: the full look
+                decision = "continue" if probe.status == "inconclusive" else "stop"
             # "ineligible": a test without a futility bound (a TV measurement, one possible cell), so the full look runs
             # at scale 1. Not remembered: whether a backend's records have bounds can depend on the backend, and a
             # result must never depend on which cases or backends a worker ran before.
             if decision == "pass":
-                return _passed_early(probe, probe_ctx, ctx, interim, early)
-            if decision == "continue":
-                scale = reserve_scale()  # the final look makes up for the power the probe spent
-            interim.seconds += probe.seconds
+                probe.seconds = interim.seconds
+                return _passed_early(probe, probe_ctx, ctx, interim, early, EARLY_PASS_BETA / len(fractions))
+            if decision == "ineligible":
+                break
+            scale = reserve_scale()  # the final look makes up for the power the early-pass looks spent
+            if decision == "stop":  # above its critical value (or raised) on part of the sample: the full look decides
+                break
         final_ctx = replace(ctx, look_fraction=scale) if scale != 1.0 else ctx
         final = _look(case, backend, final_ctx, timeout, 1.0)
         if scale != 1.0:
@@ -311,13 +327,14 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
 
 
 def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext, interim: CheckRecord,
-                  fraction: float) -> CheckRecord:
+                  fraction: float, look_beta: float) -> CheckRecord:
     """The record of a case that passed at its early-pass look: its tests as drawn there, each stating the power of
     the whole procedure (the full look it would have run, sized up by ``reserve_scale``, net of the power spent)."""
     planned = reserve_scale() / fraction
     fits = list(probe_ctx.results)  # the tests' own objects, in the order of their records (the look passed)
     probe.statistics = [
-        spend_early_pass_power(r, fit, r["n"] * planned) | {"early_pass": {"look_n": r["n"], "fraction": fraction}}
+        spend_early_pass_power(r, fit, r["n"] * planned, look_n=r["n"], look_beta=look_beta)
+        | {"early_pass": {"look_n": r["n"], "fraction": fraction}}
         for r, fit in zip(probe.statistics, fits)
     ]
     probe.power, why = judge_power(probe.statistics)
@@ -328,7 +345,6 @@ def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext
         probe.message = (f"passed at the early-pass look ({fraction:g} of the sample): every statistic is below the "
                          f"bound a deviation at the stated alternative exceeds with probability >= {1 - EARLY_PASS_BETA:g}")
     probe.interim_statistics = interim.statistics
-    probe.seconds += interim.seconds
     ctx.results, ctx.findings = probe_ctx.results, probe_ctx.findings
     return probe
 

@@ -24,8 +24,6 @@ gpt2 ~6, ``cache_matches_prefill_every_round`` ~2 per case (6 cases), ``sequence
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from properties.sampling import call_backend
@@ -37,9 +35,11 @@ from .check_helpers import (
     _greedy_equality,
     _require_filters,
     efficiency_tables,
+    look_prompts,
     round_totals,
     sequence_models,
 )
+from . import streams
 from .decoder_checks import check_decoder_cache_matches_prefill_every_round, check_decoder_sequence_law
 from .registry import CheckContext, NotApplicable, check
 
@@ -184,17 +184,18 @@ def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case
         except ValueError as exc:
             raise NotApplicable(f"tree scheme {scheme} at {sampling.label()}: {exc}") from None
     target, draft = sequence_models(EFFICIENCY_PAIR)
-    gen = torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}"))
-    decodes = max(1, math.ceil(TREE_EFFICIENCY_DECODES * ctx.look_fraction))
-    starts = torch.randint(0, tables.vocab, (decodes, 3), generator=torch.Generator().manual_seed(ctx.seed_for(f"tree-efficiency-{case}-prompts")))
-    results = [
-        call_backend(
-            backend.decode_tree, target, draft, prompt[None, :], depth=TREE_EFFICIENCY_DEPTH, width=TREE_EFFICIENCY_WIDTH,
+    seed = ctx.seed_for(f"tree-efficiency-{case}")
+    starts, rows = look_prompts(ctx, f"tree-efficiency-{case}-prompts", TREE_EFFICIENCY_DECODES, tables.vocab)
+
+    def decode(gen, i, size):  # decode i uses prompt i; a later look continues the earlier one's generator
+        return [call_backend(
+            backend.decode_tree, target, draft, starts[i][None, :], depth=TREE_EFFICIENCY_DEPTH, width=TREE_EFFICIENCY_WIDTH,
             max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, generator=gen,
-            what=f"decode_tree() (prompt {prompt.tolist()}, {sampling.label()})",
-        )
-        for prompt in starts
-    ]
+            what=f"decode_tree() (prompt {starts[i].tolist()}, {sampling.label()})",
+        )]
+
+    results = streams.draws(ctx.streams, ("tree-efficiency", case, seed), rows,
+                            start=lambda: torch.Generator().manual_seed(seed), draw=decode)
 
     def moments_of(nodes: int):
         assert nodes in moments, (
@@ -203,7 +204,7 @@ def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case
         )
         return moments[nodes]
 
-    accepted, means, variances = round_totals(starts.tolist(), results, moments_of)
+    accepted, means, variances = round_totals(starts[:rows].tolist(), results, moments_of)
     ctx.record(assert_total(
         accepted, means, variances, unit="accepted nodes",
         what=f"accepted path length per tree round (width {TREE_EFFICIENCY_WIDTH}, depth {TREE_EFFICIENCY_DEPTH}) vs the "

@@ -39,17 +39,22 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import BlockCounts, count_blocks, emits_bonus, is_batched
+from properties.sampling import CHUNK, BlockCounts, BlockSampler, count_blocks, emits_bonus, is_batched, sum_counts
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario, for_scheme
 from properties.stats import ALPHA, assert_fits, estimate_tv
 from properties.strategies import distribution_pairs
 
+from . import streams
 from .registry import CheckContext, NotApplicable, check, exact_scheme
 
 BATCH_FILLER = balanced_scenario(seed=7)
 
 
-_SAMPLES: dict[tuple, tuple[object, BlockCounts]] = {}
+#: Each scenario's sample, per backend: a stream of chunks that grows with the looks of the cases sharing it
+#: (``conformance.streams``); every look takes whole chunks of :data:`properties.sampling.CHUNK` blocks, or of
+#: :data:`NON_BATCHED_CHUNK` for a backend called one block at a time.
+_SAMPLES: dict[tuple, tuple[object, dict]] = {}
+NON_BATCHED_CHUNK = 1024
 
 
 def declared_scheme(backend) -> exact.SchemeSpec:
@@ -73,13 +78,17 @@ def scenario_counts(
 ) -> BlockCounts:
     """The shared sample of scenario ``name`` for this backend (computed once per process)."""
     scenario, law = scheme_scenario(name, declared_scheme(backend))
-    n = scaled_blocks(blocks or required_blocks(scenario, law), batched=is_batched(backend), scale=ctx.sample_scale)
+    batched = is_batched(backend)
+    n = scaled_blocks(blocks or required_blocks(scenario, law), batched=batched, scale=ctx.sample_scale)
     seed = ctx.seed_for("scenario", name, batch_filler)
-    key = (id(backend), name, n, seed, batch_filler, ctx.device)
+    key = (id(backend), name, seed, batch_filler, ctx.device)
     if key not in _SAMPLES:
-        counts = count_blocks(backend, scenario, n, seed, filler=BATCH_FILLER if batch_filler else None, device=ctx.device)
-        _SAMPLES[key] = (backend, counts)  # keep the backend alive so its id is not reused
-    return _SAMPLES[key][1]
+        _SAMPLES[key] = (backend, {})  # keep the backend alive so its id is not reused
+    parts, _ = streams.chunks(
+        _SAMPLES[key][1], "blocks", n, chunk=CHUNK if batched else NON_BATCHED_CHUNK, draw=lambda sampler, i, size: sampler.draw(size),
+        start=lambda: BlockSampler(backend, scenario, seed, filler=BATCH_FILLER if batch_filler else None, device=ctx.device),
+    )
+    return sum_counts(parts)
 
 
 def _fit(ctx: CheckContext, counts: BlockCounts, observed, expected, what: str, labels=None, *, scenario: Scenario, scheme, **kw):

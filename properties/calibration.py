@@ -142,40 +142,54 @@ def power_table(n: int, *, tvs=(0.001, 0.003, 0.01), repeats: int = 200, seed: i
     return rows
 
 
-def early_pass_table(n: int, fraction: float, *, tvs=(0.0, 0.001, 0.003, 0.01), repeats: int = 200, seed: int = 1,
-                     scenario: str = "balanced") -> list[dict]:
-    """The suite's procedure with its early-pass look (``conformance.registry.run_case``) on the first-token test: a
-    probe on ``fraction`` of the sample that passes when the statistic is below its futility bound, else the full look
-    on ``reserve_scale()`` times ``n`` (the probe's draws plus fresh ones, as a seeded check redraws them). Per law (TV
-    0: the exact law): the share passed at the probe, the detection rate of the whole procedure, and the power it
-    states against the suite's TV (the full look's, net of the power the probe spends; None below that TV, where
-    the futility bound promises nothing)."""
-    from .early_pass import early_pass, reserve_scale, spend_early_pass_power
+def early_pass_table(n: int, fractions: tuple[float, ...], *, tvs=(0.0, 0.001, 0.003, 0.01), repeats: int = 200,
+                     seed: int = 1, scenario: str = "balanced") -> list[dict]:
+    """The suite's procedure with its early-pass looks (``conformance.registry.run_case``) on the first-token test:
+    looks at each of ``fractions`` of the sample in turn, each on a prefix of the same draws (``conformance.streams``),
+    passing at the first whose statistic is below its futility bound (``EARLY_PASS_BETA / len(fractions)`` each);
+    otherwise the full look on ``reserve_scale()`` times ``n``, the same draws and fresh ones after them. Per law (TV
+    0: the exact law): the share passed early, the mean share of ``n`` drawn, the detection rate of the whole
+    procedure, and the power it states against the suite's TV (the full look's, net of the power the looks spend;
+    None below that TV, where the futility bounds promise nothing)."""
+    from .early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
     from .stats import TV
 
     sc = STAT_SCENARIOS[scenario]
     p = exact.emitted_law(sc.target, 0)
     labels = _cell_labels(p)
     scale = reserve_scale()
-    n_probe, n_full = int(round(n * fraction)), int(round(n * scale))
+    sizes = [int(round(n * f)) for f in fractions]
+    n_full = int(round(n * scale))
+    beta = EARLY_PASS_BETA / len(fractions)
     rng = np.random.default_rng(seed)
     rows = []
     for tv in tvs:
         law = worst_direction(p, tv) if tv > 0 else p
         stated_tv = TV  # the check's stated alternative decides the futility bound, whatever the law
         early = detected = 0
+        drawn = 0.0
         for _ in range(repeats):
-            probe = rng.multinomial(n_probe, law)
-            fit = goodness_of_fit(probe, p, what="first token", labels=labels, tv=stated_tv)
-            if fit.passed and early_pass([fit.as_record()], scale=scale / fraction)[0] == "pass":
+            counts, have = np.zeros(len(p), dtype=np.int64), 0
+            passed = False
+            for size, fraction in zip(sizes, fractions):
+                counts, have = counts + rng.multinomial(size - have, law), size
+                fit = goodness_of_fit(counts, p, what="first token", labels=labels, tv=stated_tv)
+                if not fit.passed:
+                    break
+                if early_pass([fit.as_record()], beta=beta, scale=scale / fraction)[0] == "pass":
+                    passed = True
+                    break
+            if passed:
                 early += 1
+                drawn += have / n
                 continue
-            full = goodness_of_fit(probe + rng.multinomial(n_full - n_probe, law), p, what="first token", labels=labels, tv=stated_tv)
+            full = goodness_of_fit(counts + rng.multinomial(n_full - have, law), p, what="first token", labels=labels, tv=stated_tv)
+            drawn += n_full / n
             detected += not full.passed
-        # what a record states: the full look's power (pooling at its N, not the sample) net of the probe's beta
+        # what a record states: the full look's power (pooling at its N, not the sample) net of the looks' beta
         stated = spend_early_pass_power(fit.as_record(), fit, n_full)["power"] if tv >= stated_tv else None
-        rows.append({"tv": tv, "n_probe": n_probe, "n_full": n_full, "repeats": repeats, "passed_early": early / repeats,
-                     "detection_rate": detected / repeats, "stated_power": stated})
+        rows.append({"tv": tv, "n_looks": sizes, "n_full": n_full, "repeats": repeats, "passed_early": early / repeats,
+                     "mean_share_drawn": drawn / repeats, "detection_rate": detected / repeats, "stated_power": stated})
     return rows
 
 
@@ -216,16 +230,17 @@ def main(argv=None) -> None:
     print("|---|---|---|---|")
     for row in power_table(n, repeats=args.repeats):
         print(f"| {row['tv']:g} | {row['direction']} | {row['stated_power']:.4f} | {row['detection_rate']:.3f} |")
-    early = get_profile("ci").early_pass_fraction
-    if early:
-        rows = early_pass_table(n, early, repeats=args.repeats)
-        print(f"\nWith the early-pass look ({early:g} of the sample; otherwise the full look on {rows[0]['n_full']}), worst-case "
-              f"sampler, {args.repeats} repeats (TV 0: the exact law)")
-        print("| TV | passed early | stated power (lower bound) | detection rate |")
-        print("|---|---|---|---|")
+    looks = get_profile("ci").early_pass_fractions
+    if looks:
+        rows = early_pass_table(n, looks, repeats=args.repeats)
+        print(f"\nWith the early-pass looks (at {', '.join(f'{f:g}' for f in looks)} of the sample, each a prefix of the same "
+              f"draws; otherwise the full look on {rows[0]['n_full']}), worst-case sampler, {args.repeats} repeats (TV 0: the "
+              "exact law)")
+        print("| TV | passed early | mean share of N drawn | stated power (lower bound) | detection rate |")
+        print("|---|---|---|---|---|")
         for row in rows:
             stated = "none stated" if row["stated_power"] is None else f"{row['stated_power']:.4f}"
-            print(f"| {row['tv']:g} | {row['passed_early']:.3f} | {stated} | {row['detection_rate']:.3f} |")
+            print(f"| {row['tv']:g} | {row['passed_early']:.3f} | {row['mean_share_drawn']:.3f} | {stated} | {row['detection_rate']:.3f} |")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """The early-pass look: a statistical check may pass on part of its sample when the evidence already excludes
 every deviation it states power against (a group-sequential futility rule).
 
-``conformance.registry.run_case`` probes a case on ``early_pass_fraction`` of its sample (ci / thorough profiles).
-The case passes there when every test's statistic is at or below its :func:`futility_bound`: a deviation at the
-stated alternative exceeds that bound with probability >= ``1 - EARLY_PASS_BETA``. The probe never rejects, so it
-spends no alpha; it spends up to ``EARLY_PASS_BETA`` of power, which the full look (sized up by
-:func:`reserve_scale`) makes up: by the union bound the whole procedure keeps the stated power, and every record
-states that net power (:func:`spend_early_pass_power`).
+``conformance.registry.run_case`` probes a case on each of the profile's ``early_pass_fractions`` of its sample in
+turn (ci / thorough profiles: 0.25, 0.35, 0.5, 0.7, each a prefix of the same sample). The case passes at the first
+look where every test's statistic is at or below its :func:`futility_bound`: a deviation at the stated alternative
+exceeds that bound with probability >= ``1 - EARLY_PASS_BETA / looks``. The looks never reject, so they spend no
+alpha; together they spend up to ``EARLY_PASS_BETA`` of power (union bound over the looks), which the full look
+(sized up by :func:`reserve_scale`) makes up: by the union bound the whole procedure keeps the stated power, and
+every record states that net power (:func:`spend_early_pass_power`).
 """
 from __future__ import annotations
 
@@ -51,12 +52,15 @@ def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float
     that the full look of ``planned_n`` samples detects with :data:`TARGET_POWER` (an over-powered test keeps its
     power against the deviations its full look sees). Total (a normal z): the bound on ``|z|`` that a shift of
     :func:`planned_shift` per trial (the full look's alternative; ``planned_n`` needed) exceeds with probability >=
-    ``1 - beta`` at the record's N."""
+    ``1 - beta`` at the record's N. ``beta`` is one look's share of :data:`EARLY_PASS_BETA`."""
     if record.get("kind") == "total":
         if planned_n is None or not record.get("n") or not record.get("std"):
             return None
-        mean_z = planned_shift(record, planned_n, beta) * record["n"] / record["std"]
+        mean_z = planned_shift(record, planned_n) * record["n"] / record["std"]  # the procedure's alternative, whatever this look's beta
         return float(min(max(mean_z + stats.norm.ppf(beta), 0.0), stats.norm.isf(record["alpha"] / 2)))
+    if record.get("kind") == "chi_square" and record.get("df") == 0 and record.get("n") and _one_possible_cell(record):
+        # it rejects on any draw outside its one cell: a law putting >= tv there escapes n draws w.p. <= (1 - tv)^n
+        return 0.0 if (1.0 - record["tv"]) ** record["n"] <= beta else None
     if record.get("kind") != "chi_square" or not record.get("df") or record["df"] < 1 or not record.get("n"):
         return None
     pooled = record.get("pooled_mass", 0.0)
@@ -69,20 +73,44 @@ def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float
     return float(min(stats.ncx2.ppf(beta, record["df"], lam), stats.chi2.isf(record["alpha"], record["df"])))
 
 
-def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: float = 1.0) -> tuple[str, str]:
+def _one_possible_cell(record: dict) -> bool:
+    """A df-0 chi-square test with nothing pooled: the exact law has one possible cell, any other outcome rejects."""
+    return record.get("df") == 0 and not record.get("pooled_mass")
+
+
+def _may_bound_later(record: dict, planned_n: float, fit=None) -> bool:
+    """A chi-square test without a bound at this look that a larger look (up to ``planned_n``) would bound: its one
+    cell's escape probability falls below beta by then (df 0), or its pooled cells no longer carry the stated TV at
+    ``planned_n`` (df >= 1; needs the test's ``fit`` to recompute the pooling, else no)."""
+    if record.get("kind") != "chi_square" or not record.get("n"):
+        return False
+    if _one_possible_cell(record):
+        return (1.0 - record["tv"]) ** planned_n <= EARLY_PASS_BETA / 4
+    if (record.get("df") or 0) < 1 or fit is None or not hasattr(fit, "pooling_at"):
+        return False
+    return fit.pooling_at(planned_n)[1] < record["tv"]
+
+
+def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: float = 1.0,
+               fits: Sequence | None = None) -> tuple[str, str]:
     """``("pass" | "continue" | "ineligible", why)`` for the statistical records of an early-pass look that drew
     ``1 / scale`` of the full look's sample.
 
     *pass*: every record is at or below its :func:`futility_bound` (no impossible outcome), so a deviation at the
     stated alternative in any of them would have been seen with probability >= ``1 - beta``. *ineligible*: some
     record has no such bound (a measurement, one possible cell) or there is none: the case always runs in full.
-    *continue*: eligible, but some statistic is above its bound.
+    *continue*: eligible, but some statistic is above its bound, or a test has no bound at this look's N that a
+    larger look would have (:func:`_may_bound_later`; ``fits``: the tests' own objects, in the records' order).
     """
     if not records:
         return "ineligible", "no statistical test"
     worst = None
-    for r in records:
+    for i, r in enumerate(records):
         bound = futility_bound(r, beta, planned_n=r.get("n", 0) * scale)
+        fit = fits[i] if fits is not None and i < len(fits) else None
+        if bound is None and _may_bound_later(r, r.get("n", 0) * scale, fit):  # a larger look may have one
+            worst = worst or f"{r['what']}: no futility bound at N = {r['n']} (pooled cells carry the stated TV)"
+            continue
         if bound is None:
             return "ineligible", f"{r.get('what')}: no futility bound (a measurement, or one possible cell)"
         statistic = abs(r["statistic"]) if r.get("kind") == "total" else r["statistic"]
@@ -94,11 +122,12 @@ def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: fl
 
 
 def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n: float | None = None,
-                           beta: float = EARLY_PASS_BETA) -> dict:
+                           beta: float = EARLY_PASS_BETA, look_n: int | None = None, look_beta: float = EARLY_PASS_BETA) -> dict:
     """``record`` (of the test ``fit``) stating the power of the whole procedure: its full look's power net of the
     ``beta`` an early-pass look spent (union bound: a law at the stated TV escapes both with probability <= ``1 -
     P + beta``). ``planned_n``: the full look's N, for a case that passed early (its pooling recomputed at that N
-    from ``fit``); default the record's own N."""
+    from ``fit``); default the record's own N. ``look_n``, ``look_beta``: the early-pass look a df-0 test passed at
+    (its draws and its share of beta), which bound the TV the procedure detects from below."""
     if record.get("kind") == "total":
         n = record["n"] if planned_n is None else planned_n
         shift = planned_shift(record, n, beta)
@@ -121,4 +150,8 @@ def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n
     out = dict(record)
     out["power"] = max(power - beta, 0.0)
     out["detects"] = _finite_or_none(detects)
+    if look_n and _one_possible_cell(record) and out["detects"] is not None:
+        # passed early on look_n draws: a law escaping the one cell with mass t did so w.p. (1 - t)^look_n, which is
+        # below the look's beta only from t = -log(beta) / look_n on (the full look alone would detect less)
+        out["detects"] = max(out["detects"], -math.log(look_beta) / look_n)
     return out

@@ -244,54 +244,73 @@ def count_blocks(
 
     ``device``: where the backend's inputs and its generator live (drafts are always drawn on the CPU).
     """
-    batched = is_batched(backend)
-    if not batched:
-        if filler is not None:
-            raise ValueError("a batch filler needs a backend that claims `batched`")
-        if max_blocks is not None:
-            n = min(n, max_blocks)
-    k, vocab = scenario.k, scenario.vocab
-    target = torch.tensor(scenario.target, dtype=torch.float32)
-    draft = torch.tensor(scenario.draft, dtype=torch.float32)
-    if filler is not None:
-        if (filler.k, filler.vocab) != (k, vocab):
-            raise ValueError("filler scenario must have the same k and V")
-        f_target = torch.tensor(filler.target, dtype=torch.float32)
-        f_draft = torch.tensor(filler.draft, dtype=torch.float32)
-    draft_gen = torch.Generator().manual_seed(2 * seed)
-    verify_gen = device_generator(2 * seed + 1, device)
-    length = np.zeros(k + 1, dtype=np.int64)
-    steps = np.zeros(k * 2 * vocab, dtype=np.int64)
-    bonus = np.zeros(vocab, dtype=np.int64)
-    cell_base = (torch.arange(k) * 2 * vocab)[None, :]
-    done = 0
+    if not is_batched(backend) and max_blocks is not None:
+        n = min(n, max_blocks)
+    sampler = BlockSampler(backend, scenario, seed, filler=filler, device=device)
+    parts, done = [], 0
     while done < n:
-        b = min(chunk, n - done)
-        drafts = draw_drafts(draft, b, draft_gen)
+        parts.append(sampler.draw(min(chunk, n - done)))
+        done += parts[-1].n
+    return sum_counts(parts) if parts else sampler.empty()
+
+
+class BlockSampler:
+    """Verifies blocks of ``scenario`` in consecutive calls of :meth:`draw`, each continuing the generators (drafts
+    from ``2 seed``, the verifier's from ``2 seed + 1``) where the previous one left them: the counts of calls of b1,
+    b2, ... blocks summed are those of one run over the same blocks in calls of those sizes (``count_blocks``, and
+    the verifier checks' samples that grow across a case's looks)."""
+
+    def __init__(self, backend, scenario: Scenario, seed: int, *, filler: Scenario | None = None, device=None):
+        if filler is not None and not is_batched(backend):
+            raise ValueError("a batch filler needs a backend that claims `batched`")
+        if filler is not None and (filler.k, filler.vocab) != (scenario.k, scenario.vocab):
+            raise ValueError("filler scenario must have the same k and V")
+        self.backend, self.scenario, self.seed, self.filler, self.device = backend, scenario, seed, filler, device
+        self.target = torch.tensor(scenario.target, dtype=torch.float32)
+        self.draft = torch.tensor(scenario.draft, dtype=torch.float32)
+        if filler is not None:
+            self.f_target = torch.tensor(filler.target, dtype=torch.float32)
+            self.f_draft = torch.tensor(filler.draft, dtype=torch.float32)
+        self.draft_gen = torch.Generator().manual_seed(2 * seed)
+        self.verify_gen = device_generator(2 * seed + 1, device)
+        self.done = 0
+
+    def empty(self) -> BlockCounts:
+        k, vocab = self.scenario.k, self.scenario.vocab
+        return BlockCounts(self.scenario.name, 0, self.seed, np.zeros(k + 1, dtype=np.int64),
+                           np.zeros((k, 2 * vocab), dtype=np.int64), np.zeros(vocab, dtype=np.int64))
+
+    def draw(self, b: int) -> BlockCounts:
+        """The counts of the next ``b`` blocks (one backend call, or one B=1 call per block)."""
+        k, vocab, filler = self.scenario.k, self.scenario.vocab, self.filler
+        target, draft = self.target, self.draft
+        drafts = draw_drafts(draft, b, self.draft_gen)
         if filler is None:
             tp, dp, dt = target.expand(b, -1, -1), draft.expand(b, -1, -1), drafts
         else:
-            f_drafts = draw_drafts(f_draft, b, draft_gen)
+            f_drafts = draw_drafts(self.f_draft, b, self.draft_gen)
             dt = torch.stack([f_drafts, drafts], 1).reshape(2 * b, k)
-            tp = torch.stack([f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
-            dp = torch.stack([f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
-        where = f"scenario {scenario.name!r}, seed {seed}, blocks {done}..{done + b - 1}"
-        m, tokens = verify_rows(backend, dt, dp, tp, generator=verify_gen, where=where, vocab=vocab, device=device)
+            tp = torch.stack([self.f_target.expand(b, -1, -1), target.expand(b, -1, -1)], 1).reshape(2 * b, k + 1, vocab)
+            dp = torch.stack([self.f_draft.expand(b, -1, -1), draft.expand(b, -1, -1)], 1).reshape(2 * b, k, vocab)
+        where = f"scenario {self.scenario.name!r}, seed {self.seed}, blocks {self.done}..{self.done + b - 1}"
+        m, tokens = verify_rows(self.backend, dt, dp, tp, generator=self.verify_gen, where=where, vocab=vocab, device=self.device)
         if filler is not None:
             m, tokens = m[1::2], tokens[1::2]
-        length += np.bincount(m.numpy(), minlength=k + 1)
+        counts = self.empty()
+        counts.n = b
+        counts.length += np.bincount(m.numpy(), minlength=k + 1)
         reached = torch.arange(k)[None, :] < m[:, None] + 1  # m >= j
         accepted = torch.arange(k)[None, :] < m[:, None]  # m > j
-        cells = cell_base + accepted.long() * vocab + tokens[:, :k].clamp_min(0)
-        steps += np.bincount(cells[reached].numpy(), minlength=k * 2 * vocab)
+        cells = (torch.arange(k) * 2 * vocab)[None, :] + accepted.long() * vocab + tokens[:, :k].clamp_min(0)
+        counts.steps += np.bincount(cells[reached].numpy(), minlength=k * 2 * vocab).reshape(k, 2 * vocab)
         emitted_bonus = tokens[m == k, k]
-        bonus += np.bincount(emitted_bonus[emitted_bonus >= 0].numpy(), minlength=vocab)  # none without a bonus
-        done += b
-    return BlockCounts(
-        scenario=scenario.name,
-        n=n,
-        seed=seed,
-        length=length,
-        steps=steps.reshape(k, 2 * vocab),
-        bonus=bonus,
-    )
+        counts.bonus += np.bincount(emitted_bonus[emitted_bonus >= 0].numpy(), minlength=vocab)  # none without a bonus
+        self.done += b
+        return counts
+
+
+def sum_counts(parts: list[BlockCounts]) -> BlockCounts:
+    """The counts of several draws of one scenario and seed together (``n`` adds up)."""
+    first = parts[0]
+    return BlockCounts(first.scenario, sum(p.n for p in parts), first.seed, sum(p.length for p in parts),
+                       sum(p.steps for p in parts), sum(p.bonus for p in parts))

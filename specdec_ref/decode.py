@@ -234,11 +234,13 @@ def choose_rows(probs: torch.Tensor, configs: Sequence[SamplingConfig], generato
     return torch.where(mask, probs.argmax(-1), sampled)
 
 
-def _open_row_caches(make_cache, model, batch: _Batch, extra: int) -> tuple[RowCaches, bool]:
+def _open_row_caches(make_cache, model, batch: _Batch, extra: int, tokens: Sequence[list[int]]) -> tuple[RowCaches, bool]:
+    """A cache of the batch's rows with every prompt but its last token written; ``tokens``: the prompts as host lists
+    (already read for the sampling state: rows with the same prompt share its prefill without another read)."""
     needed = max(p.shape[1] + n for p, n in zip(batch.prompts, batch.max_new)) + extra
     limit = model_dims(model)["max_positions"] or needed
     cache = RowCaches(make_cache(model, batch_size=len(batch), check_ids=False, max_length=min(needed, limit)))
-    return cache, cache.prefill(batch.prompts)
+    return cache, cache.prefill(batch.prompts, tokens)
 
 
 def batched_autoregressive_decode(
@@ -258,8 +260,9 @@ def batched_autoregressive_decode(
         return results
     sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
     vocab = model_dims(target)["vocab_size"]
-    state = SamplingState([p[0].tolist() for p in sub.prompts], sub.configs, sub.eos, vocab, sub.prompts[0].device)
-    cache, fed = _open_row_caches(make_cache, target, sub, 0)
+    tokens = [p[0].tolist() for p in sub.prompts]
+    state = SamplingState(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
+    cache, fed = _open_row_caches(make_cache, target, sub, 0, tokens)
     pending = torch.cat([p[:, -1:] for p in sub.prompts])
     calls = int(fed)  # the prompts' prefill, when any prompt has more than one token
     while live:
@@ -437,9 +440,10 @@ class SpeculativeDecoder:
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
         tick = clock()
         vocab = model_dims(target)["vocab_size"]
-        state = self.sampling_state([p[0].tolist() for p in sub.prompts], sub.configs, sub.eos, vocab, sub.prompts[0].device)
-        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k)
-        draft_cache, _ = _open_row_caches(self.make_draft_cache, draft, sub, k)
+        tokens = [p[0].tolist() for p in sub.prompts]
+        state = self.sampling_state(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
+        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, tokens)
+        draft_cache, _ = _open_row_caches(self.make_draft_cache, draft, sub, k, tokens)
         limit = min(c.cache.max_positions or 1 << 30 for c in (target_cache, draft_cache))
         calls = {"target": int(fed), "draft": int(fed)}
         committed = [p.shape[1] for p in sub.prompts]

@@ -92,8 +92,9 @@ class RowCaches:
         self.tentative = [t + n if (advance is None or advance[b]) else t for b, t in enumerate(self.tentative)]
         return logits
 
-    def prefill(self, prompts: Sequence[torch.Tensor]) -> bool:
-        """Write every prompt but its last token (the first pending one); True when a forward ran."""
+    def prefill(self, prompts: Sequence[torch.Tensor], tokens: Sequence[Sequence[int]] | None = None) -> bool:
+        """Write every prompt but its last token (the first pending one); True when a forward ran. ``tokens``: the
+        prompts as host lists, if the caller has them (rows with the same prompt then share one prefill)."""
         lengths = [int(p.shape[-1]) - 1 for p in prompts]
         longest = max(lengths)
         if longest == 0:
@@ -102,10 +103,20 @@ class RowCaches:
             self.feed(prompts[0].reshape(1, -1)[:, :-1])
             self.commit([lengths[0]])
             return True
-        ids = torch.zeros(len(prompts), longest, dtype=torch.long, device=prompts[0].device)
-        for b, p in enumerate(prompts):
-            ids[b, : lengths[b]] = p.reshape(-1)[:-1]
-        self.feed(ids)
+        # rows with the same prompt share one prefill (a prefix cache): the distinct prompts are written into a cache
+        # of that many rows, whose rows are then copied to every row that has them
+        if tokens is None:
+            tokens = [p.reshape(-1).tolist() for p in prompts]
+        heads = [tuple(t[:-1]) for t in tokens]
+        first: dict[tuple, int] = {}
+        inverse = [first.setdefault(h, len(first)) for h in heads]
+        distinct = list(first)
+        if len(distinct) < len(prompts):
+            self.cache.select_rows(torch.zeros(len(distinct), dtype=torch.long, device=self.cache.device))  # all empty
+        ids = torch.tensor([list(h) + [0] * (longest - len(h)) for h in distinct], dtype=torch.long, device=prompts[0].device)
+        self.cache.ragged_forward(ids, torch.zeros(len(distinct), dtype=torch.long, device=ids.device), longest)
+        if len(distinct) < len(prompts):
+            self.cache.select_rows(torch.tensor(inverse, dtype=torch.long, device=self.cache.device))
         self.tentative = list(lengths)
         self.commit(lengths)
         return True

@@ -1,18 +1,21 @@
 """The early-pass look of ``conformance.registry.run_case`` (ci / thorough profiles), on synthetic checks.
 
-Invariants: a case whose chi-square statistics all lie below their futility bound at half the sample passes there,
-stating the power of the full look it replaced net of the power spent; a law at the stated TV does not pass early
-(it fails); a case with a test that has no futility bound never gets an early-pass look; a probe that is not
-conclusive sizes the full look up by ``reserve_scale`` and states its power net of what the probe spent.
+Invariants: a case whose chi-square statistics all lie below their futility bound at one of the early-pass looks
+passes there, stating the power of the full look it replaced net of the power spent; a law at the stated TV does not
+pass early (it fails); a case with a test that has no futility bound never passes early; looks that are not
+conclusive size the full look up by ``reserve_scale`` and state its power net of what the looks spent; every look
+takes a prefix of one sample (``conformance.streams``), so a case draws its largest look once.
 """
 import math
 
 import numpy as np
 import pytest
 
+from conformance import streams
+from conformance.profiles import get_profile
 from conformance.registry import Check, CheckCase, CheckContext, run_case
 from properties.early_pass import EARLY_PASS_BETA, reserve_scale
-from properties.stats import TARGET_POWER, assert_total, goodness_of_fit, samples_for_power
+from properties.stats import TARGET_POWER, assert_total, estimate_tv, goodness_of_fit, samples_for_power
 
 P = np.full(8, 1 / 8)
 TV = 0.05
@@ -49,11 +52,15 @@ def backend():
     return reference_backend()
 
 
-def test_the_exact_law_passes_at_half_the_sample_with_the_full_power_stated(backend):
+LOOKS = get_profile("ci").early_pass_fractions
+
+
+def test_the_exact_law_passes_early_with_the_full_power_stated(backend):
     record = _run(lambda b, ctx: _draw(ctx, P), "synthetic_exact", backend)
     assert (record.status, record.look, record.power) == ("passed", "early_pass", "full"), record.message
     (stat,) = record.statistics
-    assert stat["n"] == math.ceil(N * 0.5) and stat["early_pass"] == {"look_n": stat["n"], "fraction": 0.5}
+    fraction = stat["early_pass"]["fraction"]
+    assert fraction in LOOKS and stat["n"] == math.ceil(N * fraction) and stat["early_pass"]["look_n"] == stat["n"]
     assert TARGET_POWER <= stat["power"] and stat["detects"] <= TV
     assert "early-pass look" in record.message and record.interim_statistics  # the 5% look ran first
 
@@ -67,14 +74,36 @@ def test_a_law_at_the_stated_tv_never_passes_early(tv, look, backend):
 def test_a_check_with_a_test_without_futility_bound_always_runs_in_full(backend):
     def check(b, ctx):
         _draw(ctx, P)
-        n = math.ceil(100 * ctx.sample_scale)  # one possible cell: df 0, no chi-square bound
-        ctx.record(goodness_of_fit([n, 0], [1.0, 0.0], what="one cell", labels=["a", "b"], tv=TV))
+        ctx.record(estimate_tv(np.array([5, 5]), np.array([0.5, 0.5]), what="a measurement"))  # no bound: a TV estimate
 
-    record = _run(check, "synthetic_with_one_cell", backend)
+    record = _run(check, "synthetic_with_a_measurement", backend)
     assert record.status == "passed" and record.look == "full"
     assert record.statistics[0]["n"] == N  # the plain full look: no probe spent power, nothing sized up
-    again = _run(check, "synthetic_with_one_cell", backend)  # the same full look, the same result, whatever ran before
+    again = _run(check, "synthetic_with_a_measurement", backend)  # the same full look, the same result, whatever ran before
     assert again.statistics == record.statistics and again.look == "full"
+
+
+@pytest.mark.parametrize("escape", [0.0, 0.01])
+def test_a_one_cell_test_passes_early_only_without_an_outcome_outside_it(escape, backend):
+    """A df-0 test (one possible cell) rejects on any draw outside it; it passes early when none came out there and a
+    law with the stated TV outside would have shown one with probability >= 1 - beta; the TV it then states as detected
+    is bounded by that look's draws."""
+    def check(b, ctx):
+        _draw(ctx, P)
+        n = math.ceil(20_000 * ctx.sample_scale)
+        outside = np.random.default_rng(ctx.seed_for("one-cell")).binomial(n, escape)
+        fit = goodness_of_fit([n - outside, outside], [1.0, 0.0], what="one cell", labels=["a", "b"], tv=TV)
+        ctx.record(fit)
+        assert fit.passed, fit.report()
+
+    record = _run(check, f"synthetic_one_cell_{escape}", backend)
+    if escape:
+        assert (record.status, record.look) == ("failed", "interim"), record.message
+        return
+    assert (record.status, record.look) == ("passed", "early_pass"), record.message
+    one_cell = record.statistics[1]
+    assert one_cell["df"] == 0 and one_cell["power"] >= TARGET_POWER
+    assert one_cell["detects"] >= -math.log(EARLY_PASS_BETA / len(LOOKS)) / one_cell["n"]
 
 
 @pytest.mark.parametrize("shift, status, look", [(0.0, "passed", "early_pass"), (0.03, "failed", "full")])
@@ -91,8 +120,8 @@ def test_a_total_passes_early_at_its_exact_mean_and_fails_when_shifted(shift, st
 
 
 def test_an_inconclusive_probe_sizes_the_full_look_up_and_states_its_power_net_of_beta(backend):
-    def check(b, ctx):  # bad luck at the probe only
-        _draw(ctx, _law_at_tv(0.04) if ctx.look_fraction == 0.5 else P)
+    def check(b, ctx):  # bad luck at every early-pass look (not at the 5% interim look)
+        _draw(ctx, _law_at_tv(0.04) if ctx.look_fraction in LOOKS else P)
 
     record = _run(check, "synthetic_unlucky_probe", backend)
     assert record.status == "passed" and record.look == "full", record.message
@@ -100,3 +129,62 @@ def test_an_inconclusive_probe_sizes_the_full_look_up_and_states_its_power_net_o
     assert stat["n"] == math.ceil(N * reserve_scale())
     fit = goodness_of_fit(np.random.default_rng(0).multinomial(stat["n"], P), P, what="x", labels=list("abcdefgh"), tv=TV)
     assert stat["power"] == pytest.approx(fit.power - EARLY_PASS_BETA) and stat["power"] >= TARGET_POWER
+
+
+@pytest.mark.parametrize("unlucky", [False, True])
+def test_the_looks_take_prefixes_of_one_sample_drawn_once(unlucky, backend):
+    """Every look of a case extends the same stream: each draw is made once, by the largest look (the early-pass look
+    it passed at, or the full look sized up after every early-pass look continued), and each look tests a prefix."""
+    made: list[int] = []
+
+    def check(b, ctx):
+        n = math.ceil(N * ctx.sample_scale)
+        counts = np.zeros(8, dtype=np.int64)
+        seen = np.zeros(8, dtype=np.int64)
+        if unlucky and ctx.look_fraction in LOOKS:  # the early-pass looks see a shifted law and continue
+            seen = np.random.default_rng(2).multinomial(n, _law_at_tv(0.04)) - np.random.default_rng(2).multinomial(n, P)
+
+        def draw(rng, index, size):
+            made.append(index)
+            return list(rng.choice(8, size=size, p=P))
+
+        for x in streams.draws(ctx.streams, "tokens", n, start=lambda: np.random.default_rng(1), draw=draw, chunk=64):
+            counts[x] += 1
+        result = goodness_of_fit(np.maximum(counts + seen, 0), P, what="synthetic law", labels=[str(i) for i in range(8)], tv=TV)
+        ctx.record(result)
+        assert result.passed, result.report()
+
+    record = _run(check, f"synthetic_stream_{unlucky}", backend)
+    largest = reserve_scale() if unlucky else record.statistics[0]["early_pass"]["fraction"]
+    assert record.look == ("full" if unlucky else "early_pass"), record.message
+    assert made == list(range(len(made))) and len(made) == -(-math.ceil(N * largest) // 64)
+
+
+def test_a_stream_is_canonical_and_forgets_a_chunk_that_raised():
+    """The first n draws do not depend on the looks taken before; a chunk that raises is not kept, and the stream is
+    redrawn from its start rather than continued from a half-advanced state."""
+    def draw(rng, index, size):
+        return list(rng.integers(0, 1000, size=size))
+
+    direct = streams.draws({}, "k", 1000, start=lambda: np.random.default_rng(5), draw=draw, chunk=7)
+    memo: dict = {}
+    for n in (3, 50, 400, 1000):
+        grown = streams.draws(memo, "k", n, start=lambda: np.random.default_rng(5), draw=draw, chunk=7)
+        assert grown == direct[:n]
+    parts, covered = streams.chunks({}, "k", 15, start=lambda: np.random.default_rng(5), draw=draw, chunk=7)
+    assert covered == 21 and [x for p in parts for x in p] == direct[:21]
+
+    calls = []
+
+    def flaky(rng, index, size):
+        calls.append(index)
+        if len(calls) == 2:
+            rng.integers(0, 1000, size=3)  # advances the state, then raises
+            raise RuntimeError("backend crashed")
+        return draw(rng, index, size)
+
+    memo = {}
+    with pytest.raises(RuntimeError):
+        streams.draws(memo, "k", 20, start=lambda: np.random.default_rng(5), draw=flaky, chunk=7)
+    assert "k" not in memo
+    assert streams.draws(memo, "k", 20, start=lambda: np.random.default_rng(5), draw=flaky, chunk=7) == direct[:20]

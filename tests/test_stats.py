@@ -250,8 +250,13 @@ def test_early_pass_decisions():
     assert early_pass([impossible])[0] == "continue"
     total = {"what": "a total", "kind": "total", "df": 1, "n": 100, "tv": 0.1, "statistic": 0.0}
     assert early_pass([calm, total])[0] == "ineligible" and early_pass([])[0] == "ineligible"
-    single = _fit(np.array([100, 0]), np.array([1.0, 0.0])).as_record()  # one possible cell: no chi-square bound
-    assert early_pass([single])[0] == "ineligible"
+    # one possible cell (df 0): passes once a law with the stated TV outside it would have shown there w.p. >= 1 - beta
+    few = _fit(np.array([100, 0]), np.array([1.0, 0.0])).as_record()
+    many = _fit(np.array([5000, 0]), np.array([1.0, 0.0])).as_record()
+    assert (1 - few["tv"]) ** 100 > 0.005 and early_pass([many])[0] == "pass"
+    assert early_pass([few])[0] == "ineligible" and early_pass([few], scale=50)[0] == "continue"  # a larger look bounds it
+    measurement = {"what": "a TV estimate", "kind": "tv_estimate", "n": 100}
+    assert early_pass([calm, measurement])[0] == "ineligible"
 
 
 def test_early_pass_power_is_the_full_looks_net_of_beta():
