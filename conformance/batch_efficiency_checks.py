@@ -18,6 +18,7 @@ from .check_helpers import (
     EFFICIENCY_NEW_TOKENS,
     EFFICIENCY_PAIR,
     FILTERED_EFFICIENCY,
+    MAX_LOOK_FRACTION,
     _needs,
     assert_rounds_accept_ideally,
     decode_batch,
@@ -25,6 +26,8 @@ from .check_helpers import (
     efficiency_scheme,
     sequence_models,
 )
+from . import streams
+from .profiles import get_profile
 from .registry import CheckContext, NotApplicable, check, exact_scheme
 
 #: Settings of the deterministic checks: plain sampling, with filters, and with every history-dependent setting.
@@ -58,6 +61,20 @@ def _acceptance_requests(seed: int, sampling: SamplingConfig, count: int, vocab:
     prompts = torch.randint(0, vocab, (count, 2), generator=g).tolist()
     return [Request(prompt=p, max_new_tokens=ACCEPTANCE_NEW_TOKENS, sampling=sampling, seed=None if sampling.greedy else seed + i)
             for i, p in enumerate(prompts)]
+
+
+#: Rows per ``decode_batch`` call of the batched acceptance checks: a look decodes whole batches of its planned rows.
+ACCEPTANCE_BATCH = 50
+
+
+def _seeded_rows(ctx: CheckContext, key: str, planned: list[Request], n: int, decode) -> list:
+    """The results of the first ``n`` of the ``planned`` requests (each seeded on its own, so a row's result does not
+    depend on the batch it is in), decoded ``ACCEPTANCE_BATCH`` at a time by ``decode(requests)``: every look of a case
+    decodes only the rows earlier looks did not (``conformance.streams``)."""
+    if n > len(planned):
+        raise ValueError(f"a look of {n} rows exceeds the {len(planned)} planned")
+    return streams.draws(ctx.streams, key, n, start=lambda: None, chunk=ACCEPTANCE_BATCH,
+                         draw=lambda _, i, size: decode(planned[i * size:(i + 1) * size]))
 
 
 def _rounds_with_history(request: Request, result):
@@ -120,9 +137,12 @@ def check_batch_acceptance_is_ideal(backend, ctx: CheckContext):
     pair = exact_pair(ACCEPTANCE_PAIR)
     target, draft = sequence_models(ACCEPTANCE_PAIR)
     n = math.ceil(ACCEPTANCE_REQUESTS * ctx.sample_scale)
-    requests = _acceptance_requests(ctx.seed_for("batch-acceptance"), ACCEPTANCE_SAMPLING, n, pair.target.vocab)
-    results = decode_batch(backend, target, draft, requests, k=ACCEPTANCE_K, where="acceptance batch")
-    memo: dict[tuple, tuple[float, float]] = {}
+    seed = ctx.seed_for("batch-acceptance")
+    planned = _acceptance_requests(seed, ACCEPTANCE_SAMPLING, math.ceil(ACCEPTANCE_REQUESTS * MAX_LOOK_FRACTION * get_profile(ctx.profile).sample_scale), pair.target.vocab)
+    requests = planned[:n]
+    results = _seeded_rows(ctx, "batch-acceptance", planned, n, lambda rows: decode_batch(
+        backend, target, draft, rows, k=ACCEPTANCE_K, where=f"acceptance batch of {len(rows)} rows"))
+    memo: dict[tuple, tuple[float, float]] = streams.memo(ctx.streams, "acceptance-moments")  # shared by the looks
     means, variances, accepted = [], [], 0
     for req, res in zip(requests, results):
         for r, generated, _ in _rounds_with_history(req, res):
@@ -170,7 +190,9 @@ def check_batch_acceptance_under_filters(backend, ctx: CheckContext, case: str):
     target, draft = sequence_models(EFFICIENCY_PAIR)
     seed = ctx.seed_for(f"batch-efficiency-{case}")
     prompts, rows = efficiency_prompts(ctx, f"batch-efficiency-{case}")
+    planned = [Request(prompt=p, max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, seed=seed + i)
+               for i, p in enumerate(prompts.tolist())]
     prompts = prompts[:rows].tolist()
-    requests = [Request(prompt=p, max_new_tokens=EFFICIENCY_NEW_TOKENS, sampling=sampling, seed=seed + i) for i, p in enumerate(prompts)]
-    results = decode_batch(backend, target, draft, requests, k=EFFICIENCY_K, where=f"case {case}")
+    results = _seeded_rows(ctx, f"batch-efficiency-{case}", planned, rows, lambda batch: decode_batch(
+        backend, target, draft, batch, k=EFFICIENCY_K, where=f"case {case}, a batch of {len(batch)} rows"))
     assert_rounds_accept_ideally(ctx, scheme, sampling, prompts, results, where="batched rows: ")

@@ -109,6 +109,8 @@ def pytest_configure(config):
     config._specdec_device = load_device_option(config)
     config._specdec_replay = load_replay_option(config)
     config._specdec_xfails = load_xfails(config)
+    if config.getoption("maxfail", 0) and config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(StopAcrossWorkers(config), "specdec-stop-across-workers")
     if not hasattr(config, "workerinput"):  # the xdist controller (or a serial run) decides the verdict
         report_path = config.getoption("specdec_report", None)
         path = os.path.join(str(config.invocation_params.dir), report_path) if report_path else None
@@ -227,12 +229,59 @@ def pytest_collection_modifyitems(config, items):
             reason = reason_for(config._specdec_xfails, case)
             if reason is not None:
                 item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+    _statistical_first(items)
     if getattr(config, "_specdec_replay", None) is not None:  # --specdec-replay: only the replay item runs
         keep = [item for item in items if str(item.path) == _REPLAY_TEST]
         if not keep:
             raise pytest.UsageError("--specdec-replay needs the conformance suite collected: pytest conformance/ --specdec-replay=...")
         config.hook.pytest_deselected(items=[item for item in items if str(item.path) != _REPLAY_TEST])
         items[:] = keep
+
+
+class StopAcrossWorkers:
+    """``-x`` / ``--maxfail`` under xdist: once a worker reaches the limit, the other workers skip the conformance
+    cases they were already sent (xdist lets every worker finish its queue, an eighth of the suite each, before the
+    session stops). The controller hands every worker one flag file; the worker that stops creates it."""
+
+    def __init__(self, config):
+        import tempfile
+
+        self.config = config
+        self.failed = 0
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is None:  # the controller
+            self.flag = os.path.join(tempfile.mkdtemp(prefix="specdec-stop-"), "stopped")
+        else:
+            self.flag = workerinput.get("specdec_stop_flag")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        node.workerinput["specdec_stop_flag"] = self.flag
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        if self.flag and item_case(item) is not None and os.path.exists(self.flag):
+            pytest.skip("not run: another xdist worker stopped the session at its failure limit (-x / --maxfail)")
+
+    def pytest_runtest_logreport(self, report):
+        if report.failed and self.flag and hasattr(self.config, "workerinput"):
+            self.failed += 1
+            if self.failed >= self.config.getoption("maxfail"):
+                open(self.flag, "w").close()
+
+
+def _statistical_first(items) -> None:
+    """The conformance cases in place, statistical ones first (stable; other items keep their places).
+
+    A statistical case looks at 5% of its sample first, so a broken backend is rejected in seconds by nearly any of
+    them, while a deterministic case runs in full; under ``-x`` every xdist worker runs the items it was sent before
+    the stop (about an eighth of the suite each), so those should be the cases that stop it soonest. A correct backend
+    then also runs its longest cases first and the short deterministic ones fill the end of the run."""
+    slots = [i for i, item in enumerate(items) if item_case(item) is not None]
+    cases = [items[i] for i in slots]
+    ordered = sorted(cases, key=lambda item: not item_case(item).check.statistical)
+    for i, item in zip(slots, ordered):
+        items[i] = item
 
 
 @pytest.fixture(scope="session")

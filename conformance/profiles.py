@@ -46,7 +46,8 @@ class Profile:
     After it, a check whose tests are chi-square tests or totals gets *early-pass looks* at each of
     ``early_pass_fractions`` of its sample in turn (:mod:`properties.early_pass`): it passes at the first where every
     statistic is below the bound that a deviation at the stated alternative exceeds with probability >= 1 -
-    ``EARLY_PASS_BETA / len(early_pass_fractions)`` (they never reject, so they spend no alpha); otherwise its full
+    ``EARLY_PASS_BETA / len(early_pass_fractions)`` (the futility rule never rejects; a look that rejects does so as the
+    interim look, at ``INTERIM_ALPHA_SCALE`` times the alpha, which the family-wise bound adds); otherwise its full
     look draws ``reserve_scale()`` (1.07) times the sample, so that the whole procedure keeps the stated power (union
     bound over the looks). Every look takes a prefix of the same sample (:mod:`conformance.streams`), so a correct
     backend draws about 0.33-0.44 of its sample per such check.

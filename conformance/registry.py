@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 from properties.sampling import BackendError
 from properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
-from properties.stats import alpha_spent, failed_tests, judge_power
+from properties.stats import alpha_spent, failed_tests, is_test, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
 from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, INTERIM_ALPHA_SCALE, get_profile, use_profile
@@ -281,20 +281,23 @@ def _run_looks(case: CheckCase, backend, ctx: CheckContext, timeout: float | Non
         look = replace(ctx, look_fraction=fraction)
         interim = _look(case, backend, look, timeout, INTERIM_ALPHA_SCALE)
         if interim.status in ("failed", "error"):  # conclusive at any sample size: stop here
-            ctx.results, ctx.findings = look.results, look.findings
-            interim.interim_statistics, interim.statistics = interim.statistics, []
-            interim.look = "interim"
-            interim.message = (
-                f"rejected at the interim look ({fraction:g} of the sample, alpha x {INTERIM_ALPHA_SCALE:g}; the full "
-                f"sample was not drawn):\n{interim.message}"
-            )
-            return interim
+            rejected = replace(interim, statistics=[])
+            return _rejected_early(rejected, interim, f"the interim look ({fraction:g} of the sample, alpha x "
+                                                      f"{INTERIM_ALPHA_SCALE:g}; the full sample was not drawn)", ctx, look)
         fractions = get_profile(ctx.profile).early_pass_fractions
         scale = 1.0
         for early in fractions:  # the early-pass looks, each on a longer prefix of the same sample (conformance.streams)
             probe_ctx = replace(ctx, look_fraction=early)
             probe = _look(case, backend, probe_ctx, timeout, 1.0)
             interim.seconds += probe.seconds
+            # each early-pass look may also reject, as the interim look does, at alpha x INTERIM_ALPHA_SCALE (its
+            # tests' alphas, so scaled, join the interim looks' in the family-wise bound)
+            interim.statistics = interim.statistics + [_at_interim_alpha(r) for r in probe.statistics if is_test(r)]
+            if _conclusive(probe):
+                probe.seconds = interim.seconds
+                return _rejected_early(probe, interim, f"an early-pass look ({early:g} of the sample, alpha x "
+                                                       f"{INTERIM_ALPHA_SCALE:g}; the rest of the sample was not drawn)",
+                                       ctx, probe_ctx)
             if probe.status == "passed":
                 decision, _ = early_pass(probe.statistics, beta=EARLY_PASS_BETA / len(fractions), scale=reserve_scale() / early,
                                          fits=probe_ctx.results)
@@ -326,6 +329,39 @@ def _run_looks(case: CheckCase, backend, ctx: CheckContext, timeout: float | Non
     return _look(case, backend, ctx, timeout, 1.0)
 
 
+def _at_interim_alpha(record: dict) -> dict:
+    """An early-pass look's test as an interim rejection look: at ``INTERIM_ALPHA_SCALE`` times its alpha."""
+    return dict(record, alpha=record.get("alpha", 0.0) * INTERIM_ALPHA_SCALE, passed=not _rejects_at_interim(record))
+
+
+def _rejects_at_interim(record: dict) -> bool:
+    return bool(record.get("impossible")) or (record.get("p_value") is not None and
+                                              record["p_value"] < record.get("alpha", 0.0) * INTERIM_ALPHA_SCALE)
+
+
+def _conclusive(probe: CheckRecord) -> bool:
+    """An early-pass look that rejects as the interim look would: a backend error, a failed assertion that is no
+    statistical test (structure, stop invariants, greedy rows), or a failed test whose p-value is below alpha x
+    ``INTERIM_ALPHA_SCALE`` (an impossible outcome included)."""
+    if probe.status == "error":
+        return True
+    if probe.status != "failed":
+        return False
+    failed = [r for r in probe.statistics if is_test(r) and not r.get("passed", True)]
+    return not failed or any(_rejects_at_interim(r) for r in failed)
+
+
+def _rejected_early(record: CheckRecord, interim: CheckRecord, where: str, ctx: CheckContext,
+                    look_ctx: CheckContext) -> CheckRecord:
+    """The record of a case rejected before its full look: its tests there count as interim tests (their alpha is in
+    the family-wise bound), none as a final one."""
+    ctx.results, ctx.findings = look_ctx.results, look_ctx.findings
+    record.interim_statistics, record.statistics = interim.statistics, []
+    record.look = "interim"
+    record.message = f"rejected at {where}:\n{record.message}"
+    return record
+
+
 def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext, interim: CheckRecord,
                   fraction: float, look_beta: float) -> CheckRecord:
     """The record of a case that passed at its early-pass look: its tests as drawn there, each stating the power of
@@ -342,8 +378,9 @@ def _passed_early(probe: CheckRecord, probe_ctx: CheckContext, ctx: CheckContext
         probe.status, probe.message = "inconclusive", why
     else:
         probe.look = "early_pass"
-        probe.message = (f"passed at the early-pass look ({fraction:g} of the sample): every statistic is below the "
-                         f"bound a deviation at the stated alternative exceeds with probability >= {1 - EARLY_PASS_BETA:g}")
+        probe.message = (f"passed at the early-pass look on {fraction:g} of the sample: every statistic is below the "
+                         f"bound a deviation at the stated alternative exceeds with probability >= {1 - look_beta:g} "
+                         f"(the looks together: >= {1 - EARLY_PASS_BETA:g})")
     probe.interim_statistics = interim.statistics
     ctx.results, ctx.findings = probe_ctx.results, probe_ctx.findings
     return probe

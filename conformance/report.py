@@ -334,8 +334,9 @@ def statistics_line(cert: dict[str, Any]) -> str:
     interim = cert.get("interim_tests") or 0
     looks = f" (plus {interim} interim looks at 1/100 of that alpha)" if interim else ""
     early = cert.get("early_passes") or 0
-    passed_early = (f"; {early} checks passed at their early-pass look (half the sample, below the bound a deviation at "
-                    f"the stated alternative exceeds with probability >= {1 - EARLY_PASS_BETA:g}; the stated power is net of that)"
+    passed_early = (f"; {early} checks passed at an early-pass look (on part of their sample, every statistic below the "
+                    f"bound a deviation at the stated alternative exceeds there; the looks together let such a deviation "
+                    f"pass with probability <= {EARLY_PASS_BETA:g}, and the stated power is net of that)"
                     if early else "")
     return (
         f"{cert['statistical_tests']} statistical tests at per-test alpha <= {max(alphas):g}{looks}: family-wise "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["Stream", "draws", "chunks"]
+__all__ = ["Stream", "draws", "chunks", "memo"]
 
 
 class Stream:
@@ -74,3 +74,9 @@ def chunks(memo: dict, key, n: int, *, start: Callable[[], Any], draw: Callable[
     stream = _stream(memo, key, start, draw, chunk)
     count = -(-n // chunk)
     return _extend(memo, key, stream, count), count * chunk
+
+
+def memo(streams: dict, key) -> dict:
+    """A dict kept with the case's streams for results that depend only on the draws (e.g. exact laws per drawn
+    state), so that a later look computes only those of its new draws."""
+    return streams.setdefault(("memo", key), {})

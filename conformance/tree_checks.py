@@ -21,7 +21,7 @@ import torch
 from hypothesis import given, note
 
 from properties import tree_exact
-from properties.markov import markov_pair, sequence_labels, sequence_law
+from properties.markov import empty_simulation, markov_pair, sequence_labels, sequence_law
 from properties.sample_size import (
     NON_BATCHED_SEQUENCES,
     NON_BATCHED_TREES,
@@ -32,7 +32,7 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import device_generator, is_batched
+from properties.sampling import CHUNK, device_generator, is_batched
 from properties.stats import assert_fits, estimate_tv
 from properties.strategies import TreeBlock, greedy_maximisers, seeds, tree_blocks
 from properties.tree_sampling import (
@@ -40,12 +40,17 @@ from properties.tree_sampling import (
     depth_cells,
     draw_markov_trees,
     end_cells,
-    simulate_tree,
+    tree_sampler,
     tree_scheme_of,
     verify_tree_rows,
 )
 
+from . import streams
 from .registry import CheckContext, NotApplicable, check
+
+#: Sequences per chunk of ``tree_sampling_sequence_law_over_rounds`` for a backend called one row at a time (a
+#: divisor of its cap, ``NON_BATCHED_SEQUENCES``).
+NON_BATCHED_SEQUENCE_CHUNK = 1000
 
 #: The Markov tables every statistical tree check drafts from (V = 8, token-wise acceptance 0.7).
 TREE_PAIR = markov_pair()
@@ -279,7 +284,12 @@ def check_tree_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     law = sequence_law(pair, length)
     n = scaled_blocks(with_margin(required_samples(law, TREE_SEQUENCE_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_SEQUENCES)
     seed = ctx.seed_for("tree-sequence-law")
-    run = simulate_tree(backend, pair, SEQUENCE_SHAPE, n, length=length, seed=seed, device=ctx.device)
+    parts, _ = streams.chunks(  # every look of the case takes whole chunks of one simulation (conformance.streams)
+        ctx.streams, ("tree-sequence-law", seed), n, chunk=CHUNK if is_batched(backend) else NON_BATCHED_SEQUENCE_CHUNK,
+        start=lambda: tree_sampler(backend, pair, SEQUENCE_SHAPE, length=length, seed=seed, device=ctx.device),
+        draw=lambda draw, i, size: draw(size),
+    )
+    run = sum(parts, empty_simulation(pair, length))
     what = f"first {length} tokens decoded over rounds of trees {SEQUENCE_SHAPE.tolist()} vs the target's law [{pair.describe()}]"
     if tree_scheme_of(backend) == "lossy":
         exact_per_round = tree_exact.tree_tokens_per_round("deterministic", SEQUENCE_SHAPE, pair)

@@ -26,7 +26,7 @@ import numpy as np
 from hypothesis import Phase, given, note, settings
 
 from properties import exact
-from properties.markov import markov_pair, sequence_labels, sequence_law, simulate, tokens_per_round
+from properties.markov import empty_simulation, markov_pair, markov_sampler, sequence_labels, sequence_law, tokens_per_round
 from properties.sample_size import (
     GENERATED_BLOCKS,
     GENERATED_TV,
@@ -39,7 +39,7 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import CHUNK, BlockCounts, BlockSampler, count_blocks, emits_bonus, is_batched, sum_counts
+from properties.sampling import CHUNK, BlockCounts, BlockSampler, emits_bonus, is_batched, sum_counts
 from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario, for_scheme
 from properties.stats import ALPHA, assert_fits, estimate_tv
 from properties.strategies import distribution_pairs
@@ -55,6 +55,12 @@ BATCH_FILLER = balanced_scenario(seed=7)
 #: :data:`NON_BATCHED_CHUNK` for a backend called one block at a time.
 _SAMPLES: dict[tuple, tuple[object, dict]] = {}
 NON_BATCHED_CHUNK = 1024
+#: Blocks per chunk of ``sampling_exact_on_generated_distributions``'s sample of each example (divisors of its
+#: ``GENERATED_BLOCKS`` and of the non-batched cap, 2 000).
+GENERATED_CHUNK, NON_BATCHED_GENERATED_CHUNK = 7_500, 500
+#: Sequences per chunk of ``sampling_sequence_law_over_rounds`` for a backend called one row at a time (a divisor of
+#: its cap, ``NON_BATCHED_SEQUENCES``, so the capped full look draws exactly the cap).
+NON_BATCHED_SEQUENCE_CHUNK = 1000
 
 
 def declared_scheme(backend) -> exact.SchemeSpec:
@@ -306,7 +312,12 @@ def check_sampling_exact_on_generated_distributions(backend, ctx: CheckContext):
         note(f"draft rows: {draft.tolist()}")
         law = exact.block_law(spec, target, draft)
         blocks = scaled_blocks(GENERATED_BLOCKS, batched=is_batched(backend), scale=ctx.sample_scale, cap=NON_BATCHED_GENERATED_BLOCKS)
-        counts = count_blocks(backend, sc, blocks, seed, device=ctx.device)
+        parts, _ = streams.chunks(  # every look of the case grows the same sample of this example
+            ctx.streams, ("generated", seed), blocks, draw=lambda sampler, i, size: sampler.draw(size),
+            chunk=GENERATED_CHUNK if is_batched(backend) else NON_BATCHED_GENERATED_CHUNK,
+            start=lambda: BlockSampler(backend, sc, seed, device=ctx.device),
+        )
+        counts = sum_counts(parts)
         kw = dict(alpha=alpha, tv=GENERATED_TV, seed=seed, replay=ctx.replay)
         ctx.record(assert_fits(counts.length, law.length, what="accepted length m", labels=_length_labels(sc.k), **kw))
         ctx.record(assert_fits(counts.emitted(0), law.emitted(0), what="first emitted token", labels=_token_labels(sc.vocab), **kw))
@@ -345,7 +356,11 @@ def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     n = scaled_blocks(with_margin(required_samples(law, LOSSLESS_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=cap)
     seed = ctx.seed_for("sequence-law-over-rounds")
     # properties.markov.simulate takes no device yet: this check's verify() calls get CPU tensors on every --specdec-device
-    run = simulate(backend, pair, n, length=length, k=LOSSLESS_K, seed=seed)
+    parts, _ = streams.chunks(  # every look of the case takes whole chunks of one simulation (conformance.streams)
+        ctx.streams, ("sequence-law-over-rounds", seed), n, chunk=CHUNK if is_batched(backend) else NON_BATCHED_SEQUENCE_CHUNK,
+        start=lambda: markov_sampler(backend, pair, length=length, k=LOSSLESS_K, seed=seed), draw=lambda s, i, size: s(size),
+    )
+    run = sum(parts, empty_simulation(pair, length))
     what = f"first {length} tokens decoded over rounds (k={LOSSLESS_K}) vs the target's law [{pair.describe()}]"
     if getattr(getattr(backend, "capabilities", None), "scheme", "token") == "lossy":
         token_wise = exact.SchemeSpec("token", bonus=emits_bonus(backend))

@@ -4,8 +4,9 @@ every deviation it states power against (a group-sequential futility rule).
 ``conformance.registry.run_case`` probes a case on each of the profile's ``early_pass_fractions`` of its sample in
 turn (ci / thorough profiles: 0.25, 0.35, 0.5, 0.7, each a prefix of the same sample). The case passes at the first
 look where every test's statistic is at or below its :func:`futility_bound`: a deviation at the stated alternative
-exceeds that bound with probability >= ``1 - EARLY_PASS_BETA / looks``. The looks never reject, so they spend no
-alpha; together they spend up to ``EARLY_PASS_BETA`` of power (union bound over the looks), which the full look
+exceeds that bound with probability >= ``1 - EARLY_PASS_BETA / looks``. The futility rule never rejects, so it spends
+no alpha (``run_case`` lets a look reject as the interim look does, at 1/100 of alpha, counted with the interim
+looks); together the looks spend up to ``EARLY_PASS_BETA`` of power (union bound over the looks), which the full look
 (sized up by :func:`reserve_scale`) makes up: by the union bound the whole procedure keeps the stated power, and
 every record states that net power (:func:`spend_early_pass_power`).
 """
@@ -58,6 +59,8 @@ def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float
             return None
         mean_z = planned_shift(record, planned_n) * record["n"] / record["std"]  # the procedure's alternative, whatever this look's beta
         return float(min(max(mean_z + stats.norm.ppf(beta), 0.0), stats.norm.isf(record["alpha"] / 2)))
+    if record.get("rare_bin"):  # an exact binomial test of a rare bin: its statistic is not noncentral chi-square
+        return None
     if record.get("kind") == "chi_square" and record.get("df") == 0 and record.get("n") and _one_possible_cell(record):
         # it rejects on any draw outside its one cell: a law putting >= tv there escapes n draws w.p. <= (1 - tv)^n
         return 0.0 if (1.0 - record["tv"]) ** record["n"] <= beta else None
@@ -82,7 +85,7 @@ def _may_bound_later(record: dict, planned_n: float, fit=None) -> bool:
     """A chi-square test without a bound at this look that a larger look (up to ``planned_n``) would bound: its one
     cell's escape probability falls below beta by then (df 0), or its pooled cells no longer carry the stated TV at
     ``planned_n`` (df >= 1; needs the test's ``fit`` to recompute the pooling, else no)."""
-    if record.get("kind") != "chi_square" or not record.get("n"):
+    if record.get("kind") != "chi_square" or not record.get("n") or record.get("rare_bin"):
         return False
     if _one_possible_cell(record):
         return (1.0 - record["tv"]) ** planned_n <= EARLY_PASS_BETA / 4

@@ -97,6 +97,10 @@ class Simulation:
     def tokens_per_round(self) -> float:
         return float(self.emitted.sum() / max(self.rounds.sum(), 1))
 
+    def __add__(self, other: "Simulation") -> "Simulation":
+        """Both samples' counts together (two draws of the same simulation, e.g. consecutive chunks)."""
+        return Simulation(self.counts + other.counts, self.rounds + other.rounds, self.emitted + other.emitted)
+
 
 #: ``round_fn(last[b]) -> (emitted[b], out[b, w])``: one round for the unfinished sequences whose last
 #: committed tokens are ``last``; ``out[:, :emitted]`` are the tokens the round emitted.
@@ -143,6 +147,21 @@ def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: in
     does not claim ``batched`` gets one B = 1 call per sequence and round. A backend declaring
     ``bonus=False`` emits ``m`` tokens (not ``m + 1``) when it accepts all ``k``.
     """
+    draw = markov_sampler(backend, pair, length=length, k=k, seed=seed)
+    step = chunk if is_batched(backend) else min(chunk, 4096)
+    parts = [draw(min(step, n - done)) for done in range(0, n, step)]
+    return sum(parts, empty_simulation(pair, length))
+
+
+def empty_simulation(pair: MarkovPair, length: int) -> Simulation:
+    """The :class:`Simulation` of no sequence (zero counts), the start of a sum of draws."""
+    return Simulation(np.zeros(pair.vocab**length, dtype=np.int64), np.zeros(pair.vocab, dtype=np.int64),
+                      np.zeros(pair.vocab, dtype=np.int64))
+
+
+def markov_sampler(backend, pair: MarkovPair, *, length: int, k: int, seed: int) -> Callable[[int], Simulation]:
+    """``draw(b)``: the :class:`Simulation` of the next ``b`` sequences of :func:`simulate`'s run (its generators
+    carried from call to call), so that consecutive draws add up to one run in chunks of those sizes."""
     target = torch.tensor(pair.target, dtype=torch.float32)
     draft = torch.tensor(pair.draft, dtype=torch.float32)
     draft_gen = torch.Generator().manual_seed(2 * seed)
@@ -160,8 +179,20 @@ def simulate(backend, pair: MarkovPair, n: int, *, length: int, k: int, seed: in
         m, out = verify_rows(backend, d, torch.stack(qs, 1), p, generator=verify_gen, where=where, vocab=pair.vocab)
         return m + (out.gather(1, m[:, None]).squeeze(1) >= 0).long(), out  # m + 1, or m without a bonus
 
-    step = chunk if is_batched(backend) else min(chunk, 4096)
-    return simulate_rounds(pair, n, length=length, round_fn=round_fn, step=step, where=f"{pair.name}, seed {seed}")
+    return rounds_sampler(pair, length=length, round_fn=round_fn, where=f"{pair.name}, seed {seed}")
+
+
+def rounds_sampler(pair: MarkovPair, *, length: int, round_fn: RoundFn, where: str) -> Callable[[int], Simulation]:
+    """``draw(b)``: :func:`simulate_rounds` of the next ``b`` sequences with ``round_fn`` (whose generators carry over
+    from call to call): consecutive draws add up to one simulation in chunks of those sizes."""
+    done = [0]
+
+    def draw(b: int) -> Simulation:
+        at = f"{where}, sequences from {done[0]}"
+        done[0] += b
+        return simulate_rounds(pair, b, length=length, round_fn=round_fn, step=b, where=at)
+
+    return draw
 
 
 # ----------------------------------------------------------------------------- exact laws of a scheme

@@ -195,6 +195,7 @@ class FitResult:
     replay: str | None = None
     min_expected: float = MIN_EXPECTED
     grouped: bool = False  # a product-multinomial test (conditional_goodness_of_fit): cells pooled per group
+    rare_bin: bool = False  # one big cell and a pooled bin of expected count < min_expected, tested by its exact upper tail
 
     @property
     def passed(self) -> bool:
@@ -209,7 +210,7 @@ class FitResult:
         small = possible & (self.expected * n < self.min_expected)
         big = int((possible & ~small).sum())
         pooled = float(self.expected[small].sum())
-        extra = 1 if small.any() and (pooled * n >= self.min_expected or big == 0) else 0
+        extra = 1 if small.any() and (pooled * n >= self.min_expected or big <= 1) else 0  # big == 1: the rare bin
         return big + extra - 1, pooled
 
     def power_at(self, n: float, power: float = TARGET_POWER) -> tuple[float, float]:
@@ -278,6 +279,7 @@ class FitResult:
             "pooled_mass": self.pooled_mass,
             "seed": self.seed,
             "kind": "chi_square",
+            **({"rare_bin": True} if self.rare_bin else {}),
             **({} if self.passed else {"cells": self.cell_records()}),
         }
 
@@ -331,8 +333,10 @@ def goodness_of_fit(
     exp_cells = list(counts[big])
     pooled_idx = np.flatnonzero(small)
     pooled_mass = float(expected[pooled_idx].sum())
+    # rare bin: one big cell and pooled cells too small even pooled, which folded into it would hide any excess there
+    rare = bool(len(pooled_idx)) and len(exp_cells) == 1 and counts[pooled_idx].sum() < min_expected
     if len(pooled_idx):
-        if counts[pooled_idx].sum() >= min_expected or not exp_cells:
+        if counts[pooled_idx].sum() >= min_expected or len(exp_cells) <= 1:
             obs_cells.append(observed[pooled_idx].sum())
             exp_cells.append(counts[pooled_idx].sum())
         else:  # too small even pooled: fold into the smallest cell
@@ -344,6 +348,9 @@ def goodness_of_fit(
         statistic, p_value = 0.0, 1.0
     elif df <= 0:
         statistic, p_value = 0.0, 1.0
+    elif rare:  # exact upper tail of the rare bin's count (its chi-square equivalent as the statistic)
+        p_value = float(stats.binom.sf(int(obs_cells[-1]) - 1, sum(obs_cells), pooled_mass))
+        statistic = float(stats.chi2.isf(p_value, 1)) if p_value < 1 else 0.0
     else:
         exp_arr = np.asarray(exp_cells, dtype=np.float64)
         obs_arr = np.asarray(obs_cells, dtype=np.float64)
@@ -371,6 +378,7 @@ def goodness_of_fit(
         seed=seed,
         replay=replay,
         min_expected=min_expected,
+        rare_bin=rare,
     )
 
 

@@ -17,7 +17,7 @@ import torch
 from specdec_ref.contract import PAD_TOKEN
 from specdec_ref.verify import sample_from_weights
 
-from .markov import CHUNK, MarkovPair, Simulation, simulate_rounds
+from .markov import CHUNK, MarkovPair, Simulation, empty_simulation, rounds_sampler
 from .sampling import BackendOutputError, call_backend, device_generator, integer_outputs, is_batched, on_device, row_generator
 
 #: Schemes whose trees have distinct sibling tokens (drafted without replacement or deterministically).
@@ -166,6 +166,15 @@ def simulate_tree(
     """Decode ``n`` sequences of ``length`` tokens through ``backend.verify_tree``, one tree of shape
     ``parents`` per round, drafted as the backend's declared scheme requires (drafting generator seeded
     ``2 * seed``, on the CPU; the backend's ``2 * seed + 1``, on ``device`` with its inputs)."""
+    draw = tree_sampler(backend, pair, parents, length=length, seed=seed, device=device)
+    step = chunk if is_batched(backend) else min(chunk, 4096)
+    parts = [draw(min(step, n - done)) for done in range(0, n, step)]
+    return sum(parts, empty_simulation(pair, length))
+
+
+def tree_sampler(backend, pair: MarkovPair, parents: np.ndarray, *, length: int, seed: int, device=None):
+    """``draw(b)``: the :class:`Simulation` of the next ``b`` sequences of :func:`simulate_tree`'s run (its generators
+    carried from call to call)."""
     scheme = tree_scheme_of(backend)
     draft_gen = torch.Generator().manual_seed(2 * seed)
     verify_gen = device_generator(2 * seed + 1, device)
@@ -175,5 +184,4 @@ def simulate_tree(
         m, _, out = verify_tree_rows(backend, tokens, tree, qs, p, generator=verify_gen, where=where, vocab=pair.vocab, device=device)
         return m + 1, out
 
-    step = chunk if is_batched(backend) else min(chunk, 4096)
-    return simulate_rounds(pair, n, length=length, round_fn=round_fn, step=step, where=f"{pair.name} trees, seed {seed}")
+    return rounds_sampler(pair, length=length, round_fn=round_fn, where=f"{pair.name} trees, seed {seed}")

@@ -106,7 +106,7 @@ def test_a_one_cell_test_passes_early_only_without_an_outcome_outside_it(escape,
     assert one_cell["detects"] >= -math.log(EARLY_PASS_BETA / len(LOOKS)) / one_cell["n"]
 
 
-@pytest.mark.parametrize("shift, status, look", [(0.0, "passed", "early_pass"), (0.03, "failed", "full")])
+@pytest.mark.parametrize("shift, status, look", [(0.0, "passed", "early_pass"), (0.03, "failed", "interim")])
 def test_a_total_passes_early_at_its_exact_mean_and_fails_when_shifted(shift, status, look, backend):
     def check(b, ctx):
         n = math.ceil(20_000 * ctx.sample_scale)
@@ -115,6 +115,9 @@ def test_a_total_passes_early_at_its_exact_mean_and_fails_when_shifted(shift, st
 
     record = _run(check, f"synthetic_total_{int(shift * 100)}", backend)
     assert (record.status, record.look) == (status, look), record.message
+    if status == "failed":  # not at the 5% look; at an early-pass look, at 1/100 of its alpha, as the interim look
+        assert record.message.startswith("rejected at an early-pass look") and not record.statistics
+        assert any(not r["passed"] and r["alpha"] == pytest.approx(1e-8) for r in record.interim_statistics)
     if status == "passed":
         assert record.power == "full" and record.statistics[0]["power"] >= TARGET_POWER
 

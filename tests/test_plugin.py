@@ -403,3 +403,45 @@ def test_backend_that_raises_gets_grouped_errors_and_one_traceback(tmp_path):
     assert cert["verdict"]["headline"] == "NOT CERTIFIED: 3 error"
     assert proc.stdout.count("first traceback:") == 1 and md.count("```") == 2
     assert_same_verdict(proc, cert, md)
+
+
+def test_x_makes_the_other_workers_skip_what_they_were_sent(tmp_path):
+    """``-x`` under xdist: the worker that reaches the failure limit creates the flag the controller handed every
+    worker, and from then on every worker skips the conformance cases still in its queue (xdist would run them all
+    before stopping), each skip saying why; other items run on."""
+    from types import SimpleNamespace
+
+    from conformance.plugin import StopAcrossWorkers
+    from conformance.registry import all_cases
+
+    flag = tmp_path / "stopped"
+    config = SimpleNamespace(workerinput={"specdec_stop_flag": str(flag)}, getoption=lambda name: 1)
+    plugin = StopAcrossWorkers(config)
+    case_item = SimpleNamespace(callspec=SimpleNamespace(params={"case": all_cases(["decoder_greedy_equals_ar_fp32"])[0]}))
+    other_item = SimpleNamespace()
+    plugin.pytest_runtest_setup(case_item)  # nothing stopped yet: runs
+    plugin.pytest_runtest_logreport(SimpleNamespace(failed=False))
+    assert not flag.exists()
+    plugin.pytest_runtest_logreport(SimpleNamespace(failed=True))  # this worker reached -x's limit
+    assert flag.exists()
+    other = StopAcrossWorkers(config)  # another worker, the same flag
+    with pytest.raises(pytest.skip.Exception, match="another xdist worker stopped the session"):
+        other.pytest_runtest_setup(case_item)
+    other.pytest_runtest_setup(other_item)  # not a conformance case: not this plugin's to skip
+    controller = StopAcrossWorkers(SimpleNamespace(getoption=lambda name: 1))
+    node = SimpleNamespace(workerinput={})
+    controller.pytest_configure_node(node)
+    assert node.workerinput["specdec_stop_flag"] == controller.flag and not os.path.exists(controller.flag)
+
+
+def test_statistical_cases_are_collected_first():
+    """A broken backend fails a statistical case at its 5% look, a deterministic one runs in full: under -x the
+    workers' first items are the statistical cases."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "conformance/", "--collect-only", "-q", "-p", "no:cacheprovider"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=180)
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    from conformance.registry import all_cases
+
+    statistical = {c.id for c in all_cases() if c.check.statistical}
+    kinds = [any(f"[{case}]" in line for case in statistical) for line in ids]
+    assert kinds and kinds.index(False) == sum(kinds), "every statistical case comes before every deterministic one"

@@ -297,3 +297,25 @@ def test_a_total_passes_early_only_when_its_z_is_small():
     assert np.mean(np.abs((drawn - 800) / calm["std"]) <= bound) <= EARLY_PASS_BETA + 3 * math.sqrt(EARLY_PASS_BETA / 4000)
     stated = spend_early_pass_power(calm, planned_n=2000 * 2.14)
     assert stated["tv"] == pytest.approx(shift) and stated["power"] >= 0.99
+
+
+@pytest.mark.parametrize("n", [200, 2_000, 15_000, 1_000_000])
+@pytest.mark.parametrize("rare_expected", [1e-3, 1.0, 4.9])
+def test_a_rare_bin_is_tested_exactly_and_its_stated_power_holds(n, rare_expected):
+    """One big cell and rare cells (expected count < MIN_EXPECTED even pooled): folding them into the big cell would
+    leave df 0 and hide any excess there (a law moving TV 0.067 into a cell of probability 5e-8 passed, stating power
+    1). They form their own bin, tested by its exact upper tail; the power stated (the df-1 chi-square bound, against
+    TV beyond the rare mass) is a lower bound on that test's power against the worst law at the TV it states it
+    detects: mass a on impossible cells (one draw there rejects) and the rest moved into the rare bin."""
+    from scipy import stats as st
+
+    m = rare_expected / n
+    fit = goodness_of_fit(np.array([n, 0]), np.array([1 - m, m]), what="rare", labels=["big", "rare"], tv=0.03)
+    assert fit.rare_bin and fit.df == 1 and fit.passed
+    x_crit = int(st.binom.isf(fit.alpha, n, m)) + 1  # the smallest count whose upper tail is below alpha
+    assert st.binom.sf(x_crit - 1, n, m) < fit.alpha <= st.binom.sf(x_crit - 2, n, m)
+    flooded = goodness_of_fit(np.array([n - x_crit, x_crit]), np.array([1 - m, m]), what="rare", labels=["big", "rare"])
+    assert not flooded.passed and "rare_bin" in flooded.as_record()
+    t = fit.detects
+    worst_miss = max((1 - a) ** n * st.binom.cdf(x_crit - 1, n, max(t - m - a, 0.0)) for a in np.linspace(0, t - m, 401))
+    assert worst_miss <= 1 - TARGET_POWER, (t, x_crit, worst_miss)
