@@ -258,6 +258,12 @@ class StopAcrossWorkers:
     def pytest_configure_node(self, node):
         node.workerinput["specdec_stop_flag"] = self.flag
 
+    def pytest_unconfigure(self, config):
+        if not hasattr(config, "workerinput") and self.flag:  # the controller made the folder: remove it
+            import shutil
+
+            shutil.rmtree(os.path.dirname(self.flag), ignore_errors=True)
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
         if self.flag and item_case(item) is not None and os.path.exists(self.flag):

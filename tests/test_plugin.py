@@ -432,6 +432,8 @@ def test_x_makes_the_other_workers_skip_what_they_were_sent(tmp_path):
     node = SimpleNamespace(workerinput={})
     controller.pytest_configure_node(node)
     assert node.workerinput["specdec_stop_flag"] == controller.flag and not os.path.exists(controller.flag)
+    controller.pytest_unconfigure(controller.config)  # the controller removes the folder it made
+    assert not os.path.exists(os.path.dirname(controller.flag))
 
 
 def test_statistical_cases_are_collected_first():
