@@ -17,7 +17,7 @@ import torch
 from specdec_ref.contract import PAD_TOKEN
 from specdec_ref.verify import sample_from_weights
 
-from .markov import CHUNK, MarkovPair, Simulation, empty_simulation, rounds_sampler
+from .markov import MarkovPair, rounds_sampler
 from .sampling import BackendOutputError, call_backend, device_generator, integer_outputs, is_batched, on_device, row_generator
 
 #: Schemes whose trees have distinct sibling tokens (drafted without replacement or deterministically).
@@ -160,21 +160,11 @@ def depth_cells(m: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Tens
     return m * vocab + tokens.gather(1, m[:, None]).squeeze(1)
 
 
-def simulate_tree(
-    backend, pair: MarkovPair, parents: np.ndarray, n: int, *, length: int, seed: int, chunk: int = CHUNK, device=None
-) -> Simulation:
-    """Decode ``n`` sequences of ``length`` tokens through ``backend.verify_tree``, one tree of shape
-    ``parents`` per round, drafted as the backend's declared scheme requires (drafting generator seeded
-    ``2 * seed``, on the CPU; the backend's ``2 * seed + 1``, on ``device`` with its inputs)."""
-    draw = tree_sampler(backend, pair, parents, length=length, seed=seed, device=device)
-    step = chunk if is_batched(backend) else min(chunk, 4096)
-    parts = [draw(min(step, n - done)) for done in range(0, n, step)]
-    return sum(parts, empty_simulation(pair, length))
-
-
 def tree_sampler(backend, pair: MarkovPair, parents: np.ndarray, *, length: int, seed: int, device=None):
-    """``draw(b)``: the :class:`Simulation` of the next ``b`` sequences of :func:`simulate_tree`'s run (its generators
-    carried from call to call)."""
+    """``draw(b)``: decode the next ``b`` sequences of ``length`` tokens through ``backend.verify_tree``, one tree of
+    shape ``parents`` per round, drafted as the backend's declared scheme requires (drafting generator seeded
+    ``2 * seed``, on the CPU; the backend's ``2 * seed + 1``, on ``device`` with its inputs), the generators carried
+    from call to call: consecutive draws add up to one run in chunks of those sizes."""
     scheme = tree_scheme_of(backend)
     draft_gen = torch.Generator().manual_seed(2 * seed)
     verify_gen = device_generator(2 * seed + 1, device)
