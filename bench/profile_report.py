@@ -11,6 +11,18 @@ from .kit import Column, format_table, jsonable
 __all__ = ["sections", "text_report", "markdown_report", "write_report"]
 
 
+def _negative_host_work(fit: dict) -> list[str]:
+    """A note when a fitted host-work term is negative: host work cannot be, so the forwards timed apart cost more
+    than the same forwards inside the decodes and the term carries that difference (the predicted speedups divide
+    the measured AR seconds per token, so they are unaffected)."""
+    names = [n for n in ("o_ar", "o_d", "o_0", "o_verify", "o_repair", "o_other") if (fit.get(n) or 0.0) < 0]
+    if not names:
+        return []
+    return [f"note: negative fitted host work ({', '.join(f'{n} {1e3 * fit[n]:.3f} ms' for n in names)}): the forwards timed "
+            "apart cost more than inside the decodes, so these terms carry that difference, not host work; the predicted "
+            "speedups use the measured AR seconds per token and stay comparable"]
+
+
 def _ms(v) -> str:
     return "-" if v is None else f"{1e3 * v:.3f}"
 
@@ -85,6 +97,7 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
         f"fitted ({fit['source']}): o_d {1e3 * fit['o_d']:.3f} ms per drafted token, o_0 {1e3 * fit['o_0']:.3f} ms per round"
         + ("" if fit.get("o_verify") is None else f" (verify {1e3 * fit['o_verify']:.3f}, repair {1e3 * fit['o_repair']:.3f}, other {1e3 * fit['o_other']:.3f})"),
         "acceptance by draft position (pooled over k): " + ", ".join(f"a{j + 1} {a:.3f}" for j, a in enumerate(fit["acceptance_by_position"])),
+        *_negative_host_work(fit),
     ], None))
     shown = [dict(r, shown=_interval(r["measured"], r["low"], r["high"])) for r in rows]
     notes = [f"k={r['k']}: off by {100 * r['gap']:+.0f}%: {r['term_off']}" for r in rows if r["term_off"]]

@@ -353,3 +353,12 @@ def test_a_backend_without_on_round_is_timed_as_whole_calls():
         spec = T + 3 * V_STEP + D + sum(k * (D + O_D) + T + V_STEP * k + O_V + (m == k) * D + O_R + O_O for m, _ in rounds)
         ar = T + V_STEP + 24 * (T + O_AR)  # prefill of the fake AR, then 24 steps
         assert row["measured"] == pytest.approx(ar / spec, rel=1e-9)
+
+
+def test_negative_host_work_is_noted_not_reported_as_host_work():
+    """A fitted host term below zero (forwards timed apart dearer than in the decodes) gets a note naming it."""
+    from bench.profile_report import _negative_host_work
+
+    assert _negative_host_work({"o_ar": 1e-4, "o_d": 0.0, "o_0": 2e-4, "o_verify": None}) == []
+    (note,) = _negative_host_work({"o_ar": -1.173e-3, "o_d": 1e-4, "o_0": -3.3e-5, "o_verify": -2.2e-4})
+    assert "o_ar -1.173 ms" in note and "o_0 -0.033 ms" in note and "o_verify -0.220 ms" in note and "o_d" not in note
