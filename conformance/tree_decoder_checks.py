@@ -20,7 +20,8 @@ decoder through :class:`TreeAsChain`, which answers ``decode(..., k=K)`` with
 Measured cost (reference backend, one torch thread, this project's 2-core machine; CPU-s per case):
 ``greedy_equals_ar_fp32`` llama / qwen2 ~7.5 each (256 tree decodes), ``greedy_bf16`` llama ~4,
 gpt2 ~6, ``cache_matches_prefill_every_round`` ~2 per case (6 cases), ``sequence_law-position``
-~45 (7 958 decodes at ~5.1 ms). See ``tests/test_tree_decode.py`` for the unit tests.
+~45 (7 958 decodes at ~5.1 ms; 10 with the early-pass looks), ``sequence_law-position_limit`` 5 (early pass).
+See ``tests/test_tree_decode.py`` for the unit tests.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from .check_helpers import (
     sequence_models,
 )
 from . import streams
-from .decoder_checks import check_decoder_cache_matches_prefill_every_round, check_decoder_sequence_law
+from .decoder_checks import SEQUENCE_TV, check_decoder_cache_matches_prefill_every_round, check_decoder_sequence_law
 from .registry import CheckContext, NotApplicable, check
 
 #: Tree widths the greedy and cache checks use (each with the chain checks' k grid as depths: greedy
@@ -48,8 +49,17 @@ from .registry import CheckContext, NotApplicable, check
 TREE_WIDTHS = (2, 3)
 #: Width of the bf16 and sequence-law trees (two siblings: the residual chain of the tree schemes is exercised).
 LAW_WIDTH = 2
-#: The sequence-law cases run on trees (``decoder_checks.SEQUENCE_CASES``; one, to keep CI cost near 45 CPU-s).
-TREE_SEQUENCE_CASES = ("position",)
+#: The sequence-law cases run on trees (``decoder_checks.SEQUENCE_CASES``) and the TV each is sized for (power 0.99 at
+#: alpha 1e-6):
+#:
+#: * ``position`` at SEQUENCE_TV (0.045): misplaced K/V entries or position ids after compaction;
+#: * ``position_limit`` at 0.09: the 126-token prompt runs into the 128 positions, so the tree shrinks to one level of
+#:   two nodes and a round after an acceptance has no room for a tree at all (a plain target step). A plain step that
+#:   takes the argmax instead of sampling (``tree_greedy_fallback_at_position_limit``) moves the law by TV 0.134 exactly
+#:   (every 3-token continuation's last token comes from that step; tests/test_tree_decode.py); no other case decodes
+#:   near the limit. At 0.09 the case draws 2 951 tree decodes at ``ci`` (8 220 at 0.045), each prefilling 125
+#:   tokens; a correct backend usually passes at an early-pass look (5 CPU-s for the reference).
+TREE_SEQUENCE_CASES = {"position": SEQUENCE_TV, "position_limit": 0.09}
 
 
 class TreeAsChain:
@@ -122,21 +132,23 @@ def check_tree_decoder_cache_matches_prefill_every_round(backend, ctx: CheckCont
     "requires, q not the row a node was drawn from, stale or misplaced KV entries after compaction, wrong position ids, "
     "a node attending outside its path, a different token fed to the next round than the one emitted",
     requires=("tree_decoder", "sampling"),
-    cases=[(name, {"case": name}) for name in TREE_SEQUENCE_CASES],
+    cases=[(name, {"case": name, "tv": tv}) for name, tv in TREE_SEQUENCE_CASES.items()],
     statistical=True,
 )
-def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str):
+def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float):
     """Whole continuations decoded with trees (width 2, depth = the case's k) on an exactly-known checkpoint pair
     follow the exact law from its tables: ``decoder_sequence_law``'s test (N decodes with power 0.99 against every
-    law at TV >= SEQUENCE_TV = 0.045, alpha 1e-6).
+    law at TV >= the case's TV in ``TREE_SEQUENCE_CASES``, alpha 1e-6).
 
     Case ``position``: the order-2, position-dependent target (its logits read the previous token through
     attention over the KV cache and the parity of the position through RoPE), so a misplaced K/V entry after
     compaction or a node written at the wrong position changes the law. N = 7 958 at the ``ci`` profile.
+    Case ``position_limit``: the same pair at its 128 positions, where the tree shrinks and then gives way to plain
+    target steps (``TREE_SEQUENCE_CASES`` states the effect of a wrong plain step there).
     """
     if getattr(backend.capabilities, "tree_scheme", "specinfer") == "lossy":
         raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")
-    _as_tree(lambda: check_decoder_sequence_law(TreeAsChain(backend, LAW_WIDTH), ctx, case), LAW_WIDTH)
+    _as_tree(lambda: check_decoder_sequence_law(TreeAsChain(backend, LAW_WIDTH), ctx, case, tv), LAW_WIDTH)
 
 
 

@@ -22,7 +22,7 @@ One round (batch 1), with ``D`` levels of ``w`` (``width``) children:
    children; the tree verifier (:mod:`specdec_ref.tree`) returns ``m``, the path and the tokens.
 3. **one host sync** reads ``m``, the path, the tokens and the draft slots of the path's nodes.
    EOS anywhere on the path ends generation right after it; ``max_new_tokens`` is never exceeded
-   (the tree has at most ``max_new_tokens - emitted - 1`` levels, as the chain decoder shrinks ``k``).
+   (a round's emitted tokens are cut there, as in the chain decoder).
 4. **repair** (KV compaction): both caches keep the committed prefix, the pending token and the
    accepted path's entries moved to contiguous slots (:meth:`~specdec_ref.cache.ModelCache.compact`);
    everything else is dropped. Path nodes the draft never fed (a leaf of the last level, or a node it
@@ -33,7 +33,8 @@ caches hold ``committed_len - 1`` tokens whose K/V equal a fresh prefill of that
 one overridable method, so a known bug (``fixtures/mutants/tree_decoder.py``) is a one-method subclass.
 
 The tree is shrunk near the caches' position limit (fewer levels, then fewer children) so that the
-target's ``1 + n`` slots fit.
+target's ``1 + n`` slots fit; a round with no room for one level is a plain target step (:meth:`TreeSpeculativeDecoder.plain_step`),
+whose token follows the target's warped row as in AR decoding.
 """
 from __future__ import annotations
 
@@ -196,6 +197,13 @@ class TreeSpeculativeDecoder:
         """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""
         return len(emitted)
 
+    def plain_step(self, target_cache: ModelCache, draft_cache: ModelCache, pending: torch.Tensor, sampling, generator) -> torch.Tensor:
+        """A round without drafts (Long ``[1, 1]``): the pending token fed to both models, the next token drawn from the
+        target's warped row as AR decoding would draw it (one draft and one target call)."""
+        draft_cache.feed(pending)
+        logits = target_cache.feed(pending)
+        return _choose(self.target_rows(logits, sampling)[:, -1], sampling, generator)
+
     def shape(self, depth: int, width: int, remaining: int, room: int | None) -> tuple[int, int]:
         """(levels, width) of this round: ``depth`` levels (the emitted tokens are cut at ``max_new_tokens``, as in the
         chain decoder) while ``1 + nodes <= room`` target slots."""
@@ -254,12 +262,10 @@ class TreeSpeculativeDecoder:
             room = min(limits) - start if limits else None
             levels, kids = self.shape(depth, width, max_new_tokens - len(result.tokens), room)
             tick = clock() if clock else 0.0
-            if levels == 0:  # one token left (or no room for a tree): a plain target step
-                draft_cache.feed(pending)
+            if levels == 0:  # at the position limit, no room for a tree: a plain target step
+                final = self.plain_step(target_cache, draft_cache, pending, sampling, generator)
                 result.draft_calls += 1
-                logits = target_cache.feed(pending)
                 result.target_calls += 1
-                final = _choose(self.target_rows(logits, sampling)[:, -1], sampling, generator)
                 accepted, path, row, slots = 0, [], [int(final.item())], []
                 path_tokens = final[:, None]
                 proposed = 0

@@ -411,3 +411,57 @@ def test_the_tree_law_check_lets_the_tree_filter_order_mutant_through():
     for case in all_cases(["tree_decoder_sequence_law"]):
         record = run_case(case, mutant, CheckContext(profile="dev"))
         assert record.status == "passed", (case.id, record.message[:1500])
+
+
+def test_the_stated_tree_position_limit_shift_is_exact():
+    """TREE_SEQUENCE_CASES' position_limit: on the reference every 3-token continuation ends with a plain target step
+    (a round proposing no node), so a plain step taking the argmax gives exactly the law below (the AR law with the
+    third token moved to the target row's argmax), at TV 0.134; the mutant's decodes fit that law."""
+    import collections
+
+    from conformance.decoder_checks import SEQUENCE_CASES, sequence_eos, sequence_law, sequence_models
+    from conformance.tree_decoder_checks import LAW_WIDTH, TREE_SEQUENCE_CASES
+    from fixtures.mutants.tree_decoder import TreeGreedyFallbackAtPositionLimit
+    from properties.stats import ALPHA, goodness_of_fit
+
+    case = "position_limit"
+    spec, eos = SEQUENCE_CASES[case], sequence_eos(case)
+    target, draft = sequence_models(spec.pair)
+    prompt = torch.tensor([list(spec.prompt)])
+    run = dict(depth=spec.k, width=LAW_WIDTH, max_new_tokens=spec.length, sampling=spec.sampling, eos_id=eos)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(200):
+        result = TreeSpeculativeDecoder().decode(target, draft, prompt, generator=gen, **run)
+        assert result.rounds[0].proposed == LAW_WIDTH  # one level of two nodes: the tree shrunk at the limit
+        if len(result.tokens) == spec.length:
+            assert result.rounds[-1].proposed == 0, result.rounds
+    law = dict(sequence_law(case))
+    moved: dict = collections.defaultdict(float)
+    for seq, p in law.items():
+        if len(seq) == spec.length:
+            with torch.no_grad():
+                row = target(torch.cat([prompt, torch.tensor([list(seq[:-1])])], 1)).logits[0, -1]
+            seq = seq[:-1] + (int(row.argmax()),)
+        moved[seq] += p
+    shift = 0.5 * sum(abs(law.get(s, 0.0) - moved.get(s, 0.0)) for s in set(law) | set(moved))
+    assert round(shift, 3) == 0.134 and shift > TREE_SEQUENCE_CASES[case]
+    mutant = TreeGreedyFallbackAtPositionLimit()
+    outputs = [tuple(mutant.decode(target, draft, prompt, generator=gen, **run).tokens) for _ in range(600)]
+    counts = collections.Counter(outputs)
+    assert set(counts) <= {s for s, p in moved.items() if p > 0}, counts
+    observed = [counts.get(key, 0) for key in moved]
+    fit = goodness_of_fit(observed, list(moved.values()), what="the mutant's continuations vs the moved law",
+                          labels=[str(key) for key in moved])
+    assert fit.p_value > ALPHA, fit
+
+
+def test_the_older_tree_case_lets_the_tree_position_limit_mutant_through():
+    """The position case ends far below the models' maximum positions: a wrong plain target step passes it (dev scale);
+    only the position_limit case sees it (tests/test_mutants.py)."""
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants import MUTANTS
+
+    mutant = MUTANTS["tree_greedy_fallback_at_position_limit"].backend()
+    (case,) = [c for c in all_cases(["tree_decoder_sequence_law"]) if c.case_id == "position"]
+    record = run_case(case, mutant, CheckContext(profile="dev"))
+    assert record.status == "passed", record.message[:1500]
