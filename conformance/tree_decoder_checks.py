@@ -25,17 +25,25 @@ See ``tests/test_tree_decode.py`` for the unit tests.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from properties.sampling import call_backend
+from specdec_ref.decode import autoregressive_decode
+from specdec_ref.models import make_draft, tiny_lm
+from specdec_ref.warp import GREEDY, SamplingConfig
 
 from .check_helpers import (
     EFFICIENCY_NEW_TOKENS,
     EFFICIENCY_PAIR,
     FILTERED_EFFICIENCY,
+    _cache_hook,
+    _decode,
     _greedy_equality,
     _require_filters,
     efficiency_tables,
+    assert_numerical_flip,
     look_prompts,
     round_totals,
     sequence_models,
@@ -150,6 +158,62 @@ def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: f
         raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")
     _as_tree(lambda: check_decoder_sequence_law(TreeAsChain(backend, LAW_WIDTH), ctx, case, tv), LAW_WIDTH)
 
+
+
+#: ``tree_decoder_position_limit``: a Llama target of this many positions (and a noisy draft of it), prompts ending
+#: ``j = 1 .. LIMIT_DISTANCES`` positions below it, decoded to the limit (``max_new_tokens = j + 1``: the last token is
+#: never fed), with trees whose shape leaves rooms of every size along the way.
+LIMIT_POSITIONS = 32
+LIMIT_DISTANCES = 8
+LIMIT_TREES = ((3, 2), (2, 3), (1, 4))  # (depth, width): 9, 12 and 4 nodes, shrunk level by level, then width by width
+
+
+@functools.lru_cache(maxsize=None)
+def limit_pair():
+    """The position-limit check's models (cached; treat as read-only)."""
+    target = tiny_lm("llama", vocab_size=16, seed=21, init_scale=2.0, max_positions=LIMIT_POSITIONS)
+    return target, make_draft(target, "noisy", noise=0.1, seed=22)
+
+
+@check(
+    guards="trees not shrunk to the room left at the models' maximum positions (nodes written past the cache), that "
+    "room counted without the pending token's slot, a wrong plain target step where no tree fits, caches wrong there",
+    requires=("tree_decoder", "greedy"),
+)
+def check_tree_decoder_position_limit(backend, ctx: CheckContext):
+    """Tree decodes that run into the models' maximum positions: greedy equals AR greedy token for token (a classified
+    numerical flip is tolerated), and with ``sampling`` claimed a sampled decode keeps the stop invariants; claiming
+    ``cache``, both caches equal a fresh prefill after every round. Prompts end j = 1..8 positions below the
+    32-position limit, trees of (depth, width) (3, 2), (2, 3) and (1, 4), so rounds get fewer levels, fewer
+    children and no tree at all (tests/test_tree_decode.py checks that the reference's decodes here have all three).
+    A tree one node too large for the room left (``tree_room_ignores_pending``) writes past the cache: a named error
+    of the backend call. The sequence law's ``position_limit`` case reaches the limit too, but only with rooms of 3
+    and 1 slots (a rejection there emits EOS), where that miscount changes nothing.
+    """
+    target, draft = limit_pair()
+    claims_cache = bool(getattr(backend.capabilities, "cache", False))
+    claims_sampling = bool(getattr(backend.capabilities, "sampling", False))
+    g = torch.Generator().manual_seed(ctx.seed_for("tree-limit-prompts"))
+    for j in range(1, LIMIT_DISTANCES + 1):
+        prompt = torch.randint(0, 16, (1, LIMIT_POSITIONS - j), generator=g)
+        ar = autoregressive_decode(target, prompt, max_new_tokens=j + 1)
+        for depth, width in LIMIT_TREES:
+            chain = TreeAsChain(backend, width)
+            where = f"prompt of {LIMIT_POSITIONS - j} tokens ({j} below the {LIMIT_POSITIONS} positions), depth {depth}, width {width}"
+            runs = [("greedy", GREEDY, None)]
+            if claims_sampling:
+                runs.append(("sampling", SamplingConfig(temperature=0.9, top_k=8), ctx.seed_for("tree-limit-run", j, depth)))
+            for mode, sampling, seed in runs:
+                run = dict(k=depth, max_new_tokens=j + 1, sampling=sampling)
+                gen = (lambda: None) if seed is None else (lambda: torch.Generator().manual_seed(seed))
+                got = _as_tree(lambda: _decode(chain, target, draft, prompt, generator=gen(), **run), width)
+                if mode == "greedy" and got.tokens != ar.tokens:
+                    assert_numerical_flip(target, prompt, got.tokens, ar.tokens, "float32", where, ctx)
+                if claims_cache:  # the same decode again, both caches compared with a fresh prefill after every round
+                    label = where + f", {mode}" + ("" if seed is None else f", generator seed {seed}")
+                    hook = _cache_hook(target, draft, prompt[0].tolist() + got.tokens, label)
+                    again = _as_tree(lambda: _decode(chain, target, draft, prompt, generator=gen(), on_round=hook, **run), width)
+                    assert again.tokens == got.tokens, f"{label}: the same decode gave {got.tokens}, then {again.tokens}"
 
 
 #: ``tree_decoder_acceptance_under_filters``: trees of width 2 and depth 2 (a full binary tree of 6 nodes: both level-1

@@ -465,3 +465,28 @@ def test_the_older_tree_case_lets_the_tree_position_limit_mutant_through():
     (case,) = [c for c in all_cases(["tree_decoder_sequence_law"]) if c.case_id == "position"]
     record = run_case(case, mutant, CheckContext(profile="dev"))
     assert record.status == "passed", record.message[:1500]
+
+
+def test_the_position_limit_check_reaches_every_kind_of_shrunk_round():
+    """tree_decoder_position_limit's premise: on the reference its decodes have rounds with fewer levels than asked,
+    rounds with fewer children than the width, and rounds with no tree (a plain target step)."""
+    from conformance.tree_decoder_checks import LIMIT_DISTANCES, LIMIT_POSITIONS, LIMIT_TREES, limit_pair
+
+    target, draft = limit_pair()
+    g = torch.Generator().manual_seed(3)
+    kinds = set()
+    for j in range(1, LIMIT_DISTANCES + 1):
+        prompt = torch.randint(0, 16, (1, LIMIT_POSITIONS - j), generator=g)
+        for depth, width in LIMIT_TREES:
+            result = TreeSpeculativeDecoder().decode(target, draft, prompt, depth=depth, width=width, max_new_tokens=j + 1)
+            assert result.tokens == autoregressive_decode(target, prompt, max_new_tokens=j + 1).tokens
+            for r in result.rounds:
+                assert r.start + r.proposed <= LIMIT_POSITIONS
+                full_levels = [tree_nodes(d, width) for d in range(1, depth + 1)]
+                if r.proposed == 0:
+                    kinds.add("no tree")
+                elif r.proposed in full_levels[:-1]:
+                    kinds.add("fewer levels")
+                elif r.proposed not in full_levels:
+                    kinds.add("fewer children")
+    assert kinds == {"no tree", "fewer levels", "fewer children"}, kinds
