@@ -55,8 +55,8 @@ def false_alarms(backend, *, seeds: int = 200, blocks: int = 100_000, scenario: 
     look and every early-pass look.
     """
     pvalues: dict[str, list[float]] = {}
-    sizes = sorted({max(1, int(blocks * f)) for f in interim_fractions if 0 < f < 1})
-    labels = {max(1, int(blocks * f)): f"{INTERIM}{f:g}:" for f in interim_fractions if 0 < f < 1}
+    labels = {max(1, int(blocks * f)): f"{INTERIM}{f:g}:" for f in interim_fractions if 0 < f < 1}  # look size -> key
+    sizes = sorted(labels)
     for seed in range(first_seed, first_seed + seeds):
         sampler, parts = BlockSampler(backend, STAT_SCENARIOS[scenario], seed), []
         for n in sizes + [blocks]:

@@ -198,7 +198,7 @@ class TreeSpeculativeDecoder:
         return len(emitted)
 
     def plain_step(self, target_cache: ModelCache, draft_cache: ModelCache, pending: torch.Tensor, sampling, generator) -> torch.Tensor:
-        """A round without drafts (Long ``[1, 1]``): the pending token fed to both models, the next token drawn from the
+        """A round without drafts (Long ``[1]``): the pending token fed to both models, the next token drawn from the
         target's warped row as AR decoding would draw it (one draft and one target call)."""
         draft_cache.feed(pending)
         logits = target_cache.feed(pending)

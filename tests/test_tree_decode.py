@@ -449,10 +449,14 @@ def test_the_stated_tree_position_limit_shift_is_exact():
     outputs = [tuple(mutant.decode(target, draft, prompt, generator=gen, **run).tokens) for _ in range(600)]
     counts = collections.Counter(outputs)
     assert set(counts) <= {s for s, p in moved.items() if p > 0}, counts
-    observed = [counts.get(key, 0) for key in moved]
-    fit = goodness_of_fit(observed, list(moved.values()), what="the mutant's continuations vs the moved law",
-                          labels=[str(key) for key in moved])
+    keys = sorted(set(law) | set(moved))
+    observed = [counts.get(key, 0) for key in keys]
+    fit = goodness_of_fit(observed, [moved.get(key, 0.0) for key in keys], what="the mutant's continuations vs the moved law",
+                          labels=[str(key) for key in keys])
     assert fit.p_value > ALPHA, fit
+    unmoved = goodness_of_fit(observed, [law.get(key, 0.0) for key in keys], what="the mutant's continuations vs the AR law",
+                              labels=[str(key) for key in keys])
+    assert unmoved.p_value < ALPHA, unmoved  # the same 600 decodes tell the two laws apart
 
 
 def test_the_older_tree_case_lets_the_tree_position_limit_mutant_through():
