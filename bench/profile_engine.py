@@ -325,7 +325,7 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
         + ("agree with the per-request counters" if check["agree"] else f"DIFFER: {check['registry']} against {check['per_request']}")]
     out.append(("Acceptance (the engine's per-request counters, summed over the timed calls)", [
         "alpha = accepted / drafted tokens; a_j = draft j accepted given drafts 1..j-1 were; exact alpha = the exact expectation "
-        "for the pair's tables and the scheme (conformance.engines.vllm_efficiency; sampling only)", *check_line,
+        "for the pair's tables and the scheme (conformance.engines.efficiency; sampling only)", *check_line,
     ], format_table(accept, ACCEPT_COLUMNS)))
     return out
 

@@ -10,7 +10,7 @@ Design (the pairing and the timing are :mod:`bench.profile_engine`'s): every var
 and the variants' ``generate`` calls are interleaved on the same token-id prompts with the same request seeds,
 each call timed by the tool. Acceptance: vLLM's per-request speculative metrics
 (``per_request_spec_decode_metrics="summary"``: per request, a histogram of the drafts accepted per round).
-``LLM.get_metrics()`` (:func:`vllm_worker.spec_counters`) cannot serve per variant here: every new instance
+``LLM.get_metrics()`` (:func:`conformance.engines.vllm.spec_counters`) cannot serve per variant here: every new instance
 re-registers vLLM's collectors in the process-wide Prometheus registry, so it reads the instance loaded last
 only; after the timed calls, one untimed call on that instance checks that its ``get_metrics()`` counters
 move exactly as the per-request metrics say (``counter_check`` in the report). Engine settings: float32,
@@ -28,7 +28,7 @@ order1 tokenizer files; vLLM's CPU attention must accept both head sizes (64 and
 why). ``exact:NAME`` is a shipped engine-ready exact pair (tiny: one layer of hidden 16 each side, 128 positions:
 a step costs the engine's per-step overhead, not the model, so the draft is as dear as the target; docs/profile.md
 has the measurement). On the order1 pairs, sampled runs also get the
-exact expected acceptance (:mod:`conformance.engines.vllm_efficiency`) beside vLLM's counters.
+exact expected acceptance (:mod:`conformance.engines.efficiency`) beside vLLM's counters.
 """
 from __future__ import annotations
 
@@ -45,8 +45,9 @@ from bench.profile_engine import Completion, EngineVariant, sum_counters, add_pr
     request_seeds, run_interleaved, summarise, variants_for, write_engine_report
 from bench.profile_timing import log_stderr
 
-from conformance.engines.vllm_matrix import config, vllm_sampling_kwargs
-from conformance.engines.vllm_worker import spec_counters
+from conformance.engines.vllm import ADAPTER, spec_counters, vllm_sampling_kwargs
+
+config = ADAPTER.config
 
 __all__ = ["KV_CACHE_BYTES", "VLLMEngines", "prepare_pair", "request_counters", "profile_vllm", "main"]
 
@@ -207,7 +208,7 @@ def request_counters(metrics) -> dict | None:
 
 def _efficiency(row: dict, pair: str, mode: str, draft_sample: str, prompts: list[list[int]], new_tokens: int) -> dict | None:
     """vLLM's counters against the exact acceptance expectation of the pair's tables (sampled draft_model variants)."""
-    from conformance.engines.vllm_efficiency import compare, expectation_for
+    from conformance.engines.efficiency import compare, expectation_for
 
     acc = row.get("acceptance")
     if mode != "sampling" or row["method"] != "draft_model" or not acc:

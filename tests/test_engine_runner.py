@@ -1,6 +1,7 @@
-"""Fast tests of the vLLM runner's parts that need no vLLM: matrix, expectation file, efficiency maths, report.
+"""Fast tests of the engine runner's parts that need no engine: matrix, adapters as data, expectation files,
+efficiency maths, report, the speculation and per-seed identity checks, and a whole runner pass on a fake engine.
 
-Nothing here imports vllm (the runner modules import it only inside the worker process).
+Nothing here imports an engine (adapters import theirs only inside the worker process).
 """
 from __future__ import annotations
 
@@ -11,18 +12,21 @@ import numpy as np
 import pytest
 import torch
 
-from conformance.engines import vllm as runner
-from conformance.engines import vllm_efficiency as eff
-from conformance.engines import vllm_matrix as matrix
-from conformance.engines import vllm_report as report
+from conformance.engines import adapter as adapters
+from conformance.engines import efficiency as eff
+from conformance.engines import matrix
+from conformance.engines import report
+from conformance.engines import runner
+from conformance.engines import vllm
 from specdec_ref.warp import SamplingConfig
 
 
 def test_importing_the_runner_does_not_import_vllm():
     import subprocess
 
-    code = ("import sys, conformance.engines.vllm, conformance.engines.vllm_worker, conformance.engines.vllm_report, "
-            "conformance.engines.vllm_efficiency; sys.exit(1 if 'vllm' in sys.modules else 0)")
+    code = ("import sys, conformance.engines.vllm, conformance.engines.worker, conformance.engines.report, "
+            "conformance.engines.runner, conformance.engines.efficiency, conformance.engines.adapter; "
+            "sys.exit(1 if 'vllm' in sys.modules else 0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -41,30 +45,31 @@ def test_matrix_cases_are_well_defined():
             s = {c.seed(i) for i in range(c.n)}
             assert len(s) == c.n and not (s & seeds)
             seeds |= s
-    for cfg in matrix.CONFIGS:
-        assert all(c in names for c in (cfg.cases or ()))
+    for name in adapters.ADAPTERS:
+        for cfg in adapters.adapter(name).configurations:
+            assert all(c in names for c in (cfg.cases or ())), (name, cfg.name)
     # the prompt-length split the (C) diagnosis needs: one-token and longer prompts with the same law
     assert {matrix.case("warp-1tok").prompt, matrix.case("warp").prompt} == {(6,), (2, 6)}
     assert len(matrix.case("position-1tok").prompt) == 1 and len(matrix.case("position").prompt) == 2
 
 
 def test_sampling_kwargs_set_every_filter_off_explicitly():
-    kw = matrix.vllm_sampling_kwargs(SamplingConfig(temperature=0.7), max_new_tokens=3, eos=True, eos_id=7, seed=5)
+    kw = vllm.vllm_sampling_kwargs(SamplingConfig(temperature=0.7), max_new_tokens=3, eos=True, eos_id=7, seed=5)
     assert kw["top_k"] == 0 and kw["top_p"] == 1.0 and kw["min_p"] == 0.0 and kw["seed"] == 5
     assert kw["stop_token_ids"] == [7] and kw["ignore_eos"] is False and kw["detokenize"] is False
-    g = matrix.vllm_sampling_kwargs(SamplingConfig(greedy=True), max_new_tokens=2, eos=False, eos_id=7, seed=None)
+    g = vllm.vllm_sampling_kwargs(SamplingConfig(greedy=True), max_new_tokens=2, eos=False, eos_id=7, seed=None)
     assert g["temperature"] == 0.0 and g["ignore_eos"] is True
-    p = matrix.vllm_sampling_kwargs(SamplingConfig(temperature=0.6, repetition_penalty=1.5, presence_penalty=0.5),
+    p = vllm.vllm_sampling_kwargs(SamplingConfig(temperature=0.6, repetition_penalty=1.5, presence_penalty=0.5),
                                     max_new_tokens=3, eos=True, eos_id=7, seed=1)
     assert p["repetition_penalty"] == 1.5 and p["presence_penalty"] == 0.5 and p["frequency_penalty"] == 0.0
 
 
 def test_speculative_config():
-    assert matrix.speculative_config(matrix.config("control"), None) is None
-    spec = matrix.speculative_config(matrix.config("draft-prob"), "/d")
-    assert spec == {"method": "draft_model", "num_speculative_tokens": matrix.K, "draft_sample_method": "probabilistic",
+    assert vllm.speculative_config(vllm.ADAPTER.config("control"), None) is None
+    spec = vllm.speculative_config(vllm.ADAPTER.config("draft-prob"), "/d")
+    assert spec == {"method": "draft_model", "num_speculative_tokens": vllm.K, "draft_sample_method": "probabilistic",
                     "model": "/d"}
-    assert "model" not in matrix.speculative_config(matrix.config("ngram"), "/d")
+    assert "model" not in vllm.speculative_config(vllm.ADAPTER.config("ngram"), "/d")
 
 
 # ----------------------------------------------------------------------------- efficiency maths
@@ -167,11 +172,11 @@ def _results(levels):
 
 def test_expectation_file_round_trip_and_nondeterminism():
     obs1 = report.expectation_entries(_results({"draft-prob": {"warp": "not_certified", "ties": "engine_error"}}))
-    exp = report.merge_expected({}, "unpatched", obs1, version="0.32.0")
+    exp = report.merge_expected({}, "unpatched", obs1, version="0.32.0", engine="vllm")
     assert report.check_expected(exp, "unpatched", obs1) == []
     obs2 = report.expectation_entries(_results({"draft-prob": {"warp": "not_certified", "ties": "not_certified"}}))
     assert report.check_expected(exp, "unpatched", obs2) == ["draft-prob / ties: got not_certified, recorded engine_error"]
-    exp = report.merge_expected(exp, "unpatched", obs2, version="0.32.0")
+    exp = report.merge_expected(exp, "unpatched", obs2, version="0.32.0", engine="vllm")
     assert exp["expected"]["unpatched"]["draft-prob"]["ties"] == ["engine_error", "not_certified"]
     assert report.check_expected(exp, "unpatched", obs1) == [] and report.check_expected(exp, "unpatched", obs2) == []
     tool = report.expectation_entries(_results({"draft-prob": {"warp": report.TOOL_ERROR}}))
@@ -181,20 +186,23 @@ def test_expectation_file_round_trip_and_nondeterminism():
 
 
 def test_recorded_expectations_cover_the_matrix():
-    path = runner.EXPECTED_PATH
-    assert path.exists(), f"{path} is missing: the vLLM stage checks every verdict against it"
-    data = json.loads(path.read_text())
-    assert "unpatched" in data["expected"]
-    for key, section in data["expected"].items():
-        for cfg in matrix.CONFIGS:
-            row = section.get(cfg.name)
-            assert row is not None, (key, cfg.name)
-            for c in matrix.cases_for(cfg):
-                assert c.name in row, (key, cfg.name, c.name)
+    for name in adapters.ADAPTERS:
+        ad = adapters.adapter(name)
+        path = ad.expected_path()
+        assert path.exists(), f"{path} is missing: the {ad.title} stage checks every verdict against it"
+        data = json.loads(path.read_text())
+        assert data["engine"] == name and data["version"] == ad.version
+        assert "unpatched" in data["expected"]
+        for key, section in data["expected"].items():
+            for cfg in ad.configurations:
+                row = section.get(cfg.name)
+                assert row is not None, (name, key, cfg.name)
+                for c in ad.cases_for(cfg):
+                    assert c.name in row, (name, key, cfg.name, c.name)
 
 
 def test_markdown_table_rows():
-    results = {"vllm": "0.32.0", "patch_key": "unpatched", "command": "python -m conformance.engines.vllm --out d",
+    results = {"title": "vLLM", "version": "0.32.0", "patch_key": "unpatched", "command": "python -m conformance.engines vllm --out d",
                "wall_s": 12.0, "configs": {"draft-prob": {"cases": {"warp": {
                    "level": "not_certified", "headline": "NOT CERTIFIED: x", "prompt": [2, 6], "settings": "T 1.5",
                    "n": 20000, "power": 0.995, "detects": 0.029, "departure": "position 2: chi-square 90 on 7 df"}},
@@ -207,17 +215,18 @@ def test_markdown_table_rows():
 
 
 def test_replay_script_is_standalone():
-    src = report.replay_script(title="t", command="c", target="/t", spec=None, prompt=(6,), params={"max_tokens": 3},
+    src = vllm.replay_script(title="t", command="c", target="/t", spec=None, prompt=(6,), params={"max_tokens": 3},
                                n=10, length=1, eos=7, law={"4": 1.0}, critical=30.0, patch="A")
     compile(src, "replay.py", "exec")
     assert "conformance" not in src and "specdec_ref" not in src and "_expand_kernel_impl" in src
-    assert "_expand_kernel_impl" not in report.replay_script(
+    assert "_expand_kernel_impl" not in vllm.replay_script(
         title="t", command="c", target="/t", spec=None, prompt=(6,), params={}, n=1, length=1, eos=None, law={},
         critical=1.0, patch="")
 
 
 def test_missing_vllm_names_the_env_script(monkeypatch, tmp_path):
-    monkeypatch.setattr(runner.importlib.util, "find_spec", lambda name: None)
-    monkeypatch.setattr(runner, "REPO", tmp_path)
-    with pytest.raises(runner.VLLMMissingError, match="scripts/vllm_env.sh"):
-        runner.find_python()
+    monkeypatch.setattr(adapters.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(adapters, "REPO", tmp_path)
+    with pytest.raises(adapters.EngineMissingError, match="scripts/vllm_env.sh"):
+        vllm.find_python()
+    assert runner.main(["vllm", "--out", str(tmp_path / "o")]) == 2

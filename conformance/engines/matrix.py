@@ -1,10 +1,12 @@
-"""The vLLM certification matrix as data: configurations, sampling cases, the efficiency request set.
+"""The engine certification matrix as data: sampling cases, the configuration record, the efficiency request set.
 
-Nothing here imports vLLM. A *configuration* is one engine set-up (speculative method and its options);
-a *case* is one sampling setting on one prompt of one exactly-known target, certified by
-``conformance.samples.certify_samples``. Invariant: every case's law is determined by its settings (no
-top-p cut inside a tie group; ``tests/test_vllm_runner.py`` checks it), and every request of a case has
-its own seed when the case is seeded, so a case's JSONL is a valid black-box file.
+Engine-neutral: nothing here imports an engine, and every adapter (:mod:`conformance.engines.adapter`) draws its
+cases from :data:`CASES` (an engine may leave some out: a setting it cannot express, a convention it does not
+state). A *configuration* is one engine set-up (speculative method and its options, the scheme it declares); a
+*case* is one sampling setting on one prompt of one exactly-known target, certified by
+``conformance.samples.certify_samples``. Invariant: every case's law is determined by its settings (no top-p cut
+inside a tie group; ``tests/test_engine_matrix.py`` checks it), and every request of a case has its own seed when
+the case is seeded, so a case's JSONL is a valid black-box file.
 """
 from __future__ import annotations
 
@@ -12,10 +14,7 @@ from dataclasses import dataclass, field
 
 from specdec_ref.warp import SamplingConfig
 
-__all__ = [
-    "K", "Case", "Configuration", "CASES", "CONFIGS", "FAMILIES", "EFFICIENCY", "Efficiency",
-    "case", "config", "vllm_sampling_kwargs", "speculative_config", "cases_for",
-]
+__all__ = ["K", "Case", "Configuration", "CASES", "FAMILIES", "EFFICIENCY", "Efficiency", "case", "SCHEMES"]
 
 #: Draft tokens per round in every speculative configuration.
 K = 3
@@ -37,6 +36,7 @@ class Case:
     n: int
     exercises: str
     seed_base: int = 0
+    cuts_top_k_tie: bool = False  # its top-k cuts a tie group: the law depends on the engine's tie convention
 
     @property
     def model(self) -> str:
@@ -77,7 +77,8 @@ CASES: tuple[Case, ...] = (
     Case("warp", "order1", (2, 6), SamplingConfig(temperature=1.5, top_k=4, top_p=0.6), 3, True, True, N,
          "the same law as warp-1tok (order1 reads the last token) from a two-token prompt", 200_000),
     Case("ties", "order1", (0, 4), SamplingConfig(temperature=1.5, top_k=2), 3, True, True, N,
-         "exact ties at the top-k boundary (rows 5 and 7 keep three tokens)", 300_000),
+         "exact ties at the top-k boundary (rows 5 and 7 keep three tokens under the keep-all-ties rule)", 300_000,
+         cuts_top_k_tie=True),
     Case("eos", "order1", (3, 1), SamplingConfig(temperature=0.7, top_k=2), 4, True, True, N,
          "EOS accepted inside a block, nothing after it", 400_000),
     Case("min-p", "order1", (5, 2), SamplingConfig(temperature=1.0, min_p=0.2), 3, True, True, N,
@@ -96,35 +97,44 @@ CASES: tuple[Case, ...] = (
 )
 
 
+#: Schemes a configuration may declare: the exact acceptance law its efficiency is checked against.
+#: ``token``: token-wise rejection sampling with the draft's law; ``one_hot``: rejection sampling of one-hot
+#: (argmax) drafts; ``block``: block verification; ``sample_match``: the target samples with the request's own
+#: generator and a draft is kept while it equals the target's sample (lossless and, per seed, identical to no
+#: speculation); ``synthetic``: fixed acceptance rates (lossy by design); None: no exact law stated.
+SCHEMES = ("token", "one_hot", "block", "sample_match", "synthetic", None)
+
+
 @dataclass(frozen=True)
 class Configuration:
-    """One engine set-up. ``scheme``: the exact acceptance law it claims (None: no exact law stated)."""
+    """One engine set-up.
+
+    ``method``: the engine's own name for its speculative method (None: no speculation); ``options``: the
+    engine's settings for it (the adapter reads them); ``scheme``: the exact law it claims (:data:`SCHEMES`);
+    ``cases``: the case names it runs (None: every case of the adapter); ``lossy``: lossy by design, the harness
+    must reject it; ``identical_to``: a configuration whose outputs this one claims to equal request by request
+    under the same seeds (checked per seed: stronger than the law test); ``k``: drafts per round (None: the
+    adapter's default)."""
 
     name: str
-    method: str | None  # vLLM speculative method; None = no speculation
+    method: str | None
     options: dict = field(default_factory=dict)
-    scheme: str | None = None  # token | one_hot | block | synthetic | None
-    cases: tuple[str, ...] | None = None  # None: every case
+    scheme: str | None = None
+    cases: tuple[str, ...] | None = None
     lossy: bool = False
     note: str = ""
+    identical_to: str | None = None
+    k: int | None = None
 
+    def __post_init__(self):
+        if self.scheme not in SCHEMES:
+            raise ValueError(f"configuration {self.name!r}: unknown scheme {self.scheme!r}; known: {SCHEMES}")
+        if self.method is None and self.scheme is not None:
+            raise ValueError(f"configuration {self.name!r}: a scheme needs a speculative method")
 
-CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, note="no speculation: the engine's plain sampler"),
-    Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
-                  note="draft model sampled from softmax(draft / T); standard rejection sampling"),
-    Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
-                  cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok"), note="draft model argmax, treated as one-hot in rejection sampling"),
-    Configuration("block", "draft_model", {"draft_sample_method": "probabilistic", "rejection_sample_method": "block"},
-                  "block", cases=("warp-1tok", "warp", "position", "greedy"), note="block verification (Sun et al.) as configured"),
-    Configuration("ngram", "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 2}, None,
-                  cases=("temperature", "warp-1tok", "warp", "penalty", "position"), note="prompt lookup (n-gram) drafts, one-hot"),
-    Configuration("suffix", "suffix", {}, None, cases=("warp",), note="suffix decoding (needs Arctic Inference)"),
-    Configuration("synthetic", "draft_model", {"rejection_sample_method": "synthetic",
-                                               "synthetic_acceptance_rates": [0.8, 0.6, 0.4]}, "synthetic",
-                  cases=("temperature", "warp"), lossy=True,
-                  note="synthetic acceptance (lossy by design): the harness must reject it"),
-)
+    @property
+    def speculative(self) -> bool:
+        return self.method is not None
 
 
 @dataclass(frozen=True)
@@ -147,45 +157,3 @@ def case(name: str) -> Case:
         if c.name == name:
             return c
     raise KeyError(f"unknown case {name!r}; known: {', '.join(c.name for c in CASES)}")
-
-
-def config(name: str) -> Configuration:
-    for c in CONFIGS:
-        if c.name == name:
-            return c
-    raise KeyError(f"unknown configuration {name!r}; known: {', '.join(c.name for c in CONFIGS)}")
-
-
-def cases_for(cfg: Configuration) -> tuple[Case, ...]:
-    return CASES if cfg.cases is None else tuple(case(n) for n in cfg.cases)
-
-
-def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed) -> dict:
-    """``SamplingParams`` keyword arguments for one request: every filter set to its explicit off value
-    (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only."""
-    s = sampling
-    kw = dict(n=1, max_tokens=max_new_tokens, seed=seed, detokenize=False,
-              repetition_penalty=float(s.repetition_penalty), presence_penalty=float(s.presence_penalty),
-              frequency_penalty=float(s.frequency_penalty))
-    if s.greedy:
-        kw.update(temperature=0.0, top_k=0, top_p=1.0, min_p=0.0)
-    else:
-        kw.update(temperature=float(s.temperature), top_k=int(s.top_k or 0), top_p=float(s.top_p or 1.0),
-                  min_p=float(s.min_p or 0.0))
-    if eos:
-        kw.update(ignore_eos=False, stop_token_ids=[eos_id])
-    else:
-        kw.update(ignore_eos=True)
-    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
-        raise ValueError("the vLLM matrix has no logit_bias / min_new_tokens / constraint cases")
-    return kw
-
-
-def speculative_config(cfg: Configuration, draft_path: str | None) -> dict | None:
-    """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control)."""
-    if cfg.method is None:
-        return None
-    spec = {"method": cfg.method, "num_speculative_tokens": K, **cfg.options}
-    if cfg.method == "draft_model":
-        spec["model"] = draft_path
-    return spec

@@ -1,0 +1,208 @@
+"""What an engine adapter provides, and the registry of adapters (imported only when chosen).
+
+An engine is certified from outside, through its public API, by one adapter file (``conformance/engines/<name>.py``)
+that subclasses :class:`EngineAdapter` and is registered here by name in :data:`ADAPTERS` (module path, imported
+only when that engine is chosen: ``import conformance.engines`` never imports an engine). The shared runner
+(:mod:`conformance.engines.runner`, ``python -m conformance.engines ENGINE --out DIR``) does everything else: a
+worker process per configuration and target family with a timeout, the matrix of cases
+(:mod:`conformance.engines.matrix`), certification with ``certify_samples``, localisation, efficiency against the
+declared scheme's exact expectation, the per-seed identity and "did it speculate" checks, the expectation file per
+engine version (``conformance/engines/expected/<name>-<version>.json``), the verdict table and replays.
+
+An adapter declares, as data:
+
+* ``name``, ``title``, ``version`` (the pinned version its expectation file is for) and ``install`` (the command
+  that installs the engine: its venv script);
+* ``configurations``: :class:`conformance.engines.matrix.Configuration` records, each with the scheme it declares;
+* ``conventions``: :class:`Conventions` (top-k ties, where the first token comes from, what is known to differ);
+* ``cases``: the names of the matrix cases it runs (default: every case whose settings it can express);
+* ``patches``: opt-in fixes the worker may apply (``--patch``), by name.
+
+and implements, in the worker process only: :meth:`EngineAdapter.python` (an interpreter that imports the engine),
+:meth:`EngineAdapter.open` (load the engine for one configuration and target family: an :class:`EngineSession`),
+and optionally :meth:`EngineAdapter.replay` (a standalone replay script). An :class:`EngineSession` generates a
+batch of :class:`Request` and reads the engine's speculative counters.
+
+Invariant: an adapter never certifies anything itself; every verdict comes from the runner, the same for every
+engine.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from specdec_ref.warp import SamplingConfig
+
+from .matrix import CASES, Case, Configuration
+
+__all__ = [
+    "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
+    "venv_python", "REPO",
+]
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: Engine name -> module path of its adapter (the module defines ``ADAPTER``, an :class:`EngineAdapter`).
+ADAPTERS = {
+    "vllm": "conformance.engines.vllm",
+}
+
+
+class EngineMissingError(RuntimeError):
+    """The engine is not installed where the runner looks: the message names the install command."""
+
+
+#: Top-k tie rules an engine may declare: keep every token tied with the k-th (Hugging Face, vLLM), keep exactly k
+#: with ties broken by the lowest id, or keep exactly k with no stated choice among tied tokens (the matrix then
+#: leaves out the cases whose top-k cuts a tie: their law is not defined).
+TOP_K_TIES = ("all", "lowest_ids", "unstated")
+
+
+@dataclass(frozen=True)
+class Conventions:
+    """How the engine's sampling differs where engines legitimately differ. The exact law follows the declaration.
+
+    ``top_k_ties``: :data:`TOP_K_TIES`; ``first_token_at_prefill``: the first generated token is a plain target
+    sample at prefill and speculative rounds start after it (vLLM), else rounds start from the prompt (the
+    efficiency expectation follows it); ``seeds``: ``per_request`` (each request's seed fixes its output),
+    ``global`` (one engine seed) or ``none``; ``notes``: other conventions, stated for the verdict table."""
+
+    top_k_ties: str = "all"
+    first_token_at_prefill: bool = True
+    seeds: str = "per_request"
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.top_k_ties not in TOP_K_TIES:
+            raise ValueError(f"top_k_ties must be one of {TOP_K_TIES}, got {self.top_k_ties!r}")
+        if self.seeds not in ("per_request", "global", "none"):
+            raise ValueError(f"seeds must be per_request, global or none, got {self.seeds!r}")
+
+    def sampling(self, s: SamplingConfig) -> SamplingConfig:
+        """The case's settings under this engine's declared tie rule (the law the runner certifies against)."""
+        if self.top_k_ties != "lowest_ids" or not s.top_k:
+            return s
+        if "top_k_ties" not in getattr(type(s), "__dataclass_fields__", {}):
+            raise RuntimeError("this specdec_ref has no SamplingConfig.top_k_ties: the lowest-ids rule cannot be stated")
+        from dataclasses import replace
+
+        return replace(s, top_k_ties="lowest_ids")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a case (or of the efficiency set): the prompt's token ids, its settings, and its seed."""
+
+    case: str
+    prompt: tuple[int, ...]
+    sampling: SamplingConfig
+    max_new_tokens: int
+    eos: bool  # stop at the target's EOS (else EOS is an ordinary token: the engine must not stop on it)
+    eos_id: int
+    seed: int | None
+
+
+class EngineSession(Protocol):
+    """One loaded engine (one configuration, one target family), in the worker process."""
+
+    def generate(self, requests: Sequence[Request]) -> list[dict]:
+        """One record per request, in order: ``{"completion_ids": [...], "finish_reason": ...}`` plus, where the
+        engine reports them per request, ``"draft_tokens"`` and ``"accepted"``. Raises on an engine failure."""
+
+    def counters(self) -> dict | None:
+        """The engine's cumulative speculative counters, ``{"drafts", "draft_tokens", "accepted",
+        "accepted_per_pos"}`` (``accepted_per_pos`` may be None), or None when it reports none."""
+
+    def refuses(self, request: Request) -> str | None:
+        """Why the engine refuses these settings at submission (its own validation), without generating; or None."""
+
+    def close(self) -> None:
+        """Release the engine (stop its server, free its memory)."""
+
+
+@dataclass(frozen=True)
+class EngineAdapter:
+    """An engine as the runner sees it (see the module docstring)."""
+
+    name: str
+    title: str
+    version: str
+    install: str
+    configurations: tuple[Configuration, ...]
+    conventions: Conventions = Conventions()
+    cases: tuple[str, ...] | None = None  # None: every case of the matrix
+    patches: dict = field(default_factory=dict)
+    k: int = 3
+    timeout_s: float = 420.0
+    families: dict = field(default_factory=lambda: {"order1": "order1-close", "order2": "order2-order1"})
+
+    # ------------------------------------------------------------------ data
+    def config(self, name: str) -> Configuration:
+        for c in self.configurations:
+            if c.name == name:
+                return c
+        raise KeyError(f"{self.name}: unknown configuration {name!r}; known: "
+                       f"{', '.join(c.name for c in self.configurations)}")
+
+    def all_cases(self) -> tuple[Case, ...]:
+        """The matrix cases this engine runs (its declared list, less those its tie convention leaves undefined)."""
+        chosen = CASES if self.cases is None else tuple(c for c in CASES if c.name in self.cases)
+        if self.conventions.top_k_ties == "unstated":
+            chosen = tuple(c for c in chosen if not c.cuts_top_k_tie)
+        return chosen
+
+    def cases_for(self, cfg: Configuration) -> tuple[Case, ...]:
+        mine = self.all_cases()
+        return mine if cfg.cases is None else tuple(c for c in mine if c.name in cfg.cases)
+
+    def k_of(self, cfg: Configuration) -> int:
+        return cfg.k or self.k
+
+    def expected_path(self, version: str | None = None) -> Path:
+        return Path(__file__).resolve().parent / "expected" / f"{self.name}-{version or self.version}.json"
+
+    # ------------------------------------------------------------------ engine side (worker process only)
+    def python(self) -> str:
+        """An interpreter that can run the worker (imports the engine); raises :class:`EngineMissingError`."""
+        raise NotImplementedError
+
+    def installed_version(self) -> str:
+        """The engine's version as installed (in the worker process)."""
+        raise NotImplementedError
+
+    def apply_patches(self, names: Sequence[str]) -> list[str]:
+        if names:
+            raise ValueError(f"{self.name} has no patches (asked for {', '.join(names)})")
+        return []
+
+    def open(self, cfg: Configuration, family: str) -> EngineSession:
+        """Load the engine for one configuration on one target family (the pair of :attr:`families`)."""
+        raise NotImplementedError
+
+    def replay(self, cfg: Configuration, case: Case, *, patch: str, departure: str, length: int, law: dict, n: int,
+               critical: float, path: Path) -> str | None:
+        """A standalone script reproducing a failing case (written to ``path``), or None: the runner then gives
+        the command that reruns the one case."""
+        return None
+
+
+def venv_python(module: str, venv: str, install: str) -> str:
+    """This interpreter if it imports ``module``, else ``<repo>/<venv>/bin/python``; else :class:`EngineMissingError`."""
+    if importlib.util.find_spec(module) is not None:
+        return sys.executable
+    py = REPO / venv / "bin" / "python"
+    if py.exists():
+        return str(py)
+    raise EngineMissingError(f"{module} is not importable here and there is no {venv}: build it with `{install}`")
+
+
+def adapter(name: str) -> EngineAdapter:
+    """The registered adapter ``name`` (its module imported now, not before)."""
+    if name not in ADAPTERS:
+        raise KeyError(f"unknown engine {name!r}; known: {', '.join(sorted(ADAPTERS))}")
+    mod = importlib.import_module(ADAPTERS[name])
+    return mod.ADAPTER

@@ -1,0 +1,414 @@
+"""The shared engine runner: certify any registered engine from its outputs.
+
+    python -m conformance.engines ENGINE --out DIR [--configs a,b] [--cases x,y] [--patch A] [--scale F]
+                                         [--check-expected] [--record-expected] [--timeout S]
+
+For every configuration of the engine's adapter (:mod:`conformance.engines.adapter`) and every target family it
+needs, a worker process (:mod:`conformance.engines.worker`, run with the adapter's interpreter, in its own process
+group, with a timeout: a crash or a hang is that configuration's named failure, never the runner's) loads the
+engine and writes one JSONL per case; this process then, the same for every engine:
+
+* certifies each case with :func:`conformance.samples.certify_samples` under the engine's declared conventions
+  (its top-k tie rule is part of the case's settings);
+* localises a departure (the first token alone, then the tool's per-position transition tests);
+* checks that a speculative configuration speculated (the engine's counters, or its per-request counters, show
+  drafted tokens for the case's batch); one that drafted nothing is ``not_speculating``, never a pass;
+* compares the acceptance counters with the exact expectation of the declared scheme
+  (:mod:`conformance.engines.efficiency`);
+* checks per-seed identity where a configuration claims it (``identical_to``): request by request, naming the
+  first request and position that differ;
+* writes ``DIR/verdicts.json``, ``DIR/verdicts.md`` and, per failing case, a replay (the adapter's standalone
+  script, else the command that reruns the one case), and with ``--check-expected`` exits 1 when an outcome differs
+  from ``conformance/engines/expected/<engine>-<version>.json`` (or our tooling errored), 0 when the engine fails
+  as recorded; 2 when the engine is not installed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .adapter import REPO, EngineMissingError, adapter as get_adapter
+from .matrix import EFFICIENCY
+from .report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
+    patch_key, write_json
+
+__all__ = ["run", "main", "certify_case", "speculation_check", "identity_check", "efficiency_of"]
+
+REPLAY_N = 6000
+
+
+def _run_worker(ad, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
+                split: bool = False, scale: float = 1.0, timeout: float) -> dict:
+    cmd = [python, "-m", "conformance.engines.worker", ad.name, "--config", cfg, "--raw", str(raw),
+           "--scale", str(scale), "--family", family]
+    cmd += ["--patch", patch] if patch else []
+    cmd += ["--cases", cases] if cases else []
+    cmd += ["--split"] if split else []
+    raw.mkdir(parents=True, exist_ok=True)
+    log = open(raw / ("worker-split.log" if split else "worker.log"), "w")
+    t0 = time.time()
+    proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    timed_out = False
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        rc = None
+    finally:  # the whole group (a server the worker started included) is stopped, whatever happened
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        rc = proc.wait() if rc is None else rc
+    log.close()
+    state_path = raw / "worker.json"
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"cases": {}}
+    state.update(rc=rc, timed_out=timed_out, wall_s=round(time.time() - t0, 1))
+    if timed_out or rc != 0:
+        tail = (raw / log.name).read_text().strip().splitlines()[-3:]
+        why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
+        state.setdefault("error", why + (": " + " | ".join(tail)[-300:] if tail else ""))
+        for name, c in state["cases"].items():
+            if c.get("status") in ("pending", "running"):
+                c.update(status="timeout" if timed_out else "engine_error", error=state["error"])
+    return state
+
+
+def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
+                cases: str = "") -> dict:
+    """One worker for one target family; cases lost to an engine crash are rerun once, one batch each."""
+    state = _run_worker(ad, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
+                        cases=cases)
+    crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
+    if crashed and not state.get("error", "").startswith("setup"):
+        print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
+        first = {n: dict(state["cases"][n]) for n in crashed}
+        (raw / "worker.json").rename(raw / "worker-first.json")
+        retry = _run_worker(ad, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
+                            split=True, scale=scale, timeout=timeout)
+        for n in crashed:
+            c = retry["cases"].get(n, {"status": "not_run"})
+            c["first_call"] = first[n]
+            state["cases"][n] = c
+        state["retry"] = {k: retry.get(k) for k in ("rc", "timed_out", "wall_s", "error")}
+        (raw / "worker.json").rename(raw / "worker-retry.json")
+        (raw / "worker-first.json").rename(raw / "worker.json")
+    return state
+
+
+def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float,
+                      cases: tuple[str, ...] = ()) -> dict:
+    """A fresh worker process per target family; their states merged, case files under ``out/raw/<config>/<family>/``."""
+    cfg = ad.config(cfg_name)
+    mine = [c for c in ad.cases_for(cfg) if not cases or c.name in cases]
+    families = [f for f in ad.families if any(c.family == f for c in mine)]
+    if cfg.speculative and not cases and EFFICIENCY.family not in families:
+        families.insert(0, EFFICIENCY.family)
+    merged = {"cases": {}, "families": {}, "efficiency": None, "wall_s": 0.0}
+    errors = []
+    for fam in families:
+        raw = out / "raw" / cfg_name / fam
+        st = _run_family(ad, python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout,
+                         cases=",".join(cases))
+        for name, c in st["cases"].items():
+            merged["cases"][name] = {**c, "dir": str(raw)}
+        merged["families"][fam] = st.get("families", {}).get(fam, {})
+        merged["efficiency"] = merged["efficiency"] or st.get("efficiency")
+        merged["wall_s"] += st.get("wall_s") or 0.0
+        merged.setdefault("version", st.get("version"))
+        if st.get("error"):
+            errors.append(f"{fam}: {st['error']}")
+    if errors:
+        merged["error"] = "; ".join(errors)
+    return merged
+
+
+def _fit_summary(rec: dict) -> tuple[float | None, float | None]:
+    stats = rec.get("statistics") or []
+    if not stats:
+        return None, None
+    power = min(s["power"] for s in stats if s.get("power") is not None)
+    detects = [s["detects"] for s in stats if s.get("detects") is not None]
+    return power, (max(detects) if detects else None)
+
+
+def _impossible_text(fit: dict) -> str:
+    imp = fit.get("impossible") or []
+    count = sum(int(x[1]) for x in imp if len(x) > 1 and str(x[1]).isdigit())
+    return f", {count} impossible" if count else ""
+
+
+def _departure(case, path: Path, rec: dict) -> str | None:
+    """Where the law first departs: position 1 (the first token alone), else the first position whose transition
+    test departs, with the worst cell."""
+    from conformance.samples import certify_samples
+
+    if rec["level"] != "not_certified" or case.greedy:
+        if case.greedy and rec.get("divergences"):
+            d = rec["divergences"][0]
+            return f"greedy divergence at position {d.get('position', '?')}"
+        return None
+    cut = []
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"]})
+    first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
+                            eos_id=True if case.eos else None).as_record()
+    fits = first.get("statistics") or []
+    if fits and not fits[0]["passed"]:
+        f = fits[0]
+        return f"position 1 (first token): chi-square {f['statistic']:.0f} on {f['df']} df{_impossible_text(f)}"
+    for loc in rec.get("localisation") or []:
+        if not loc["passed"]:
+            return f"position {loc['position']}: chi-square {loc['statistic']:.0f} on {loc['df']} df{_impossible_text(loc)}"
+    if rec.get("violations"):
+        return "invariant: " + rec["violations"][0][:120]
+    return "the joint law of the first tokens (no single position departs)"
+
+
+def certify_case(case, state: dict) -> dict:
+    """The black-box verdict of one case's completions (``case.sampling`` is already under the engine's conventions)."""
+    from conformance.samples import SamplesInputError, certify_samples
+
+    info = state["cases"].get(case.name, {"status": "not_run"})
+    base = {"prompt": list(case.prompt), "prompt_len": len(case.prompt), "settings": case.settings(),
+            "model": case.model}
+    if info.get("status") != "ok":
+        level = info.get("status", "not_run")
+        level = level if level in ENGINE_LEVELS else "engine_error"
+        return {**base, "level": level, "headline": f"{level.upper().replace('_', ' ')}: {info.get('error', '')}"[:200],
+                "n": 0, "engine": info}
+    path = Path(info["dir"]) / info["file"]
+    try:
+        verdict = certify_samples(str(path), model=case.model, sampling=case.sampling,
+                                  max_new_tokens=case.max_new_tokens, eos_id=True if case.eos else None)
+        rec = verdict.as_record()
+        power, detects = _fit_summary(rec)
+        out = {**base, "level": rec["level"], "headline": rec["headline"], "n": rec["n"], "power": power,
+               "detects": detects, "departure": _departure(case, path, rec), "file": str(path),
+               "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report()}
+        if rec.get("explained"):
+            out["explained"] = rec["explained"]
+        return out
+    except SamplesInputError as exc:  # the file itself is unusable (ids outside the vocabulary...): the engine's
+        return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}
+    except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome
+        return {**base, "level": TOOL_ERROR, "headline": f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], "n": 0}
+
+
+def speculation_check(cfg, case, info: dict) -> dict | None:
+    """Did the engine speculate for this case? From its per-request counters for the case, else its counters over
+    the batch that held the case. ``passed`` False: it drafted nothing (a silent fall-back to plain sampling);
+    None: the engine reports no counters (unverified, stated)."""
+    if not cfg.speculative or info.get("status") != "ok" or case.max_new_tokens < 2:
+        return None
+    per_case, call = info.get("case_counters"), info.get("call_counters")
+    if per_case is not None:
+        drafted, source = int(per_case.get("draft_tokens") or 0), "per-request counters of this case"
+        without = per_case.get("requests_without_drafts")
+    elif call is not None:
+        drafted, source, without = int(call.get("draft_tokens") or 0), "counters over the batch holding it", None
+    else:
+        return {"passed": None, "text": "unverified: the engine reports no speculative counters"}
+    text = f"{drafted} draft tokens ({source})" + (f"; {without} requests drafted nothing" if without else "")
+    return {"passed": drafted > 0, "draft_tokens": drafted, "requests_without_drafts": without, "text": text}
+
+
+def identity_check(case, mine: dict, other: dict, other_name: str) -> dict | None:
+    """Per-seed identity with ``other_name``'s outputs of the same case: request by request (matched by seed),
+    the first request and position that differ."""
+    a, b = mine["cases"].get(case.name, {}), other["cases"].get(case.name, {})
+    if not case.seeded or a.get("status") != "ok" or b.get("status") != "ok":
+        return None
+    load = lambda info: {r["seed"]: r for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
+    ra, rb = load(a), load(b)
+    common = sorted(set(ra) & set(rb))
+    for n, seed in enumerate(common):
+        x, y = ra[seed]["completion_ids"], rb[seed]["completion_ids"]
+        if x != y:
+            pos = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+            differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
+            return {"passed": False, "compared": len(common), "differing": differing,
+                    "text": f"differs from {other_name} at request seed {seed}, position {pos + 1}: {x} vs {y} "
+                            f"({differing} of {len(common)} requests differ)"}
+    return {"passed": bool(common), "compared": len(common),
+            "text": f"identical to {other_name} on all {len(common)} requests" if common else "no common seeds"}
+
+
+def efficiency_of(ad, cfg, state: dict) -> dict | None:
+    from .efficiency import compare, expectation_for
+
+    eff = state.get("efficiency")
+    if not cfg.speculative or eff is None:
+        return None
+    if eff.get("status") != "ok":
+        return {"scheme": cfg.scheme, "passed": False, "verdict": f"efficiency request set failed: {eff.get('error')}"}
+    k = ad.k_of(cfg)
+    rates = cfg.options.get("synthetic_acceptance_rates") if cfg.scheme == "synthetic" else None
+    exp = None
+    if cfg.scheme in ("token", "one_hot", "block", "sample_match"):
+        exp = expectation_for(ad.families[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, k,
+                              tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens,
+                              prefill=ad.conventions.first_token_at_prefill)
+    out = compare(eff, exp, k=k, rates=rates)
+    out.update(scheme=cfg.scheme, n_requests=eff["n"], seconds=eff.get("seconds"),
+               counters_source=eff.get("counters_source"))
+    return out
+
+
+def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, argv_cases: str) -> str | None:
+    """The replay of a failing sampling case: the adapter's standalone script, else the command rerunning it."""
+    from scipy.stats import chi2
+
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_model
+
+    if c["level"] not in ("not_certified", "not_speculating") or case.greedy:
+        return None
+    dep = c.get("departure") or ""
+    length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
+    if dep.startswith("position ") and not dep.startswith("position 1 "):
+        length = int(dep.split()[1].rstrip(":"))
+    em = exact_model(case.model)
+    law = continuation_law(em, list(case.prompt), length, case.sampling, eos_id=int(em.eos_id) if case.eos else None)
+    law = {" ".join(map(str, k)): float(v) for k, v in law.items()}
+    cells = sum(1 for v in law.values() if v * REPLAY_N >= 20) + 1
+    name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
+    path = out / "replay" / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ad.replay(cfg, case, patch=patch, departure=dep, length=length, law=law, n=REPLAY_N,
+                    critical=float(chi2.isf(1e-6, max(cells - 1, 1))), path=path)
+    if cmd:
+        return cmd
+    rerun = ["python", "-m", "conformance.engines", ad.name, "--out", str(out / "replay" / name), "--configs", cfg.name,
+             "--cases", case.name] + (["--patch", patch] if patch else [])
+    return " ".join(shlex.quote(a) for a in rerun)
+
+
+def _apply_checks(cfg, case, state: dict, c: dict) -> None:
+    spec = speculation_check(cfg, case, state["cases"].get(case.name, {}))
+    if spec is not None:
+        c["speculation"] = spec
+        if spec["passed"] is False:
+            c["law_level"], c["level"] = c["level"], "not_speculating"
+            c["headline"] = (f"NOT SPECULATING: {spec['text']}; the law alone: {c['headline']}")[:300]
+
+
+def run(args) -> dict:
+    ad = get_adapter(args.engine)
+    python = ad.python()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = args.configs.split(",") if args.configs else [c.name for c in ad.configurations]
+    only = tuple(x for x in (args.cases or "").split(",") if x)
+    for n in names:
+        ad.config(n)
+    t0 = time.time()
+    results = {"engine": ad.name, "title": ad.title, "pinned": ad.version,
+               "command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines", ad.name, *args.argv]),
+               "patch": args.patch, "patch_key": patch_key(args.patch), "scale": args.scale, "configs": {},
+               "conventions": {"top_k_ties": ad.conventions.top_k_ties, "seeds": ad.conventions.seeds,
+                               "first_token_at_prefill": ad.conventions.first_token_at_prefill,
+                               "notes": list(ad.conventions.notes)}}
+    states = {}
+    timeout = args.timeout or ad.timeout_s
+    for n in names:
+        cfg = ad.config(n)
+        print(f"[{time.time() - t0:5.0f}s] {n}: {cfg.note}", flush=True)
+        state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout, cases=only)
+        states[n] = state
+        results["version"] = results.get("version") or state.get("version")
+        entry = {"note": cfg.note, "scheme": cfg.scheme, "method": cfg.method, "worker_wall_s": state.get("wall_s"),
+                 "cases": {}}
+        if state.get("error"):
+            entry["failure"] = state["error"]
+        for case in ad.cases_for(cfg):
+            if only and case.name not in only:
+                continue
+            case = _under_conventions(ad, case)
+            c = certify_case(case, state)
+            _apply_checks(cfg, case, state, c)
+            if cfg.identical_to and cfg.identical_to in states:
+                ident = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
+                if ident is not None:
+                    c["identity"] = ident
+            if c["level"] in ("not_certified", "not_speculating"):
+                c["replay_command"] = write_replay(ad, out, cfg, case, c, args.patch, args.cases)
+            entry["cases"][case.name] = c
+            print(f"    {case.name:14s} N={c['n']:6d} {c['headline'][:110]}" +
+                  (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
+                  (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else ""), flush=True)
+        entry["efficiency"] = efficiency_of(ad, cfg, state)
+        if entry["efficiency"]:
+            print(f"    efficiency: {entry['efficiency']['verdict']}", flush=True)
+        results["configs"][n] = entry
+        write_json(out / "verdicts.json", {**results, "wall_s": time.time() - t0})
+    results["wall_s"] = time.time() - t0
+    write_json(out / "verdicts.json", results)
+    (out / "verdicts.md").write_text(markdown(results))
+    print(f"matrix wall {results['wall_s']:.0f} s; wrote {out / 'verdicts.json'} and {out / 'verdicts.md'}", flush=True)
+    return results
+
+
+def _under_conventions(ad, case):
+    from dataclasses import replace
+
+    return replace(case, sampling=ad.conventions.sampling(case.sampling))
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(prog="python -m conformance.engines", description=__doc__.split("\n")[0])
+    ap.add_argument("engine", help="a registered engine (conformance.engines.adapter.ADAPTERS)")
+    ap.add_argument("--out", required=True, help="output folder (JSONL per case, verdicts.json / .md, replays)")
+    ap.add_argument("--patch", default="", help="the adapter's opt-in fixes to apply in the worker (e.g. vLLM's A or A,B)")
+    ap.add_argument("--configs", default="", help="only these configurations (comma-separated)")
+    ap.add_argument("--cases", default="", help="only these cases (comma-separated; no efficiency set)")
+    ap.add_argument("--scale", type=float, default=1.0, help="fraction of every case's N (quick runs; verdicts then "
+                    "lose power and --check-expected is refused)")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds per worker (default: the adapter's)")
+    ap.add_argument("--check-expected", action="store_true", help="exit 1 unless every outcome is the recorded one")
+    ap.add_argument("--record-expected", action="store_true", help="add this run's outcomes to the expectation file")
+    args = ap.parse_args(argv)
+    args.argv = argv[1:]
+    if args.scale != 1.0 and (args.check_expected or args.record_expected):
+        ap.error("--check-expected / --record-expected need the full sample sizes (--scale 1)")
+    try:
+        ad = get_adapter(args.engine)
+        results = run(args)
+    except (EngineMissingError, KeyError) as exc:
+        print(f"ERROR: {exc}", file=sys.stderr)
+        return 2
+    observed = expectation_entries(results)
+    key = patch_key(args.patch)
+    path = ad.expected_path(results.get("version"))
+    if args.record_expected:
+        expected = json.loads(path.read_text()) if path.exists() else {}
+        write_json(path, merge_expected(expected, key, observed, engine=ad.name, version=results.get("version") or "?"))
+        print(f"recorded {key} in {path}")
+    if args.check_expected:
+        if not path.exists():
+            print(f"EXPECTATION MISMATCH: no expectation file {path} for {ad.title} {results.get('version')} "
+                  f"(pinned: {ad.version})", file=sys.stderr)
+            return 1
+        problems = check_expected(json.loads(path.read_text()), key, observed)
+        if args.configs or args.cases:
+            wanted = set(args.configs.split(",")) if args.configs else None
+            problems = [p for p in problems if p.startswith("no ") or
+                        ((wanted is None or p.split(" / ")[0] in wanted) and
+                         (not args.cases or p.split(" / ")[1].split(":")[0] in args.cases.split(",")))]
+        for p in problems:
+            print(f"EXPECTATION MISMATCH: {p}", file=sys.stderr)
+        print(f"expectations ({ad.name} {results.get('version')}, {key}): "
+              f"{'as recorded' if not problems else f'{len(problems)} mismatch(es)'}")
+        return 1 if problems else 0
+    tool_errors = [f"{c}/{n}" for c, r in results["configs"].items() for n, x in r["cases"].items() if x["level"] == TOOL_ERROR]
+    return 1 if tool_errors else 0
