@@ -27,7 +27,7 @@ sees any dependence across those positions but needs many more samples per token
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -36,9 +36,9 @@ import torch
 from properties.history_law import eos_set
 from properties.sequences import next_token_law, processed_logits64
 from properties.stats import ALPHA, TV, FitResult, conditional_goodness_of_fit
-from specdec_ref.warp import SamplingConfig, warp
+from specdec_ref.warp import SamplingConfig, warp, warp_logits
 
-__all__ = ["ContextClass", "TransitionCounts", "count_transitions", "transition_test", "FIRST_TESTED_POSITION"]
+__all__ = ["ContextClass", "TransitionCounts", "count_transitions", "tie_split_mask", "transition_test", "FIRST_TESTED_POSITION"]
 
 #: Position 1 is sampled from the prefill; the transition test covers positions 2, 3, ...
 FIRST_TESTED_POSITION = 2
@@ -88,13 +88,25 @@ class TransitionCounts:
         return out
 
 
+def tie_split_mask(rows: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Bool ``[F, V]``: tokens a top-p cut drops although they tie with the lowest token it keeps.
+
+    ``rows``: processed logits (history steps applied, before temperature). Where a row has one, the law is not
+    determined by the settings (which tied token survives depends on how the sampler sorts equal values). Only
+    tokens top-k kept count: a top-k cut through a tie is decided by ``config.top_k_ties``, and min-p never
+    separates equal logits.
+    """
+    if config.greedy or config.top_p is None:
+        return torch.zeros(rows.shape, dtype=torch.bool)
+    kept = warp(rows, config, dtype=torch.float64) > 0
+    after_top_k = torch.isfinite(warp_logits(rows, replace(config, top_p=None, min_p=None), dtype=torch.float64))
+    lowest = torch.where(kept, rows, torch.full_like(rows, float("inf"))).min(-1, keepdim=True).values
+    return after_top_k & ~kept & (rows == lowest)
+
+
 def _tie_split(rows: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """Bool per row: a top-p cut drops a token tied with the lowest kept one (the law is then not determined)."""
-    if config.greedy or config.top_p is None:
-        return torch.zeros(rows.shape[0], dtype=torch.bool)
-    kept = warp(rows, config, dtype=torch.float64) > 0
-    lowest = torch.where(kept, rows, torch.full_like(rows, float("inf"))).min(-1, keepdim=True).values
-    return (~kept & (rows == lowest)).any(-1)
+    return tie_split_mask(rows, config).any(-1)
 
 
 def count_transitions(

@@ -37,7 +37,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from .cache import ModelCache
-from .contract import PAD_TOKEN, Capabilities
+from .contract import PAD_TOKEN, Capabilities, NotSupportedError
 
 __all__ = [
     "HFVerifierBackend",
@@ -241,10 +241,16 @@ def hf_sampling_options(sampling) -> dict[str, Any]:
     """``GenerationConfig`` options for a :class:`specdec_ref.warp.SamplingConfig`.
 
     Greedy: ``do_sample=False``. Sampling: ``top_k=None`` / ``top_p=None`` become 0 / 1.0, because
-    unset transformers would apply its own default ``top_k=50``.
+    unset transformers would apply its own default ``top_k=50``. transformers' top-k keeps every token tied
+    with the k-th (``top_k_ties="all"``); another tie rule raises :class:`NotSupportedError`.
     """
     if sampling.greedy:
         return dict(do_sample=False)
+    if sampling.top_k is not None and sampling.top_k_ties != "all":
+        raise NotSupportedError(
+            f"transformers' top-k keeps every token tied with the k-th largest logit; top_k_ties={sampling.top_k_ties!r} "
+            "cannot be sampled with it"
+        )
     return dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
 
 

@@ -6,7 +6,11 @@ target rows are exactly the distribution AR sampling would use.
 
 Order (as in transformers' logits processors): temperature, then top-k, then
 top-p (nucleus, keeping the smallest prefix of the sorted distribution whose
-mass reaches ``top_p``, always at least one token), then softmax. Greedy skips
+mass reaches ``top_p``, always at least one token), then softmax. Which tokens
+top-k keeps when logits tie at the k-th largest is a declared convention,
+``SamplingConfig.top_k_ties`` (:data:`TOP_K_TIES`): ``"all"`` (the default, Hugging
+Face and vLLM) keeps every token tied with the k-th, ``"lowest_ids"`` keeps exactly
+k, the smallest ids among the tied ones. Greedy skips
 temperature and filtering: its probabilities are ``softmax(logits)`` and the
 choice is their first-index argmax.
 
@@ -40,7 +44,10 @@ class SamplingConfig:
     ``min_p``; the history-dependent settings (penalties, ``logit_bias``, ``min_new_tokens``,
     ``constraint``) apply to greedy and sampling alike (see :mod:`specdec_ref.history` for their exact
     definitions and order). ``logit_bias`` may be given as a dict; it is stored as sorted
-    ``(token, bias)`` pairs so that the config stays hashable.
+    ``(token, bias)`` pairs so that the config stays hashable. ``top_k_ties`` is the top-k tie rule
+    (:data:`TOP_K_TIES`, :func:`top_k_filter`): ``"all"`` keeps every token tied with the k-th largest
+    logit (more than k tokens at a tie), ``"lowest_ids"`` keeps exactly k, breaking ties at the boundary
+    by the smallest id.
     """
 
     greedy: bool = False
@@ -54,12 +61,18 @@ class SamplingConfig:
     logit_bias: Any = ()
     min_new_tokens: int = 0
     constraint: "TokenAutomaton | None" = field(default=None)
+    top_k_ties: str = "all"
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r} (use greedy=True for argmax)")
         if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1):
             raise ValueError(f"top_k must be an int >= 1 or None, got {self.top_k!r}")
+        if not (isinstance(self.top_k_ties, str) and self.top_k_ties in TOP_K_TIES):
+            raise ValueError(
+                f"top_k_ties must be one of {', '.join(repr(t) for t in TOP_K_TIES)} (the top-k tie rule: 'all' keeps every "
+                f"token tied with the k-th largest logit, 'lowest_ids' keeps exactly k, the smallest ids), got {self.top_k_ties!r}"
+            )
         if self.top_p is not None and not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
         if self.min_p is not None and not (_real(self.min_p) and 0 < self.min_p <= 1):
@@ -93,16 +106,21 @@ class SamplingConfig:
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
             "logit_bias": [list(pair) for pair in self.logit_bias], "min_new_tokens": self.min_new_tokens,
             "constraint": None if self.constraint is None else self.constraint.as_dict(),
+            "top_k_ties": self.top_k_ties,
         }
 
     def label(self) -> str:
         """``"temperature=0.7, top_k=2, frequency_penalty=0.5"``: the settings that are on, for messages."""
         off = {"greedy": False, "temperature": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, "logit_bias": [], "min_new_tokens": 0}
+               "frequency_penalty": 0.0, "logit_bias": [], "min_new_tokens": 0, "top_k_ties": "all"}
         on = {k: v for k, v in self.as_dict().items() if v is not None and off.get(k, None) != v}
         if self.constraint is not None:
             on["constraint"] = f"{self.constraint.num_states}-state automaton"
         return ", ".join(f"{k}={v}" for k, v in on.items()) or "temperature=1.0"
+
+
+#: The top-k tie rules :attr:`SamplingConfig.top_k_ties` takes (the first is the default).
+TOP_K_TIES = ("all", "lowest_ids")
 
 
 def _real(x) -> bool:
@@ -136,12 +154,23 @@ def scale_temperature(x: torch.Tensor, temperature: float) -> torch.Tensor:
     return x / temperature if temperature != 1.0 else x
 
 
-def top_k_filter(x: torch.Tensor, k: int | None) -> torch.Tensor:
-    """``x`` with every entry below the k-th largest of its row set to ``-inf`` (ties at the k-th are kept)."""
+def top_k_filter(x: torch.Tensor, k: int | None, ties: str = "all") -> torch.Tensor:
+    """``x`` with every token outside its row's top k set to ``-inf``.
+
+    ``ties="all"``: every entry below the k-th largest is dropped, so tokens tied with the k-th are all kept
+    (more than k at a tie). ``ties="lowest_ids"``: exactly k tokens are kept, the largest, and among tokens
+    tied at the boundary the smallest ids (a stable descending sort).
+    """
     if k is None or k >= x.shape[-1]:
         return x
-    kth = torch.topk(x, k, dim=-1).values[..., -1:]
-    return x.masked_fill(x < kth, float("-inf"))
+    if ties == "all":
+        kth = torch.topk(x, k, dim=-1).values[..., -1:]
+        return x.masked_fill(x < kth, float("-inf"))
+    if ties != "lowest_ids":
+        raise ValueError(f"top-k ties must be one of {TOP_K_TIES}, got {ties!r}")
+    order = torch.sort(x, dim=-1, descending=True, stable=True).indices  # equal values keep their id order
+    drop = torch.ones_like(x, dtype=torch.bool).scatter(-1, order[..., :k], False)
+    return x.masked_fill(drop, float("-inf"))
 
 
 def nucleus_masses(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -181,7 +210,7 @@ def warp_logits(logits: torch.Tensor, config: SamplingConfig, dtype: torch.dtype
     if config.greedy:
         return x
     x = scale_temperature(x, config.temperature)
-    x = top_k_filter(x, config.top_k)
+    x = top_k_filter(x, config.top_k, config.top_k_ties)
     x = top_p_filter(x, config.top_p)
     return min_p_filter(x, config.min_p)
 

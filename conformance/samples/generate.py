@@ -14,10 +14,11 @@ from specdec_ref.warp import SamplingConfig
 
 
 def _hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
-    if sampling.greedy:
-        return dict(do_sample=False)
-    # unset, transformers would add its default top_k=50
-    return dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or 0, top_p=sampling.top_p or 1.0)
+    """transformers' options for ``sampling`` (:func:`specdec_ref.hf_backends.hf_sampling_options`: top-k and top-p off
+    explicitly, since unset transformers adds its default top_k=50; a top-k tie rule other than ``"all"`` raises)."""
+    from specdec_ref.hf_backends import hf_sampling_options
+
+    return hf_sampling_options(sampling)
 
 
 def generate_with_transformers(

@@ -41,6 +41,8 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
         parts = [f"temperature={sampling.temperature:g}"]
         if sampling.top_k is not None:
             parts.append(f"top_k={sampling.top_k}")
+        if sampling.top_k_ties != "all":
+            parts.append(f"top_k_ties={sampling.top_k_ties}")
         if sampling.top_p is not None:
             parts.append(f"top_p={sampling.top_p:g}")
     for _, name, _, off in _EXTRA_SETTINGS:
@@ -101,32 +103,33 @@ def choose_length(model, prompt, n: int, sampling: SamplingConfig, *, max_new_to
 def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int | None) -> list[str]:
     """Rows of the law where the warped support splits a group of exactly tied logits (empty: the law is well defined).
 
-    Top-k keeps every token tied with the k-th, but a top-p cut can fall inside a tie group: then *which*
-    tied tokens survive depends on how the sampler sorts equal values (``torch.sort`` descending keeps
-    the lowest ids, transformers' ascending ``TopPLogitsWarper`` the highest), so the law is not
-    determined by the settings. Ties are judged on each prefix's processed logits (history-dependent
+    Which tied tokens top-k keeps is declared (``sampling.top_k_ties``), but a top-p cut can fall inside a tie
+    group: then *which* tied tokens survive depends on how the sampler sorts equal values (``torch.sort``
+    descending keeps the lowest ids, transformers' ascending ``TopPLogitsWarper`` the highest), so the law is
+    not determined by the settings (:func:`properties.transitions.tie_split_mask`). Ties are judged on each prefix's processed logits (history-dependent
     settings applied on its own history, :func:`properties.sequences.processed_logits64`), the logits the
     cut actually sees. One line per such prefix (generated tokens so far, kept and cut tokens).
     """
     if sampling.greedy:
         return []
     from properties.sequences import processed_logits64
+    from properties.transitions import tie_split_mask
     from specdec_ref.warp import warp
 
     law = _law(model, prompt, n, sampling, eos_id)
     prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
     rows = processed_logits64(model, list(prompt), prefixes, sampling, eos_id=eos_id)
     kept = warp(rows, sampling, dtype=torch.float64) > 0
+    tied_out_mask = tie_split_mask(rows, sampling)
     problems = []
-    for prefix, z, keep in zip(prefixes, rows, kept):
-        if keep.all():
+    for prefix, z, keep, out in zip(prefixes, rows, kept, tied_out_mask):
+        if not out.any():
             continue
         lowest_kept = float(z[keep].min())
-        tied_out = [int(t) for t in torch.nonzero(~keep & (z == lowest_kept)).flatten()]
-        if tied_out:
-            tied_in = [int(t) for t in torch.nonzero(keep & (z == lowest_kept)).flatten()]
-            problems.append(
-                f"after {list(prompt) + list(prefix)}: tokens {tied_in} and {tied_out} have the same logit "
-                f"{lowest_kept:g}; the cut keeps {tied_in} and drops {tied_out}"
-            )
+        tied_out = [int(t) for t in torch.nonzero(out).flatten()]
+        tied_in = [int(t) for t in torch.nonzero(keep & (z == lowest_kept)).flatten()]
+        problems.append(
+            f"after {list(prompt) + list(prefix)}: tokens {tied_in} and {tied_out} have the same logit "
+            f"{lowest_kept:g}; the cut keeps {tied_in} and drops {tied_out}"
+        )
     return problems
