@@ -44,9 +44,9 @@ __all__ = ["run", "main", "certify_case", "speculation_check", "identity_check",
 REPLAY_N = 6000
 
 
-def _run_worker(ad, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
+def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
                 split: bool = False, scale: float = 1.0, timeout: float) -> dict:
-    cmd = [python, "-m", "conformance.engines.worker", ad.name, "--config", cfg, "--raw", str(raw),
+    cmd = [python, "-m", "conformance.engines.worker", engine, "--config", cfg, "--raw", str(raw),
            "--scale", str(scale), "--family", family]
     cmd += ["--patch", patch] if patch else []
     cmd += ["--cases", cases] if cases else []
@@ -82,17 +82,17 @@ def _run_worker(ad, python: str, cfg: str, raw: Path, *, patch: str, family: str
     return state
 
 
-def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
+def _run_family(engine: str, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
                 cases: str = "") -> dict:
     """One worker for one target family; cases lost to an engine crash are rerun once, one batch each."""
-    state = _run_worker(ad, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
+    state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
                         cases=cases)
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
     if crashed and not state.get("error", "").startswith("setup"):
         print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
         (raw / "worker.json").rename(raw / "worker-first.json")
-        retry = _run_worker(ad, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
+        retry = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
                             split=True, scale=scale, timeout=timeout)
         for n in crashed:
             c = retry["cases"].get(n, {"status": "not_run"})
@@ -105,7 +105,7 @@ def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch
 
 
 def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float,
-                      cases: tuple[str, ...] = ()) -> dict:
+                      cases: tuple[str, ...] = (), engine: str | None = None) -> dict:
     """A fresh worker process per target family; their states merged, case files under ``out/raw/<config>/<family>/``."""
     cfg = ad.config(cfg_name)
     mine = [c for c in ad.cases_for(cfg) if not cases or c.name in cases]
@@ -116,7 +116,7 @@ def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, 
     errors = []
     for fam in families:
         raw = out / "raw" / cfg_name / fam
-        st = _run_family(ad, python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout,
+        st = _run_family(engine or ad.name, python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout,
                          cases=",".join(cases))
         for name, c in st["cases"].items():
             merged["cases"][name] = {**c, "dir": str(raw)}
@@ -323,7 +323,8 @@ def run(args) -> dict:
     for n in names:
         cfg = ad.config(n)
         print(f"[{time.time() - t0:5.0f}s] {n}: {cfg.note}", flush=True)
-        state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout, cases=only)
+        state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout, cases=only,
+                                  engine=args.engine)
         states[n] = state
         results["version"] = results.get("version") or state.get("version")
         entry = {"note": cfg.note, "scheme": cfg.scheme, "method": cfg.method, "worker_wall_s": state.get("wall_s"),

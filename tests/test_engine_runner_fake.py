@@ -1,0 +1,91 @@
+"""The shared engine runner end to end on a fake engine (fixtures.engines): every outcome an engine can cause is named.
+
+The fake engine samples each case's exact law with the request's seed, so its correct configurations must be
+CERTIFIED and identical per seed; each broken configuration is a bug class the runner must name (a silent
+fall-back to no speculation, a wrong law with a per-seed identity claim, a crash, a hang, a refusal).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conformance.engines import runner
+
+#: one xdist worker runs the module: the fake run is a module fixture, shared by its tests
+pytestmark = pytest.mark.xdist_group("fake_engine")
+SCALE = "0.05"  # 1 000 completions per sampling case: CERTIFIED AT REDUCED POWER or INCONCLUSIVE, never rejected
+
+
+@pytest.fixture(scope="module")
+def fake_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fake")
+    rc = runner.main(["fixtures.engines:FAKE", "--out", str(out), "--scale", SCALE,
+                      "--configs", "control,spec,silent,biased,crash,refuse"])
+    return rc, json.loads((out / "verdicts.json").read_text()), out
+
+
+def _levels(results, cfg):
+    return {name: c["level"] for name, c in results["configs"][cfg]["cases"].items()}
+
+
+def test_an_exact_engine_is_certified_and_identical_per_seed(fake_run):
+    rc, results, out = fake_run
+    assert rc == 0
+    for cfg in ("control", "spec"):
+        assert set(_levels(results, cfg).values()) <= {"certified", "reduced"}, _levels(results, cfg)
+    spec = results["configs"]["spec"]["cases"]
+    for name, c in spec.items():
+        if name != "temperature":  # unseeded: no per-seed identity to check
+            assert c["identity"]["passed"] is True, (name, c["identity"])
+    assert "identity" not in spec["temperature"]
+    assert spec["warp"]["speculation"]["passed"] is True
+    assert "| spec | warp |" in (out / "verdicts.md").read_text()
+
+
+def test_a_configuration_that_drafts_nothing_is_not_speculating(fake_run):
+    _, results, out = fake_run
+    levels = _levels(results, "silent")
+    assert set(levels.values()) == {"not_speculating"}, levels
+    c = results["configs"]["silent"]["cases"]["warp"]
+    assert c["headline"].startswith("NOT SPECULATING: 0 draft tokens") and c["law_level"] in ("certified", "reduced")
+    assert c["replay_command"] and "--configs silent --cases warp" in c["replay_command"]
+    assert "silent / warp, speculation: 0 draft tokens" in (out / "verdicts.md").read_text()
+
+
+def test_a_wrong_law_fails_the_law_and_the_per_seed_identity(fake_run):
+    _, results, _ = fake_run
+    warp = results["configs"]["biased"]["cases"]["warp"]
+    assert warp["level"] == "not_certified" and warp["departure"], warp["headline"]
+    assert warp["identity"]["passed"] is False and "differs from control at request seed" in warp["identity"]["text"]
+    from conformance.engines.report import expectation_entries
+
+    assert expectation_entries(results)["biased"]["identity:warp"] == "fail"
+
+
+def test_crashes_and_refusals_are_named(fake_run):
+    _, results, _ = fake_run
+    crash = results["configs"]["crash"]["cases"]["temperature"]
+    assert crash["level"] == "engine_error" and "segfault-like" in crash["headline"]
+    # the efficiency set crashed first (the case was not run), then the case was rerun alone before it was named
+    assert crash["engine"]["first_call"]["status"] == "not_run"
+    assert "segfault-like" in results["configs"]["crash"]["efficiency"]["verdict"]
+    refuse = _levels(results, "refuse")
+    assert refuse["min-p"] == "refused" and refuse["warp"] in ("certified", "reduced")
+
+
+def test_a_hang_is_a_timeout_and_the_worker_group_is_killed(tmp_path):
+    import time
+
+    t0 = time.time()
+    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--configs", "hang", "--timeout", "8",
+                      "--scale", SCALE])
+    results = json.loads((tmp_path / "verdicts.json").read_text())
+    c = results["configs"]["hang"]["cases"]["temperature"]
+    assert rc == 0 and c["level"] == "timeout" and "timed out after 8s" in c["headline"]
+    assert time.time() - t0 < 60
+
+
+def test_check_expected_without_a_file_fails_and_unknown_engines_exit_2(tmp_path, capsys):
+    assert runner.main(["no-such-engine", "--out", str(tmp_path)]) == 2
+    assert "unknown engine" in capsys.readouterr().err
