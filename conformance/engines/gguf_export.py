@@ -1,0 +1,254 @@
+"""GGUF files of the exactly-known checkpoints for llama.cpp, written from the tensors, and their logit check.
+
+    python -m conformance.engines.gguf_export [--out DIR] [--check] [--names a,b]
+
+llama.cpp's ``convert_hf_to_gguf.py`` refuses our checkpoints (their WordLevel tokenizer), so the files are written
+here with the ``gguf`` package (the copy vendored with the llama.cpp that :mod:`conformance.engines.llamacpp` builds;
+``scripts/llamacpp_env.sh`` installs it): architecture ``llama``, the tensors as float32 (``q_proj`` / ``k_proj``
+permuted from Hugging Face's rotate-half layout to GGUF's interleaved rope pairs, as ``convert_hf_to_gguf.py``
+does), the hyper-parameters including ``head_dim`` (``attention.key_length`` / ``value_length`` = 32, which
+differs from hidden / heads), ``rope.dimension_count`` = head_dim, ``rope.freq_base``, ``rms_norm_eps`` = 0, and
+a minimal vocabulary (tokenizer model ``gpt2`` with one inert merge, the ids' names from ``tokenizer.json``,
+``<bos>`` / ``<eos>`` as control tokens, BOS / EOS ids from ``config.json``, no BOS added to prompts).
+
+Two variants of every model, because llama.cpp cannot sample EOS as an ordinary token: its ``ignore_eos`` adds a
+logit bias of -inf to every end-of-generation token (EOS is then never sampled, a different law). ``eos``: token
+7 is ``<eos>``, the EOS id, end of generation; ``plain``: the same tensors, token 7 is an ordinary token ``e7`` and
+the file declares no EOS (the gpt2 default EOS id 11 is outside the vocabulary, so llama.cpp disables it). Cases
+whose EOS stops run on ``eos``; cases where EOS is an ordinary token (and the efficiency set) run on ``plain``.
+
+Invariant (checked by :func:`check_logits` through a running ``llama-server``, ``engine_tests/test_llamacpp.py``):
+the server's next-token probabilities (``n_probs`` = 8, before sampling) equal ``softmax`` of the tables at every
+position of every context tried, within float32 rounding, in both variants. Files are rewritten only when their
+source checkpoint or this writer changed (a digest in the file's metadata).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["MODELS", "VARIANTS", "gguf_dir", "gguf_path", "write_gguf", "export", "check_logits", "main"]
+
+#: The checkpoints llama.cpp loads (targets and drafts of the pairs the adapter uses, and the others cheaply too).
+MODELS = ("order1-target", "order1-draft-close", "order1-draft-far", "order1-draft-same", "order2-target",
+          "order2-draft", "order2-draft-close")
+VARIANTS = ("eos", "plain")
+WRITER_VERSION = "1"  # bump when the layout written here changes
+
+
+def gguf_dir() -> Path:
+    """Where the files go: next to the llama.cpp build (the same cache, keyed by version)."""
+    from .llamacpp import engine_home
+
+    return engine_home() / "gguf"
+
+
+def gguf_path(name: str, variant: str = "eos", root: Path | None = None) -> Path:
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
+    return Path(root or gguf_dir()) / f"{name}-{variant}.gguf"
+
+
+def _source(name: str) -> tuple[Path, dict, dict, str]:
+    from specdec_ref.exact_models import exact_model
+
+    folder = Path(exact_model(name).path)
+    cfg = json.loads((folder / "config.json").read_text())
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    h = hashlib.sha256(WRITER_VERSION.encode())
+    for f in ("config.json", "tokenizer.json", "model.safetensors"):
+        h.update((folder / f).read_bytes())
+    return folder, cfg, tok, h.hexdigest()[:16]
+
+
+def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Hugging Face rotate-half rows -> GGUF interleaved pairs (``convert_hf_to_gguf.LlamaModel.permute``)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _digest_of(path: Path) -> str | None:
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields.get("specdec.source_digest")
+        return bytes(field.parts[field.data[0]]).decode() if field is not None else None
+    except Exception:  # noqa: BLE001 - unreadable: rewrite it
+        return None
+
+
+def write_gguf(name: str, path: Path, variant: str = "eos") -> Path:
+    """Write one model's GGUF file (see the module docstring); returns the path."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    folder, cfg, tok, digest = _source(name)
+    if cfg.get("model_type") != "llama" or cfg.get("tie_word_embeddings"):
+        raise ValueError(f"{name}: only untied Llama checkpoints are exported (got {cfg.get('model_type')})")
+    n_head, n_kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
+    vocab = int(cfg["vocab_size"])
+    eos, bos = cfg.get("eos_token_id"), cfg.get("bos_token_id")
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    w = gguf.GGUFWriter(str(tmp), arch="llama")
+    w.add_name(f"specdec-ref {name} ({variant})")
+    w.add_string("specdec.source_digest", digest)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(int(cfg["max_position_embeddings"]))
+    w.add_embedding_length(int(cfg["hidden_size"]))
+    w.add_block_count(int(cfg["num_hidden_layers"]))
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    w.add_rope_freq_base(float(rope))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_vocab_size(vocab)
+
+    names = {i: t for t, i in tok["model"]["vocab"].items()}
+    special = {a["id"] for a in tok.get("added_tokens", []) if a.get("special")} | {x for x in (bos, eos) if x is not None}
+    tokens, types = [], []
+    for i in range(vocab):
+        t = names.get(i, f"[{i}]")
+        if variant == "plain" and i == eos:
+            t, ctl = f"e{i}", False  # an ordinary token: not end of generation
+        else:
+            ctl = i in special
+        tokens.append(t)
+        types.append(gguf.TokenType.CONTROL if ctl else gguf.TokenType.NORMAL)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["\u0120 \u0120"])  # one inert merge: llama.cpp's BPE loader needs the key, prompts are ids
+    if bos is not None:
+        w.add_bos_token_id(int(bos))
+    if eos is not None and variant == "eos":
+        w.add_eos_token_id(int(eos))
+    w.add_add_bos_token(False)
+    w.add_add_eos_token(False)
+
+    t = load_file(str(folder / "model.safetensors"))
+    f32 = lambda k: np.ascontiguousarray(t[k].astype(np.float32))  # noqa: E731
+    w.add_tensor("token_embd.weight", f32("model.embed_tokens.weight"))
+    for layer in range(int(cfg["num_hidden_layers"])):
+        p, b = f"model.layers.{layer}.", f"blk.{layer}."
+        w.add_tensor(b + "attn_norm.weight", f32(p + "input_layernorm.weight"))
+        w.add_tensor(b + "attn_q.weight", np.ascontiguousarray(_permute(f32(p + "self_attn.q_proj.weight"), n_head)))
+        w.add_tensor(b + "attn_k.weight", np.ascontiguousarray(_permute(f32(p + "self_attn.k_proj.weight"), n_kv)))
+        w.add_tensor(b + "attn_v.weight", f32(p + "self_attn.v_proj.weight"))
+        w.add_tensor(b + "attn_output.weight", f32(p + "self_attn.o_proj.weight"))
+        w.add_tensor(b + "ffn_norm.weight", f32(p + "post_attention_layernorm.weight"))
+        w.add_tensor(b + "ffn_gate.weight", f32(p + "mlp.gate_proj.weight"))
+        w.add_tensor(b + "ffn_up.weight", f32(p + "mlp.up_proj.weight"))
+        w.add_tensor(b + "ffn_down.weight", f32(p + "mlp.down_proj.weight"))
+    w.add_tensor("output_norm.weight", f32("model.norm.weight"))
+    w.add_tensor("output.weight", f32("lm_head.weight"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def export(names=MODELS, root: Path | None = None, *, force: bool = False) -> dict[tuple[str, str], Path]:
+    """Every (model, variant) file, written where missing or stale; ``{(name, variant): path}``."""
+    out = {}
+    for name in names:
+        digest = _source(name)[3]
+        for variant in VARIANTS:
+            path = gguf_path(name, variant, root)
+            if force or not path.exists() or _digest_of(path) != digest:
+                write_gguf(name, path, variant)
+            out[(name, variant)] = path
+    return out
+
+
+def _contexts(name: str) -> list[list[int]]:
+    """Prompts whose continuations visit every row of the table (order1: every last token; order2: ``<bos>`` and
+    every one- and two-token continuation of it)."""
+    from specdec_ref.exact_models import exact_model
+
+    m = exact_model(name)
+    if name.startswith("order1"):
+        return [[a] for a in range(m.vocab)] + [[3, 1, 4], [0, 0]]
+    bos = 6
+    toks = [t for t in range(m.vocab) if t != bos]
+    return [[bos]] + [[bos, a] for a in toks] + [[bos, a, b] for a in toks for b in toks]
+
+
+def check_logits(names=("order1-target", "order1-draft-close", "order2-target", "order2-draft"), *,
+                 variants=VARIANTS, n_predict: int = 3, tol: float = 2e-6) -> list[dict]:
+    """Load each file in ``llama-server`` and compare its pre-sampling probabilities (``n_probs`` = vocabulary)
+    with ``softmax`` of the tables at every generated position of :func:`_contexts` (sampled continuations, so
+    the KV cache and positions are exercised). Returns one row per file: worst absolute difference, positions
+    compared, ``passed``."""
+    from specdec_ref.exact_models import exact_model
+
+    from .llamacpp import Server, server_binary
+
+    paths = export(tuple(names))
+    rows = []
+    for name in names:
+        m = exact_model(name)
+        for variant in variants:
+            worst, compared, bad = 0.0, 0, []
+            with Server(server_binary(), paths[(name, variant)], parallel=1) as srv:
+                for i, ctx in enumerate(_contexts(name)):
+                    r = srv.complete({"prompt": ctx, "n_predict": n_predict, "n_probs": m.vocab, "seed": 1000 + i,
+                                      "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                                      "samplers": ["temperature"], "return_tokens": True, "cache_prompt": False,
+                                      "ignore_eos": False})
+                    seq = list(ctx)
+                    for step in r.get("completion_probabilities") or []:
+                        got = np.zeros(m.vocab)
+                        for c in step.get("top_logprobs") or step.get("top_probs") or []:
+                            got[int(c["id"])] = float(np.exp(c["logprob"])) if "logprob" in c else float(c["prob"])
+                        z = np.asarray(m.next_logits([seq]), dtype=np.float64)[0]
+                        want = np.exp(z - z.max())
+                        want /= want.sum()
+                        d = float(np.abs(got - want).max())
+                        compared += 1
+                        worst = max(worst, d)
+                        if d > tol:
+                            bad.append({"context": list(seq), "got": got.round(6).tolist(), "want": want.round(6).tolist()})
+                        seq.append(int(step["id"]))
+            rows.append({"model": name, "variant": variant, "positions": compared, "max_abs_diff": worst,
+                         "passed": compared > 0 and not bad, "first_bad": bad[:1]})
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m conformance.engines.gguf_export", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="folder for the .gguf files (default: the llama.cpp cache)")
+    ap.add_argument("--names", default="", help="models (comma-separated; default: all)")
+    ap.add_argument("--force", action="store_true", help="rewrite even when up to date")
+    ap.add_argument("--check", action="store_true", help="check the logits through llama-server (needs the build)")
+    args = ap.parse_args(argv)
+    names = tuple(n for n in args.names.split(",") if n) or MODELS
+    paths = export(names, Path(args.out) if args.out else None, force=args.force)
+    for (name, variant), p in paths.items():
+        print(f"{name:22s} {variant:5s} {p} ({p.stat().st_size} bytes)")
+    if not args.check:
+        return 0
+    rows = check_logits(tuple(n for n in names if n in ("order1-target", "order1-draft-close", "order2-target",
+                                                        "order2-draft")) or names)
+    for r in rows:
+        print(f"logits {r['model']:20s} {r['variant']:5s}: {r['positions']} positions, max |p - table| "
+              f"{r['max_abs_diff']:.2e}: {'equal to the tables' if r['passed'] else 'DIFFER: ' + json.dumps(r['first_bad'])}")
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""The llama.cpp adapter: ``llama-server`` built from the source vendored in ``llama-cpp-python==0.3.36``.
+
+    bash scripts/llamacpp_env.sh                       # build once per machine (cached outside the clone)
+    python -m conformance.engines llamacpp --out DIR [--configs a,b] [--check-expected]
+
+Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
+target family the worker's session starts ``llama-server`` on 127.0.0.1 (a free port, in the worker's own process
+group, so the runner's group kill stops it too) on the GGUF files of :mod:`conformance.engines.gguf_export`, waits
+for ``/health``, sends ``/completion`` requests with token-id prompts from a bounded thread pool (several in flight
+for ``-np`` > 1; every request with a timeout), reads the speculative counters from ``/metrics`` and per request
+from ``timings`` (``draft_n``, ``draft_n_accepted``), and stops the server in ``close()``.
+
+Conventions (declared, and each checked by ``engine_tests/test_llamacpp.py``):
+
+* every request sets its sampler chain explicitly, ``penalties, temperature, top_k, top_p, min_p`` (llama.cpp's
+  default chain applies the temperature *last*, after top-p / min-p: a different law from the reference warper's),
+  and every other filter off (typical, top-n-sigma, XTC, DRY, mirostat, dynamic temperature); greedy is
+  temperature 0 (llama.cpp keeps the first maximal logit, the reference's first-index argmax);
+* top-k keeps exactly k tokens; among tokens tied at the k-th logit the choice is whatever ``std::partial_sort``'s
+  heap leaves (no stated rule): ``top_k_ties="unstated"``, so the runner leaves out the tie-cutting case;
+* penalties: llama.cpp's penalty window (``repeat_last_n``) holds the prompt and the output, and its presence and
+  frequency penalties count the prompt's tokens too, where the reference counts generated tokens only: the
+  ``penalty`` case is left out of the matrix (it is run alone in ``penalty-window``, recorded NOT CERTIFIED by
+  definition, so the departure stays measured);
+* EOS: ``ignore_eos`` adds a logit bias of -inf to every end-of-generation token, so EOS can never be an
+  ordinary token; cases where it is (and the efficiency set) run on the ``plain`` GGUF variant, whose token 7 is
+  an ordinary token. When EOS stops, ``tokens`` holds it (the black-box files keep it);
+* the first token is a plain target sample at prefill; speculative rounds follow (``first_token_at_prefill``);
+* a request's ``seed`` seeds its sampler (unseeded requests send none: llama.cpp seeds from the clock);
+* prompt caching is on (the server's default): a slot reuses the KV cache of the previous request's prefix.
+
+Speculation: every ``--spec-type`` verifies by *sample-and-match*: the target samples each position with the
+request's own sampler and keeps drafts while they equal its samples, so a seed's output is the same with and
+without speculation (``identical_to="control"``, checked request by request). ``draft-simple`` drafts the draft
+model's argmax (scheme ``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the
+n-gram types draft from the context (lossless by the same argument; no exact acceptance law stated).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .adapter import Conventions, EngineAdapter, EngineMissingError
+from .matrix import CASES, Configuration
+
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
+           "server_args", "variant_of", "parse_metrics", "Server", "LlamaCppSession"]
+
+VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what scripts/llamacpp_env.sh builds
+INSTALL = "bash scripts/llamacpp_env.sh"
+SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
+REQUEST_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 90.0
+
+#: Every matrix case but the two llama.cpp cannot express under the reference's definitions (see the docstring):
+#: ``ties`` (no stated tie rule; the runner drops it anyway) and ``penalty`` (its window counts the prompt).
+MAIN = tuple(c.name for c in CASES if c.name not in ("ties", "penalty"))
+#: Per-seed identity needs far fewer completions than the law test: the speculative variants beyond the first
+#: run these cases (both families, EOS inside a draft, one- and two-token prompts, greedy).
+SHORT = ("warp-1tok", "eos", "position", "greedy")
+
+
+def _draft(k: int, **extra) -> dict:
+    return {"spec_type": "draft-simple", "draft_model": True, "draft_max": k, "draft_min": 0, "p_min": 0.0, **extra}
+
+
+CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control", None, {}, cases=MAIN, note="no speculation, one slot (-np 1)"),
+    Configuration("control-np4", None, {"parallel": 4}, cases=SHORT, identical_to="control",
+                  note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
+    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=MAIN, identical_to="control", k=3,
+                  note="draft model, --spec-type draft-simple --draft-max 3 --draft-min 0 --draft-p-min 0"),
+    Configuration("draft-k1", "draft-simple", _draft(1), "sample_match", cases=SHORT, identical_to="control", k=1,
+                  note="draft-simple, --draft-max 1"),
+    Configuration("draft-k5", "draft-simple", _draft(5), "sample_match", cases=SHORT, identical_to="control", k=5,
+                  note="draft-simple, --draft-max 5"),
+    Configuration("draft-k3-np4", "draft-simple", _draft(3, parallel=4), "sample_match", cases=SHORT,
+                  identical_to="control", k=3, note="draft-simple --draft-max 3 with four parallel slots (-np 4)"),
+    Configuration("draft-ignored", "draft-model (no --spec-type)", {"draft_model": True, "draft_max": 3},
+                  "sample_match", cases=("warp", "position"), k=3,
+                  note="-md DRAFT without --spec-type: llama.cpp loads the draft and silently does not speculate"),
+    Configuration("ngram-simple", "ngram-simple", {"spec_type": "ngram-simple",
+                                                   "flags": {"--spec-ngram-simple-size-n": 1,
+                                                             "--spec-ngram-simple-size-m": 3}},
+                  None, cases=SHORT, identical_to="control", k=3, note="n-gram lookup in the context (n 1, m 3)"),
+    Configuration("ngram-map-k", "ngram-map-k", {"spec_type": "ngram-map-k",
+                                                 "flags": {"--spec-ngram-map-k-size-n": 1,
+                                                           "--spec-ngram-map-k-size-m": 3}},
+                  None, cases=SHORT, identical_to="control", k=3, note="n-gram map, key only (n 1, m 3)"),
+    Configuration("ngram-map-k4v", "ngram-map-k4v", {"spec_type": "ngram-map-k4v",
+                                                     "flags": {"--spec-ngram-map-k4v-size-n": 1,
+                                                               "--spec-ngram-map-k4v-size-m": 3}},
+                  None, cases=SHORT, identical_to="control", k=3, note="n-gram map, key and four values (n 1, m 3)"),
+    Configuration("ngram-mod", "ngram-mod", {"spec_type": "ngram-mod",
+                                             "flags": {"--spec-ngram-mod-n-match": 2, "--spec-ngram-mod-n-min": 1,
+                                                       "--spec-ngram-mod-n-max": 3}},
+                  None, cases=SHORT, identical_to="control", k=3,
+                  note="n-gram hash shared across requests (match 2, 1-3 drafts)"),
+    Configuration("ngram-cache", "ngram-cache", {"spec_type": "ngram-cache"}, None, cases=SHORT,
+                  identical_to="control", k=8, note="n-gram cache of the context (up to 8 drafts)"),
+    Configuration("penalty-window", None, {}, cases=("penalty",),
+                  note="the penalty case alone: llama.cpp's presence penalty counts the prompt (NOT CERTIFIED by "
+                       "definition, recorded)"),
+)
+
+
+# ----------------------------------------------------------------------------- the build, the request mapping
+
+
+def engine_home() -> Path:
+    root = os.environ.get("SPECDEC_CACHE") or str(Path.home() / ".cache" / "specdec-ref")
+    return Path(root) / f"llama.cpp-{VERSION}"
+
+
+def server_binary() -> Path:
+    b = engine_home() / "bin" / "llama-server"
+    if not b.exists():
+        raise EngineMissingError(f"{b} is not built: build it with `{INSTALL}`")
+    return b
+
+
+def variant_of(request) -> str:
+    """The GGUF variant a request runs on: ``eos`` when EOS stops it, ``plain`` when EOS is an ordinary token."""
+    return "eos" if request.eos else "plain"
+
+
+def completion_payload(request) -> dict:
+    """``/completion``'s body for one :class:`Request`: token ids in and out, the reference warper's order, every
+    other filter off, EOS never banned (see the module docstring), the seed when the request has one."""
+    s = request.sampling
+    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
+        raise ValueError("the llama.cpp matrix has no logit_bias / min_new_tokens / constraint cases")
+    body = {
+        "prompt": [int(t) for t in request.prompt], "n_predict": int(request.max_new_tokens), "stream": False,
+        "return_tokens": True, "cache_prompt": True, "samplers": list(SAMPLERS), "ignore_eos": False,
+        "temperature": 0.0 if s.greedy else float(s.temperature),
+        "top_k": 0 if s.greedy or not s.top_k else int(s.top_k),
+        "top_p": 1.0 if s.greedy or not s.top_p else float(s.top_p),
+        "min_p": 0.0 if s.greedy or not s.min_p else float(s.min_p),
+        "typical_p": 1.0, "top_n_sigma": -1.0, "xtc_probability": 0.0, "dry_multiplier": 0.0, "mirostat": 0,
+        "dynatemp_range": 0.0, "min_keep": 0, "n_probs": 0,
+        "repeat_penalty": float(s.repetition_penalty), "presence_penalty": float(s.presence_penalty),
+        "frequency_penalty": float(s.frequency_penalty), "repeat_last_n": -1,  # the whole context
+        "response_fields": ["tokens", "stop_type", "timings/draft_n", "timings/draft_n_accepted"],
+    }
+    if getattr(s, "top_k_ties", "all") == "lowest_ids":
+        raise ValueError("llama.cpp states no top-k tie rule; a lowest-ids case cannot be expressed")
+    if request.seed is not None:
+        body["seed"] = int(request.seed)
+    return body
+
+
+def server_args(cfg: Configuration, draft: str | None, *, ctx_per_slot: int = 128) -> list[str]:
+    """The configuration's ``llama-server`` flags (beyond model, host, port and the fixed ones of :class:`Server`)."""
+    o = cfg.options
+    parallel = int(o.get("parallel", 1))
+    args = ["-np", str(parallel), "-c", str(ctx_per_slot * parallel)]
+    if o.get("draft_model"):
+        if not draft:
+            raise ValueError(f"{cfg.name}: needs a draft model")
+        args += ["-md", str(draft), "-ngld", "0", "-td", "1", "-tbd", "1", "-ctkd", "f32", "-ctvd", "f32",
+                 "--draft-max", str(o.get("draft_max", 3)), "--draft-min", str(o.get("draft_min", 0)),
+                 "--draft-p-min", str(o.get("p_min", 0.0))]
+    if o.get("spec_type"):
+        args += ["--spec-type", o["spec_type"]]
+    for flag, value in (o.get("flags") or {}).items():
+        args += [flag, str(value)]
+    return args
+
+
+def parse_metrics(text: str) -> dict:
+    """``/metrics`` (Prometheus text) -> the runner's counters."""
+    val = {}
+    per_pos = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        m = re.match(r'llamacpp:(\w+)(?:\{position="(\d+)"\})?\s+(\S+)', line)
+        if not m:
+            continue
+        if m.group(2) is not None:
+            per_pos[int(m.group(2))] = int(float(m.group(3)))
+        else:
+            val[m.group(1)] = float(m.group(3))
+    return {"drafts": int(val.get("spec_decode_num_drafts_total", 0)),
+            "draft_tokens": int(val.get("spec_decode_num_draft_tokens_total", 0)),
+            "accepted": int(val.get("spec_decode_num_accepted_tokens_total", 0)),
+            "accepted_per_pos": [per_pos[i] for i in sorted(per_pos)] if per_pos else None}
+
+
+# ----------------------------------------------------------------------------- the server process
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """One ``llama-server`` on 127.0.0.1 (a child of this process, in its process group: never a new session)."""
+
+    def __init__(self, binary, model, *, parallel: int = 1, args=(), log_dir: str | None = None):
+        self.binary, self.model, self.parallel = str(binary), str(model), int(parallel)
+        self.args = list(args) or ["-np", str(parallel), "-c", str(128 * parallel)]
+        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")) / f"server-{os.getpid()}-{id(self)}.log"
+        self.proc, self.port, self._local = None, None, threading.local()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def log_tail(self, n: int = 6) -> str:
+        try:
+            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def start(self) -> None:
+        for attempt in range(3):
+            self.port = _free_port()
+            cmd = [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-tb", "1",
+                   "-ngl", "0", "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--metrics", "--no-webui", *self.args]
+            self.log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            t0 = time.time()
+            while time.time() - t0 < START_TIMEOUT_S:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                    c.request("GET", "/health")
+                    ok = c.getresponse().status == 200
+                    c.close()
+                    if ok:
+                        return
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            self.stop()
+            if "bind" not in self.log_tail(20).lower():  # a port race is retried, anything else is the failure
+                break
+        raise RuntimeError(f"llama-server did not become healthy ({' '.join(cmd[2:])}): {self.log_tail()}")
+
+    def _conn(self, timeout):
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        return c
+
+    def _call(self, method: str, path: str, body: bytes | None = None, timeout: float = REQUEST_TIMEOUT_S) -> bytes:
+        for attempt in (0, 1):
+            c = self._conn(timeout)
+            try:
+                c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+                r = c.getresponse()
+                data = r.read()
+            except (ConnectionError, http.client.HTTPException) as exc:  # a dropped keep-alive: one new connection
+                c.close()
+                self._local.conn = None
+                if attempt or (self.proc and self.proc.poll() is not None):
+                    raise RuntimeError(f"llama-server {method} {path}: {exc}; server log: {self.log_tail()}") from exc
+                continue
+            if r.status != 200:
+                raise RuntimeError(f"llama-server {method} {path}: HTTP {r.status}: {data[:300]!r}")
+            return data
+        raise AssertionError("unreachable")
+
+    def complete(self, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
+        return json.loads(self._call("POST", "/completion", json.dumps(body).encode(), timeout))
+
+    def metrics(self) -> dict:
+        return parse_metrics(self._call("GET", "/metrics").decode())
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if getattr(self, "log", None):
+            self.log.close()
+
+
+# ----------------------------------------------------------------------------- the session
+
+
+class LlamaCppSession:
+    """One configuration on one target family: up to two servers (the ``eos`` and ``plain`` GGUF variants),
+    each started on first use."""
+
+    def __init__(self, cfg: Configuration, pair, *, log_dir: str | None = None):
+        from .gguf_export import export
+
+        self.cfg, self.pair = cfg, pair
+        self.paths = export((pair.target.name, pair.draft.name))
+        self.parallel = int(cfg.options.get("parallel", 1))
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")
+        self.servers: dict[str, Server] = {}
+
+    def server(self, variant: str) -> Server:
+        if variant not in self.servers:
+            draft = self.paths[(self.pair.draft.name, variant)] if self.cfg.options.get("draft_model") else None
+            srv = Server(server_binary(), self.paths[(self.pair.target.name, variant)], parallel=self.parallel,
+                         args=server_args(self.cfg, draft), log_dir=self.log_dir)
+            srv.start()
+            self.servers[variant] = srv
+        return self.servers[variant]
+
+    def _one(self, srv: Server, request) -> dict:
+        r = srv.complete(completion_payload(request))
+        toks = [int(t) for t in r.get("tokens") or []]
+        out = {"completion_ids": toks, "finish_reason": r.get("stop_type")}
+        if self.cfg.speculative:
+            t = r.get("timings") or {}  # response_fields flattens the paths: "timings/draft_n" (absent: no drafts)
+            out.update(draft_tokens=int(r.get("timings/draft_n", t.get("draft_n")) or 0),
+                       accepted=int(r.get("timings/draft_n_accepted", t.get("draft_n_accepted")) or 0))
+        return out
+
+    def generate(self, requests) -> list[dict]:
+        out: list = [None] * len(requests)
+        for variant in ("eos", "plain"):
+            idx = [i for i, r in enumerate(requests) if variant_of(r) == variant]
+            if not idx:
+                continue
+            srv = self.server(variant)
+            with ThreadPoolExecutor(max_workers=max(2, min(2 * self.parallel, 8))) as pool:
+                for i, rec in zip(idx, pool.map(lambda i: self._one(srv, requests[i]), idx)):
+                    out[i] = rec
+        return out
+
+    def counters(self) -> dict | None:
+        if not self.cfg.speculative:
+            return None
+        tot = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": None}
+        for srv in self.servers.values():
+            m = srv.metrics()
+            for k in ("drafts", "draft_tokens", "accepted"):
+                tot[k] += m[k]
+            if m["accepted_per_pos"] is not None:
+                cur = tot["accepted_per_pos"] or [0] * len(m["accepted_per_pos"])
+                tot["accepted_per_pos"] = [a + b for a, b in zip(cur, m["accepted_per_pos"])]
+        k = int(self.cfg.k or 0)
+        if k and tot["accepted_per_pos"] is None:  # the per-position series appears with the first verification
+            tot["accepted_per_pos"] = [0] * k
+        return tot
+
+    def refuses(self, request) -> str | None:
+        try:
+            completion_payload(request)
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.stop()
+
+
+class LlamaCppAdapter(EngineAdapter):
+    def python(self) -> str:
+        server_binary()  # raises EngineMissingError, naming the build command
+        try:
+            import gguf  # noqa: F401
+        except ImportError as exc:
+            raise EngineMissingError(f"the GGUF writer (gguf) is not importable here: run `{INSTALL}`") from exc
+        return sys.executable
+
+    def installed_version(self) -> str:
+        out = subprocess.run([str(server_binary()), "--version"], capture_output=True, text=True, timeout=30)
+        build = re.search(r"version: (\S+)", out.stdout + out.stderr)
+        if not build:
+            raise RuntimeError(f"llama-server --version printed no version: {(out.stdout + out.stderr)[:200]}")
+        return VERSION  # the sdist pins the vendored source; its build number is in engine_home()/server-version.txt
+
+    def open(self, cfg, family):
+        from specdec_ref.exact_models import exact_pair
+
+        return LlamaCppSession(cfg, exact_pair(self.families[family]))
+
+
+ADAPTER = LlamaCppAdapter(
+    name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
+    cases=MAIN + ("penalty",), timeout_s=900.0,
+    conventions=Conventions(
+        top_k_ties="unstated", first_token_at_prefill=True, seeds="per_request",
+        notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
+               "applies the temperature last)",
+               "top-k keeps exactly k; among tied tokens std::partial_sort's heap decides (no stated rule): the ties "
+               "case is left out",
+               "penalties count the prompt (presence and frequency too; the reference: generated tokens only): the "
+               "penalty case runs alone in penalty-window",
+               "ignore_eos bans EOS (logit bias -inf): cases with EOS as an ordinary token run on a GGUF whose token "
+               "7 is not end-of-generation; a sampled EOS that stops is returned in tokens",
+               "verification is sample-and-match for every --spec-type: per seed identical to no speculation")),
+)
+
+
+if __name__ == "__main__":
+    from .runner import main
+
+    sys.exit(main(["llamacpp", *sys.argv[1:]]))
