@@ -202,8 +202,14 @@ def venv_python(module: str, venv: str, install: str) -> str:
 
 
 def adapter(name: str) -> EngineAdapter:
-    """The registered adapter ``name`` (its module imported now, not before)."""
+    """The registered adapter ``name`` (its module imported now, not before), or ``package.module:ATTRIBUTE`` for an
+    adapter that is not registered here (your own engine's)."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        found = getattr(importlib.import_module(module), attr, None)
+        if not isinstance(found, EngineAdapter):
+            raise KeyError(f"{name!r} is not an EngineAdapter")
+        return found
     if name not in ADAPTERS:
-        raise KeyError(f"unknown engine {name!r}; known: {', '.join(sorted(ADAPTERS))}")
-    mod = importlib.import_module(ADAPTERS[name])
-    return mod.ADAPTER
+        raise KeyError(f"unknown engine {name!r}; known: {', '.join(sorted(ADAPTERS))} (or module:ATTRIBUTE)")
+    return importlib.import_module(ADAPTERS[name]).ADAPTER
