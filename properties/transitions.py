@@ -24,6 +24,13 @@ blind to a bias that cancels within a class: a law that is right on average over
 context class but wrong for each (say, wrong after a rejected draft, right after an accepted one, in
 proportions that balance). The full-law test of the first ``L`` tokens (``conformance.samples``)
 sees any dependence across those positions but needs many more samples per token.
+
+A token the exact law of its context gives probability 0 (say ``<bos>`` inside an ``order2``
+completion, or a token top-k drops) is the engine's failure, and the contexts after it are outside the
+law's support (for ``order2`` not even defined). :func:`first_impossible` walks the completions
+position by position and finds each one's first such token without evaluating any context past it;
+given that list, :func:`count_transitions` counts a completion up to that token (an impossible
+outcome of its class) and excludes the tokens after it.
 """
 from __future__ import annotations
 
@@ -38,12 +45,18 @@ from properties.sequences import next_token_law, processed_logits64
 from properties.stats import ALPHA, TV, FitResult, conditional_goodness_of_fit
 from specdec_ref.warp import SamplingConfig, warp, warp_logits
 
-__all__ = ["ContextClass", "TransitionCounts", "count_transitions", "tie_split_mask", "transition_test", "FIRST_TESTED_POSITION"]
+__all__ = [
+    "ContextClass", "TransitionCounts", "ImpossibleToken", "count_transitions", "first_impossible", "tie_split_mask",
+    "transition_test", "FIRST_TESTED_POSITION", "AFTER_IMPOSSIBLE",
+]
 
 #: Position 1 is sampled from the prefill; the transition test covers positions 2, 3, ...
 FIRST_TESTED_POSITION = 2
 #: Laws equal to this many decimals are one class (they come from one table row through the same float64 code).
 _CLASS_DECIMALS = 12
+#: Why the tokens after a completion's first impossible token are not tested (``TransitionCounts.excluded``).
+AFTER_IMPOSSIBLE = "after a token of probability 0 (its context is outside the law's support)"
+_SPLIT = "a top-p cut splits tied logits (which tied token survives is implementation-defined)"
 
 
 @dataclass
@@ -109,6 +122,62 @@ def _tie_split(rows: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     return tie_split_mask(rows, config).any(-1)
 
 
+@dataclass(frozen=True)
+class ImpossibleToken:
+    """A completion's first generated token of probability 0 under the exact law of its context."""
+
+    index: int  # the completion's index among those given
+    position: int  # 1-based generated position
+    context: tuple[int, ...]  # prompt + the generated tokens before it
+    token: int
+
+
+def _ends(completion: Sequence[int], eos: set) -> int:
+    """How many tokens of ``completion`` the law covers: up to and including its first EOS."""
+    for i, t in enumerate(completion):
+        if t in eos:
+            return i + 1
+    return len(completion)
+
+
+def first_impossible(
+    model, completions: Iterable[tuple[Sequence[int], Sequence[int]]], config: SamplingConfig, *, eos_id=None,
+    max_position: int | None = None,
+) -> list[ImpossibleToken | None]:
+    """Per completion, its first token (up to the first EOS and ``max_position``) that the exact law of its context
+    gives probability 0.
+
+    Walks every completion position by position (one batched law per prompt and position) and stops a completion at
+    its first impossible token, so no context past one is evaluated (it may not be a context the model defines).
+    Where a top-p cut splits tied logits (:func:`tie_split_mask`) the tied tokens it drops count as possible.
+    """
+    eos = set(eos_set(eos_id))
+    items = [(tuple(int(t) for t in p), [int(t) for t in c]) for p, c in completions]
+    ends = [_ends(c, eos) if max_position is None else min(_ends(c, eos), max_position) for _, c in items]
+    out: list[ImpossibleToken | None] = [None] * len(items)
+    alive = [i for i in range(len(items)) if ends[i] > 0]
+    pos = 1
+    while alive:
+        visits: dict[tuple[int, ...], dict[tuple[int, ...], list[int]]] = {}
+        for i in alive:
+            prompt, completion = items[i]
+            visits.setdefault(prompt, {}).setdefault(tuple(completion[: pos - 1]), []).append(i)
+        survivors = []
+        for prompt, prefixes in visits.items():
+            keys = list(prefixes)
+            rows = processed_logits64(model, list(prompt), keys, config, eos_id=eos_id)
+            possible = (warp(rows, config, dtype=torch.float64) > 0) | tie_split_mask(rows, config)
+            for key, allowed in zip(keys, possible.tolist()):
+                for i in prefixes[key]:
+                    token = items[i][1][pos - 1]
+                    if not allowed[token]:
+                        out[i] = ImpossibleToken(i, pos, prompt + key, token)
+                    elif ends[i] > pos:
+                        survivors.append(i)
+        alive, pos = survivors, pos + 1
+    return out
+
+
 def count_transitions(
     model,
     completions: Iterable[tuple[Sequence[int], Sequence[int]]],
@@ -117,31 +186,37 @@ def count_transitions(
     eos_id=None,
     first_position: int = FIRST_TESTED_POSITION,
     max_position: int | None = None,
+    impossible: Sequence[ImpossibleToken | None] | None = None,
 ) -> TransitionCounts:
     """Count (context class, next token) over generated positions ``first_position..max_position``.
 
     ``completions``: ``(prompt_ids, completion_ids)`` pairs. Tokens after the first EOS (an invariant
     violation, reported elsewhere) are not counted; contexts whose law a top-p cut splits between tied
-    logits are excluded and counted in ``excluded``.
+    logits are excluded and counted in ``excluded``. ``impossible``: :func:`first_impossible` of the same
+    completions; a completion is then counted up to its first impossible token (an impossible outcome of its
+    class) and the tokens after it are excluded (:data:`AFTER_IMPOSSIBLE`). Without it, a completion whose
+    context leaves the law's support may reach a context the model does not define (a ValueError).
     """
     eos = set(eos_set(eos_id))
     visits: dict[tuple[int, ...], dict[tuple[int, ...], list[int]]] = {}  # prompt -> prefix -> [tokens...] per pos
     positions: set[int] = set()
-    for prompt, completion in completions:
+    excluded: dict[str, int] = {}
+    for index, (prompt, completion) in enumerate(completions):
         prompt = tuple(int(t) for t in prompt)
         completion = [int(t) for t in completion]
-        end = len(completion)
-        for i, t in enumerate(completion):
-            if t in eos:
-                end = i + 1
-                break
+        end = _ends(completion, eos)
+        stop = impossible[index] if impossible is not None else None
+        if stop is not None:
+            after = range(max(stop.position + 1, first_position), (end if max_position is None else min(end, max_position)) + 1)
+            if len(after):
+                excluded[AFTER_IMPOSSIBLE] = excluded.get(AFTER_IMPOSSIBLE, 0) + len(after)
+            end = stop.position
         last = end if max_position is None else min(end, max_position)
         per_prompt = visits.setdefault(prompt, {})
         for pos in range(first_position, last + 1):
             per_prompt.setdefault(tuple(completion[: pos - 1]), []).append(completion[pos - 1])
             positions.add(pos)
     classes: dict[bytes, ContextClass] = {}
-    excluded: dict[str, int] = {}
     vocab = None
     for prompt, prefixes in visits.items():
         keys = sorted(prefixes)
@@ -151,8 +226,7 @@ def count_transitions(
         for prefix, law, bad in zip(keys, laws, split.tolist()):
             tokens = prefixes[prefix]
             if bad:
-                reason = "a top-p cut splits tied logits (which tied token survives is implementation-defined)"
-                excluded[reason] = excluded.get(reason, 0) + len(tokens)
+                excluded[_SPLIT] = excluded.get(_SPLIT, 0) + len(tokens)
                 continue
             key = np.round(law, _CLASS_DECIMALS).tobytes()
             cl = classes.get(key)
@@ -168,7 +242,15 @@ def count_transitions(
 
 
 def transition_test(counts: TransitionCounts, *, what: str, positions: Iterable[int] | None = None,
-                    alpha: float = ALPHA, tv: float = TV) -> FitResult:
-    """The pooled transition test over ``positions`` (default: every counted position)."""
+                    alpha: float = ALPHA, tv: float = TV, possible_only: bool = False) -> FitResult:
+    """The pooled transition test over ``positions`` (default: every counted position).
+
+    ``possible_only``: leave out the tokens their class's law gives probability 0 (impossible outcomes), so the test
+    says whether the rest of a file that holds some follows the law (a diagnostic: the impossible tokens fail it anyway).
+    """
     labels = [str(t) for t in range(counts.vocab)]
-    return conditional_goodness_of_fit(counts.groups(positions), what=what, labels=labels, alpha=alpha, tv=tv)
+    groups = counts.groups(positions)
+    if possible_only:
+        groups = [(name, np.where(probs > 0, c, 0), probs) for name, c, probs in groups]
+        groups = [g for g in groups if g[1].sum()]
+    return conditional_goodness_of_fit(groups, what=what, labels=labels, alpha=alpha, tv=tv)

@@ -6,8 +6,8 @@ checkpoint (``specdec_ref.exact_models``: the folder ``exact_model(NAME).path`` 
 ``from_pretrained``; its next-token law is known exactly from tables), generate completions with the
 engine, write one JSON object per line, and run::
 
-    python -m conformance.samples --model NAME --temperature T [--top-k K] [--top-p P]
-                                  [--greedy] [--max-new-tokens N] [--eos] [--length L] FILE.jsonl
+    python -m conformance.samples --model NAME --temperature T [--top-k K] [--top-k-ties all|lowest-ids]
+                                  [--top-p P] [--greedy] [--max-new-tokens N] [--eos] [--length L] FILE.jsonl
 
 (``--tv`` sets the alternative, ``--dtype`` / ``--tolerance`` the greedy flip tolerance, ``--json``
 writes the verdict as data; ``--model`` also accepts a pair name, meaning its target)
@@ -21,10 +21,20 @@ other keys are ignored. Mixed prompts are allowed: the completions are grouped p
 
 What is judged
 --------------
-*Input* (:class:`SamplesInputError`, naming the line): bad JSON, a line that is not an object,
+*Input* (:class:`SamplesInputError`, naming the line; exit 2): an unreadable file, bad JSON, a line that is not an object,
 missing or mistyped fields, an empty prompt, a prompt the model's law is not defined for (too
 short, too long for its positions, an order2 prompt not starting with ``<bos>``), ids outside the
 vocabulary, an unknown ``finish_reason``, a repeated ``(seed, index)`` for one prompt.
+
+*Impossible tokens* (``NOT CERTIFIED``, never an input error): a generated token the exact law of its context gives
+probability 0 (``<bos>`` inside an order2 completion, a token top-k drops) is the engine's failure; each completion's
+first one is found at any position, counted (completions, requests, per position) and shown, is an impossible outcome
+of its test, and nothing after it is tested; the tests are rerun without them so the report says whether the rest
+fits (:attr:`SamplesVerdict.impossible`, the record's ``impossible``).
+
+*Conventions* are declared in the settings (``SamplingConfig.top_k_ties``, ``--top-k-ties``: which tokens top-k keeps
+at a tie); a ``NOT CERTIFIED`` file that fits another known convention (:mod:`conformance.samples.conventions`) gains
+one ``explained`` line, and its level stays.
 
 *Deterministic invariants* (violations make the verdict ``NOT CERTIFIED``, each with its line):
 a completion has exactly ``max_new_tokens`` tokens unless it ends with EOS (with ``--eos``),
@@ -42,7 +52,7 @@ that prompt's N samples still give the test power 0.99 against :data:`SAMPLES_TV
 with expected count below 20 are pooled (:func:`choose_length`); with too few samples even for
 ``L = 1`` it is 1 and the power is what it is. ``--length`` overrides it. Settings whose top-p cut
 splits a group of exactly tied logits (:func:`split_ties`) are refused (:class:`AmbiguousLawError`,
-exit 1): which tied token survives is implementation-defined, so no law would be fair to every engine.
+exit 2): which tied token survives is implementation-defined, so no law would be fair to every engine.
 
 *Greedy* (``--greedy``): every completion must be the target's greedy continuation token for
 token. A position where the engine chose another token is classified as
@@ -57,9 +67,9 @@ The verdict (same words as the suite's, via :func:`properties.stats.judge_power`
 ``CERTIFIED``; ``CERTIFIED AT REDUCED POWER: detects TV >= x`` (every test passed, some below
 power 0.99 against :data:`SAMPLES_TV`); ``NOT CERTIFIED`` (a test failed or an invariant was
 broken); ``INCONCLUSIVE`` (a prompt's samples cannot detect even TV 0.5: too few samples). The
-printed verdict states N, alpha, the power and the replay command. Exit code: 0 for ``CERTIFIED``
-and ``CERTIFIED AT REDUCED POWER``, 1 otherwise (input and settings errors included; argparse usage
-errors exit 2).
+printed verdict states N, alpha, the power and the replay command. Exit codes
+(:data:`conformance.samples.cli.EXIT_CODES`): 0 for ``CERTIFIED`` and ``CERTIFIED AT REDUCED POWER``, 1 for ``NOT
+CERTIFIED`` and ``INCONCLUSIVE``, 2 when the input cannot be judged (input and settings errors, argparse usage errors).
 
 Producing a file with transformers: :func:`generate_with_transformers` (or
 ``python -m conformance.samples generate --pair NAME ...``) runs ``target.generate(...,
@@ -69,13 +79,15 @@ one call per sample, the global RNG seeded per sample (the seed is recorded). Se
 
 Layout (each module imports only those above it; this ``__init__`` only re-exports): ``read`` (parse and
 validate the records; deterministic invariants), ``law`` (the exact law, the tested length L, tie splitting),
-``generate`` (a file from transformers), ``prompts`` (one prompt's sampling test or greedy walk), ``verdict``
-(:func:`certify_samples`, :class:`SamplesVerdict`, the replay command), ``cli`` (the two command lines).
+``conventions`` (the alternative conventions the tool knows), ``generate`` (a file from transformers), ``prompts``
+(one prompt's sampling test or greedy walk), ``verdict`` (:func:`certify_samples`, :class:`SamplesVerdict`, the
+replay command), ``cli`` (the two command lines).
 """
 from __future__ import annotations
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
-from .cli import main
+from .cli import EXIT_CODES, main
+from .conventions import CONVENTIONS, Convention
 from .generate import generate_with_transformers
 from .law import MAX_CELLS, SAMPLES_TV, AmbiguousLawError, choose_length, split_ties
 from .prompts import PromptReport
@@ -102,4 +114,7 @@ __all__ = [
     "write_jsonl",
     "replay_command",
     "main",
+    "EXIT_CODES",
+    "CONVENTIONS",
+    "Convention",
 ]

@@ -1,7 +1,10 @@
 """The command lines: ``python -m conformance.samples FILE.jsonl ...`` certifies a file, ``... generate OUT.jsonl ...`` writes one.
 
-Exit codes: 0 for ``CERTIFIED`` and ``CERTIFIED AT REDUCED POWER``, 1 otherwise (input and settings errors
-included: ``INPUT ERROR`` / ``SETTINGS ERROR`` on stderr, the verdict words on stdout), 2 for argparse usage errors.
+Exit codes (:data:`EXIT_CODES`), so that a CI gate tells misuse from a failing engine: 0 for ``CERTIFIED`` and
+``CERTIFIED AT REDUCED POWER``; 1 for ``NOT CERTIFIED`` and ``INCONCLUSIVE`` (the engine's output fails, impossible
+tokens included, or is too little to judge); 2 when the file or the invocation cannot be judged at all: ``INPUT
+ERROR`` (unreadable file, bad JSON, missing fields, ids outside the vocabulary, an invalid prompt, a bad option
+value) or ``SETTINGS ERROR`` (settings that leave the exact law undetermined) on stderr, and argparse usage errors.
 """
 from __future__ import annotations
 
@@ -12,17 +15,31 @@ import sys
 from specdec_ref.warp import SamplingConfig
 
 from ..report import NOT_CERTIFIED
+from .conventions import TOP_K_TIES_CLI
 from .generate import generate_with_transformers
 from .law import _EXTRA_SETTINGS, SAMPLES_TV, AmbiguousLawError
 from .read import SamplesInputError, write_jsonl
 from .verdict import INCONCLUSIVE, certify_samples
 
 
+#: The exit codes of ``python -m conformance.samples`` (also in its ``--help``).
+EXIT_CODES = {
+    0: "CERTIFIED or CERTIFIED AT REDUCED POWER",
+    1: "NOT CERTIFIED (a test failed, a token of probability 0, an invariant broken) or INCONCLUSIVE (too few samples, no "
+       "position after the first)",
+    2: "the input cannot be judged: INPUT ERROR (unreadable file, bad JSON, missing fields, an id outside the vocabulary, "
+       "an invalid prompt, a bad option value), SETTINGS ERROR (the settings leave the exact law undetermined), or a usage error",
+}
+EXIT_INPUT = 2
+_TIES_FROM_CLI = {cli: rule for rule, cli in TOP_K_TIES_CLI.items()}
+
+
 def _sampling_from_args(args) -> SamplingConfig:
     extra = {name: getattr(args, name) for _, name, _, _ in _EXTRA_SETTINGS if hasattr(args, name)}
     if args.greedy:
         return SamplingConfig(greedy=True, **{k: v for k, v in extra.items() if k != "min_p"})
-    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, **extra)
+    ties = _TIES_FROM_CLI[getattr(args, "top_k_ties", "all")]
+    return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, top_k_ties=ties, **extra)
 
 
 def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
@@ -44,10 +61,16 @@ def _certify_main(argv: list[str]) -> int:
         prog="python -m conformance.samples",
         description="Certify completions of a shipped exactly-known checkpoint produced by any engine "
         "(subcommand `generate` produces such a file with transformers).",
+        epilog="exit codes: " + "; ".join(f"{code}: {what}" for code, what in EXIT_CODES.items()),
     )
     parser.add_argument("file", help="JSONL: one object per line with prompt_ids, completion_ids (and optional seed, finish_reason)")
     parser.add_argument("--model", required=True, help="the exact model the completions come from (e.g. order1-target) or a pair name")
     _add_sampling_args(parser)
+    parser.add_argument(
+        "--top-k-ties", choices=tuple(TOP_K_TIES_CLI.values()), default="all",
+        help="the engine's top-k tie rule: 'all' keeps every token tied with the k-th largest logit (Hugging Face, vLLM; "
+        "the default), 'lowest-ids' keeps exactly k, ties broken by the smallest id",
+    )
     _add_extra_setting_args(parser)
     parser.add_argument("--length", type=int, default=None, help="L, the number of first tokens whose law is tested (default: chosen from N)")
     parser.add_argument("--tv", type=float, default=SAMPLES_TV, help=f"the alternative the power is stated against (default {SAMPLES_TV})")
@@ -64,14 +87,14 @@ def _certify_main(argv: list[str]) -> int:
     except SamplesInputError as exc:
         print(f"INPUT ERROR: {exc}", file=sys.stderr)
         print(f"{NOT_CERTIFIED}: the completions could not be read", file=sys.stdout)
-        return 1
+        return EXIT_INPUT
     except AmbiguousLawError as exc:
         print(f"SETTINGS ERROR: {exc}", file=sys.stderr)
         print(f"{INCONCLUSIVE}: the exact law is not defined by these settings", file=sys.stdout)
-        return 1
+        return EXIT_INPUT
     except ValueError as exc:
         print(f"INPUT ERROR: {exc}", file=sys.stderr)
-        return 1
+        return EXIT_INPUT
     print(verdict.report())
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:

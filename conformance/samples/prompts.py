@@ -28,12 +28,18 @@ class PromptReport:
     length: int | None = None
     length_reason: str = ""
     fit: FitResult | None = None
+    rest_fit: FitResult | None = None  # the same test without the impossible continuations (only when there are some)
     divergences: list[dict] = field(default_factory=list)  # algorithmic: line, position, expected, got, verdict
     flips: list[dict] = field(default_factory=list)  # numerical flips (reported, not failures)
 
     @property
     def passed(self) -> bool:
         return (self.fit is None or self.fit.passed) and not self.divergences
+
+    @property
+    def fails_beyond_impossible(self) -> bool:
+        """Failed, and not only by impossible continuations (the rest departs too, or there are none)."""
+        return not self.passed and (self.rest_fit is None or not self.rest_fit.passed)
 
 
 def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv) -> PromptReport:
@@ -64,6 +70,12 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
         examples = cells.impossible_examples(r.completion[:length] for r in group)
         lines = [r.line for r in group if cells.index_of(r.completion[:length]) == len(cells.labels) - 1][:5]
         report.length_reason += f"; impossible continuations {examples} on line(s) {lines}"
+        rest = counts.copy()
+        rest[cells.probs == 0] = 0  # the rest of the file, tested as usual: does it follow the law?
+        report.rest_fit = goodness_of_fit(
+            rest, cells.probs, what=f"prompt {list(prompt)} without its impossible continuations: first {length} "
+            f"generated token(s) ({settings})", labels=cells.labels, alpha=alpha, tv=tv,
+        )
     return report
 
 

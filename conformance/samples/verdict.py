@@ -2,7 +2,10 @@
 
 Invariant: the family-wise alpha is split evenly over the tests the verdict rests on (each prompt's full-law
 test and the pooled transition test; the per-position statistics only localise); the verdict words are the
-suite's own (:mod:`conformance.report`, plus ``INCONCLUSIVE``) and :func:`replay_command` reproduces it.
+suite's own (:mod:`conformance.report`, plus ``INCONCLUSIVE``) and :func:`replay_command` reproduces it. A token
+of probability 0 under the exact law of its context is the engine's failure (``NOT CERTIFIED``, every one counted, the
+first of each completion shown; the tokens after it untested), never an input error. A known alternative convention
+(:mod:`.conventions`) that fits a failing file adds one line (``explained``) and never changes the level.
 """
 from __future__ import annotations
 
@@ -13,10 +16,11 @@ import torch
 
 from properties.flips import FlipVerdict
 from properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
-from properties.transitions import FIRST_TESTED_POSITION, count_transitions, transition_test
+from properties.transitions import FIRST_TESTED_POSITION, count_transitions, first_impossible, transition_test
 from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
+from .conventions import TOP_K_TIES_CLI, explain, judged_contexts
 from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label
 from .prompts import PromptReport, _greedy_test, _sampling_test
 from .read import (
@@ -33,6 +37,9 @@ from .read import (
 
 #: Positions after the first up to this one get a transition test each (all of them are in the pooled test).
 MAX_POSITION_TESTS = 16
+#: Impossible tokens printed in the report (and kept as examples in the record).
+SHOWN_IMPOSSIBLE = 5
+RECORDED_IMPOSSIBLE = 20
 
 INCONCLUSIVE = "INCONCLUSIVE"  # CERTIFIED, REDUCED and NOT_CERTIFIED are the suite's own words (conformance.report)
 
@@ -55,6 +62,8 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
         args += ["--temperature", f"{sampling.temperature:g}"]
         if sampling.top_k is not None:
             args += ["--top-k", str(sampling.top_k)]
+        if sampling.top_k_ties != "all":
+            args += ["--top-k-ties", TOP_K_TIES_CLI[sampling.top_k_ties]]
         if sampling.top_p is not None:
             args += ["--top-p", f"{sampling.top_p:g}"]
         if length is not None:
@@ -102,6 +111,23 @@ class SamplesVerdict:
     position_fits: list[tuple[int, FitResult]] = field(default_factory=list)  # (position, its transition test)
     transition_classes: int = 0
     transition_excluded: dict = field(default_factory=dict)
+    # the first token of probability 0 of each completion holding one: line, request, prompt, position, context, token
+    impossible: list[dict] = field(default_factory=list)
+    transitions_rest: FitResult | None = None  # the transition test without its impossible outcomes (when it has some)
+    explained: str | None = None  # the one line a known alternative convention earns (:mod:`.conventions`)
+    explained_by: dict | None = None
+
+    @property
+    def impossible_requests(self) -> int:
+        """How many requests (one seed of one prompt; a line without a seed is its own request) hold an impossible token."""
+        return len({d["request"] for d in self.impossible})
+
+    @property
+    def impossible_by_position(self) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for d in self.impossible:
+            out[d["position"]] = out.get(d["position"], 0) + 1
+        return dict(sorted(out.items()))
 
     @property
     def positions_tested(self) -> list[int]:
@@ -141,6 +167,8 @@ class SamplesVerdict:
 
     def report(self) -> str:
         lines = [self.headline]
+        if self.explained:
+            lines.append(f"explained: {self.explained}")
         mode = "greedy" if self.sampling.greedy else "sampling"
         lines.append(
             f"model {self.model}, {mode} ({_settings_label(self.sampling, self.eos_id)}), max_new_tokens={self.max_new_tokens}; "
@@ -184,6 +212,7 @@ class SamplesVerdict:
                     lines.append(f"    numerical flip ({_where(self.source, fl['line'])}): " + fl["verdict"].describe())
         if not self.sampling.greedy:
             lines.extend(self._transition_lines())
+            lines.extend(self._impossible_lines())
         if self.violations:
             lines.append(f"deterministic invariants: {len(self.violations)} violation(s):")
             lines.extend("  " + v for v in self.violations[:20])
@@ -209,14 +238,46 @@ class SamplesVerdict:
             lines.append("    per position (localisation, not further tests; 'departs' where p < the pooled test's alpha):")
         for pos, pf in self.position_fits:
             status = "departs" if not pf.passed else "ok"
+            impossible = sum(k for _, k in pf.impossible)
             lines.append(
                 f"    position {pos}: N={pf.n}, chi-square {pf.statistic:.1f} on {pf.df} df, p={pf.p_value:.3g}, "
-                f"detects TV >= {pf.detects:.3g}: {status}"
+                f"detects TV >= {pf.detects:.3g}" + (f", {impossible} impossible" if impossible else "") + f": {status}"
             )
             if not pf.passed and f.passed is False and pos == min(q for q, g in self.position_fits if not g.passed):
                 lines.extend("      " + x for x in pf.table(max_rows=8).splitlines())
         for why, k in self.transition_excluded.items():
             lines.append(f"  {k} token(s) not tested: {why}")
+        return lines
+
+    @property
+    def rest_fits(self) -> list[FitResult]:
+        """The tests that met impossible outcomes, rerun without them (diagnostics, not further tests)."""
+        out = [p.rest_fit for p in self.prompts if p.rest_fit is not None]
+        return out + ([self.transitions_rest] if self.transitions_rest is not None else [])
+
+    def _impossible_lines(self) -> list[str]:
+        if not self.impossible:
+            return []
+        by_position = ", ".join(f"{pos}: {k}" for pos, k in self.impossible_by_position.items())
+        lines = [
+            f"impossible tokens: {len(self.impossible)} of {self.n} completion(s), in {self.impossible_requests} request(s), "
+            f"hold a token the exact law gives probability 0 (by position: {by_position}); each is an impossible outcome "
+            "of its tests, the tokens after it are not tested"
+        ]
+        for d in self.impossible[:SHOWN_IMPOSSIBLE]:
+            name = f" ({d['name']})" if d.get("name") else ""
+            lines.append(
+                f"  {_where(self.source, d['line'])}: prompt {d['prompt']}, position {d['position']}, context {d['context']}: "
+                f"token {d['token']}{name}, probability 0"
+            )
+        if len(self.impossible) > SHOWN_IMPOSSIBLE:
+            lines.append(f"  ... {len(self.impossible) - SHOWN_IMPOSSIBLE} more")
+        for f in self.rest_fits:
+            status = "fits the law" if f.passed else "departs from the law too"
+            lines.append(
+                f"  the rest, tested as usual: {f.what.split(' (')[0]}: N={f.n}, chi-square {f.statistic:.1f} on {f.df} df, "
+                f"p={f.p_value:.3g}, alpha={f.alpha:.3g}: {status}"
+            )
         return lines
 
     def as_record(self) -> dict:
@@ -241,6 +302,15 @@ class SamplesVerdict:
             "divergences": [
                 {k: (v.as_record() if isinstance(v, FlipVerdict) else v) for k, v in d.items()} for d in self.divergences
             ],
+            "impossible": {
+                "completions": len(self.impossible), "requests": self.impossible_requests,
+                "by_position": {str(pos): k for pos, k in self.impossible_by_position.items()},
+                "rest": [f.as_record() for f in self.rest_fits],
+                "examples": [{k: v for k, v in d.items() if k not in ("request", "index")}
+                             for d in self.impossible[:RECORDED_IMPOSSIBLE]],
+            },
+            "explained": self.explained,
+            "explained_by": self.explained_by,
             "replay": self.replay,
         }
 
@@ -264,7 +334,10 @@ def certify_samples(
     the engine stopped at (``True``: the model's own; ``None``: no EOS stop). ``length``: the L of the
     sequence law (default: :func:`choose_length` per prompt). ``dtype``: what the engine computed in
     (greedy: the flip tolerance is :func:`properties.flips.tolerance_for` of it at the row's logit scale);
-    ``tolerance``: an absolute logit tolerance instead. Raises :class:`SamplesInputError` for malformed input.
+    ``tolerance``: an absolute logit tolerance instead. Raises :class:`SamplesInputError` for malformed input; a
+    token the law gives probability 0 is no input error but the engine's failure (``verdict.impossible``). Conventions
+    are read from ``sampling`` (``top_k_ties``); when the file is ``NOT CERTIFIED`` and fits another known one
+    (:data:`conformance.samples.conventions.CONVENTIONS`), ``verdict.explained`` says so in one line.
     """
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a specdec_ref.warp.SamplingConfig, got {type(sampling).__name__}")
@@ -284,6 +357,50 @@ def certify_samples(
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
     )
     name = model if isinstance(model, str) else _model_name(exact)
+
+    def judge(settings: SamplingConfig) -> SamplesVerdict:
+        return _judge(exact, name, records, source, settings, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
+                      alpha=alpha, tv=tv, dtype=dtype, tolerance=tolerance)
+
+    verdict = judge(sampling)
+    if verdict.level == "not_certified" and not sampling.greedy and not verdict.violations:
+        # a known alternative convention (conventions.CONVENTIONS) that fits earns one line; the level never changes
+        stops = {d["index"]: d["position"] for d in verdict.impossible}
+        contexts = judged_contexts(
+            ((r.prompt, r.completion, stops.get(i, min(_judged_length(r.completion, eos_id), max_new_tokens)))
+             for i, r in enumerate(records))
+        )
+        verdict.explained, verdict.explained_by = explain(exact, sampling, contexts, judge, eos_id=eos_id)
+    return verdict
+
+
+def _judged_length(completion: tuple[int, ...], eos_id: int | None) -> int:
+    """The tokens of a completion the law covers: up to and including its first EOS."""
+    return completion.index(eos_id) + 1 if eos_id is not None and eos_id in completion else len(completion)
+
+
+def _request(r: SampleRecord):
+    """A request: one seed of one prompt (its ``n`` samples share it); a line without a seed is its own request."""
+    return ("seed", r.prompt, r.seed) if r.seed is not None else ("line", r.line)
+
+
+def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingConfig, eos_id, max_new_tokens: int):
+    """``(first_impossible per record, the report's entries)`` (:func:`properties.transitions.first_impossible`)."""
+    found = first_impossible(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id,
+                             max_position=max_new_tokens)
+    names = exact.token_names() if callable(getattr(exact, "token_names", None)) else None
+    entries = [
+        {"index": i, "line": records[i].line, "request": _request(records[i]), "prompt": list(records[i].prompt),
+         "position": f.position, "context": list(f.context), "token": f.token,
+         **({"name": names[f.token]} if names else {})}
+        for i, f in enumerate(found) if f is not None
+    ]
+    return found, entries
+
+
+def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
+           eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance) -> SamplesVerdict:
+    """Every test of :func:`certify_samples` on read records, under ``sampling``."""
     replay = replay_command(
         name, sampling, max_new_tokens=max_new_tokens, eos=eos_id is not None, length=length, source=source,
         dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance,
@@ -293,9 +410,15 @@ def certify_samples(
         groups.setdefault(r.prompt, []).append(r)
     violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source)
     counts = None
+    impossible: list[dict] = []
     position_tests: list[int] = []
     if not sampling.greedy:
-        counts = count_transitions(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id)
+        # an impossible token is the engine's failure: counted, shown, an impossible outcome of its tests; the tokens after
+        # it are not tested (their context is outside the law's support, maybe not even one the model defines)
+        found, impossible = _impossible_entries(exact, records, sampling, eos_id, max_new_tokens)
+        # positions past max_new_tokens are an invariant violation (reported), not tested
+        counts = count_transitions(exact, [(r.prompt, r.completion) for r in records], sampling, eos_id=eos_id,
+                                   max_position=max_new_tokens, impossible=found)
         if len(counts.positions) > 1:  # with one position the pooled test is that position's test
             position_tests = [pos for pos in counts.positions if pos <= MAX_POSITION_TESTS]
     # alpha split evenly over the tests the verdict rests on: the prompts' full-law tests and the pooled transition
@@ -326,15 +449,28 @@ def certify_samples(
                                   positions=[pos], alpha=per_alpha, tv=tv))
             for pos in position_tests
         ]
+    transitions_rest = None
+    if transitions is not None and transitions.impossible:
+        transitions_rest = transition_test(
+            counts, what=f"positions {FIRST_TESTED_POSITION}-{counts.positions[-1]} without their impossible tokens ({settings})",
+            alpha=per_alpha, tv=tv, possible_only=True,
+        )
     failed = [p for p in reports if not p.passed]
     failed_transitions = transitions is not None and not transitions.passed
+    # what fails beyond the impossible tokens (which fail their tests by themselves)
+    beyond = [p for p in reports if p.fails_beyond_impossible]
+    beyond_transitions = failed_transitions and (transitions_rest is None or not transitions_rest.passed)
     note = ""
-    if violations or failed or failed_transitions:
+    if violations or failed or failed_transitions or impossible:
         parts = []
-        if failed:
+        if impossible:
+            requests = len({d["request"] for d in impossible})
+            parts.append(f"{len(impossible)} completion(s) in {requests} request(s) hold a token of probability 0"
+                         + (" (the other tokens fit the law)" if not beyond and not beyond_transitions else ""))
+        if beyond:
             what = "sequence law" if not sampling.greedy else "greedy continuation"
-            parts.append(f"{len(failed)} of {len(reports)} prompt(s) fail the {what}")
-        if failed_transitions:
+            parts.append(f"{len(beyond)} of {len(reports)} prompt(s) fail the {what}")
+        if beyond_transitions:
             where = sorted(pos for pos, f in position_fits if not f.passed)
             parts.append("the law of the tokens after the first fails" + (
                 f" (departs first at position {where[0]})" if where else ""))
@@ -370,5 +506,6 @@ def certify_samples(
         source=source, n=len(records), prompts=reports, violations=violations, alpha=alpha, tv=tv, replay=replay,
         power_note=note, transitions=transitions, position_fits=position_fits,
         transition_classes=len(counts.classes) if counts is not None else 0,
-        transition_excluded=dict(counts.excluded) if counts is not None else {},
+        transition_excluded=dict(counts.excluded) if counts is not None else {}, impossible=impossible,
+        transitions_rest=transitions_rest,
     )
