@@ -89,3 +89,17 @@ def test_a_hang_is_a_timeout_and_the_worker_group_is_killed(tmp_path):
 def test_check_expected_without_a_file_fails_and_unknown_engines_exit_2(tmp_path, capsys):
     assert runner.main(["no-such-engine", "--out", str(tmp_path)]) == 2
     assert "unknown engine" in capsys.readouterr().err
+
+
+def test_an_undeclared_tie_rule_fails_with_the_line_naming_the_rule_it_fits(tmp_path):
+    """The engine keeps exactly k through a top-k tie (lowest ids) while its adapter declares keep-all: NOT
+    CERTIFIED on the ties case, with the explanation; the same engine declaring its rule is CERTIFIED there."""
+    assert runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path / "a"), "--configs", "exactly-k"]) == 0
+    ties = json.loads((tmp_path / "a" / "verdicts.json").read_text())["configs"]["exactly-k"]["cases"]["ties"]
+    assert ties["level"] == "not_certified", ties["headline"]
+    assert "fits --top-k-ties lowest-ids" in ties["explained"] and "where top-k cuts a tie" in ties["explained"]
+    assert "ties, explained: departs only where top-k cuts a tie" in (tmp_path / "a" / "verdicts.md").read_text()
+    assert runner.main(["fixtures.engines:FAKE_LOWEST_IDS", "--out", str(tmp_path / "b")]) == 0
+    declared = json.loads((tmp_path / "b" / "verdicts.json").read_text())
+    assert declared["conventions"]["top_k_ties"] == "lowest_ids"
+    assert declared["configs"]["control"]["cases"]["ties"]["level"] == "certified"

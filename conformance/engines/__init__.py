@@ -1,4 +1,7 @@
-"""Certification of real engines: adapters and runners imported only where the engine is installed.
+"""Certification of real engines: one engine-neutral layer and one adapter file per engine (docs/engines.md).
 
-Nothing in this package is imported by the suite itself; ``import conformance`` never touches an engine.
+``python -m conformance.engines ENGINE --out DIR`` runs the shared runner (:mod:`conformance.engines.runner`) on the
+adapter registered as ``ENGINE`` (:data:`conformance.engines.adapter.ADAPTERS`). Nothing in this package is
+imported by the suite itself; ``import conformance`` never touches an engine, and an adapter imports its engine
+only in the worker process.
 """

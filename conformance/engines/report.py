@@ -114,9 +114,10 @@ def markdown(results: dict) -> str:
                          f"{power} | {verdict} | {c.get('departure') or '-'} | {acc} |")
     if notes:
         lines += ["", "## Per case: tie conventions, per-seed identity, speculation", ""] + notes
-    lines += ["", "## Efficiency (the engine's counters vs the exact expectation of the configured scheme)", "",
-              "| configuration | scheme | drafts (exact E) | per position: observed / exact (z) | verdict |",
-              "|---|---|---|---|---|"]
+    if any(r.get("efficiency") for r in results["configs"].values()):
+        lines += ["", "## Efficiency (the engine's counters vs the exact expectation of the configured scheme)", "",
+                  "| configuration | scheme | drafts (exact E) | per position: observed / exact (z) | verdict |",
+                  "|---|---|---|---|---|"]
     for cfg, r in results["configs"].items():
         eff = r.get("efficiency")
         if not eff:

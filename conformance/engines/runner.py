@@ -264,7 +264,7 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     return out
 
 
-def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, argv_cases: str) -> str | None:
+def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, engine: str | None = None) -> str | None:
     """The replay of a failing sampling case: the adapter's standalone script, else the command rerunning it."""
     from scipy.stats import chi2
 
@@ -288,7 +288,8 @@ def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, argv_cases: str)
                     critical=float(chi2.isf(1e-6, max(cells - 1, 1))), path=path)
     if cmd:
         return cmd
-    rerun = ["python", "-m", "conformance.engines", ad.name, "--out", str(out / "replay" / name), "--configs", cfg.name,
+    rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
+             "--configs", cfg.name,
              "--cases", case.name] + (["--patch", patch] if patch else [])
     return " ".join(shlex.quote(a) for a in rerun)
 
@@ -313,7 +314,7 @@ def run(args) -> dict:
         ad.config(n)
     t0 = time.time()
     results = {"engine": ad.name, "title": ad.title, "pinned": ad.version,
-               "command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines", ad.name, *args.argv]),
+               "command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines", args.engine, *args.argv]),
                "patch": args.patch, "patch_key": patch_key(args.patch), "scale": args.scale, "configs": {},
                "conventions": {"top_k_ties": ad.conventions.top_k_ties, "seeds": ad.conventions.seeds,
                                "first_token_at_prefill": ad.conventions.first_token_at_prefill,
@@ -342,7 +343,7 @@ def run(args) -> dict:
                 if ident is not None:
                     c["identity"] = ident
             if c["level"] in ("not_certified", "not_speculating"):
-                c["replay_command"] = write_replay(ad, out, cfg, case, c, args.patch, args.cases)
+                c["replay_command"] = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
             entry["cases"][case.name] = c
             print(f"    {case.name:14s} N={c['n']:6d} {c['headline'][:110]}" +
                   (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
