@@ -1,6 +1,8 @@
 """``specdec-bench profile-engine``: does an engine's own speculation pay? The profile of :mod:`bench.profile` for an
-engine driven from outside, through its public API (issue 18, item 9). One engine today: vLLM's offline
-``LLM.generate`` (:mod:`bench.vllm_profile`, which imports vLLM; this module never does).
+engine driven from outside, through its public API (issue 18, item 9): vLLM's offline ``LLM.generate`` with its
+own variants and the wide pair (:mod:`bench.vllm_profile`, which imports vLLM; this module never does), or any
+registered engine adapter with ``--configs`` (:mod:`bench.adapter_profile`: its configurations as the variants,
+through the engine-neutral layer, the same way for every engine).
 
 Design (what is timed, and how it is paired):
 
@@ -56,7 +58,7 @@ __all__ = [
     "timed_call", "run_interleaved", "sum_counters", "acceptance", "summarise", "engine_verdict", "sections", "run_engine", "SUBCOMMAND",
 ]
 
-ENGINES = ("vllm",)
+ENGINES = ("vllm",)  # engines with a profile of their own; any registered adapter runs with --configs
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -202,7 +204,8 @@ def acceptance(calls: Sequence[EngineCall]) -> dict | None:
     return {"drafts": drafts, "draft_tokens": drafted, "accepted": accepted, "accepted_per_pos": per_pos,
             "alpha": accepted / drafted if drafted else None,
             "conditional": [a / n if n else None for a, n in zip(per_pos, reached)],
-            "tokens_per_round": 1 + accepted / drafts if drafts else None,
+            # per-request totals only (no per-position counts): rounds are not counted, so no tokens per round
+            "tokens_per_round": 1 + accepted / drafts if drafts and per_pos else None,
             "full": per_pos[-1] / drafts if drafts and per_pos else None}
 
 
@@ -252,7 +255,8 @@ def engine_verdict(rows: Sequence[dict]) -> str:
     line = f"DOES NOT PAY: best {shown} at {best['variant']}" + (" (the interval reaches 1)" if best["measured"] > 1.0 else "")
     acc = best.get("acceptance")
     if acc and acc.get("alpha") is not None:
-        line += f"; acceptance {acc['alpha']:.2f} per drafted token, {acc['tokens_per_round']:.2f} tokens per round (engine counters)"
+        line += f"; acceptance {acc['alpha']:.2f} per drafted token" + (
+            f", {acc['tokens_per_round']:.2f} tokens per round" if acc.get("tokens_per_round") is not None else "") + " (engine counters)"
     return line
 
 
@@ -335,9 +339,13 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
 
 def add_profile_engine_arguments(p: argparse.ArgumentParser, *, engine: bool = True) -> None:
     if engine:
-        p.add_argument("--engine", choices=ENGINES, default="vllm", help="the engine (default vllm)")
+        p.add_argument("--engine", default="vllm", help="the engine: a registered adapter (conformance.engines.adapter."
+                                                        "ADAPTERS) or module:ATTRIBUTE (default vllm)")
+        p.add_argument("--configs", default="", help="the adapter's configurations to profile, its control first (e.g. "
+                                                     "control,draft-k3): the engine-neutral profile; without it, vLLM's own")
+        p.add_argument("--family", default="order1", help="with --configs: the adapter's target family (default order1)")
         p.add_argument("--python", default=None, help="an interpreter that imports the engine (default: this one if it can, "
-                                                      "else .venv-vllm/bin/python)")
+                                                      "else the adapter's venv)")
     p.add_argument("--pair", default="wide-exact", help="wide-exact (default: the wide exact pair, written as checkpoints) or "
                                                          "exact:NAME (a shipped engine-ready exact pair, e.g. exact:order1-close)")
     p.add_argument("--k", type=int_list, default=[1, 2, 4], help="draft_model draft lengths (default 1,2,4)")
@@ -365,6 +373,25 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
                 warmup=args.warmup, mode=args.mode, threads=args.threads, seed=args.seed, patch=args.patch)
 
 
+def adapter_kwargs(args: argparse.Namespace) -> dict:
+    """The keyword arguments of :func:`bench.adapter_profile.profile_adapter`."""
+    return dict(engine=args.engine, configs=[c for c in args.configs.split(",") if c], family=args.family,
+                batch=args.batch, prompts=args.prompts, prompt_length=args.prompt_length, new_tokens=args.new_tokens,
+                repeats=args.repeats, warmup=args.warmup, mode=args.mode, seed=args.seed)
+
+
+def run_adapter(kwargs: dict, *, python: str | None = None) -> dict:
+    """:func:`bench.adapter_profile.profile_adapter`'s report, from a child process of the adapter's interpreter."""
+    from conformance.engines.adapter import adapter
+
+    python = python or adapter(kwargs["engine"]).python()
+    with tempfile.TemporaryDirectory(prefix="specdec-adapter-profile-") as tmp:
+        path = Path(tmp) / "report.json"
+        subprocess.run([python, "-m", "bench.adapter_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
+                       cwd=str(REPO), check=True, stdout=2)
+        return json.loads(path.read_text())
+
+
 def run_engine(engine: str, kwargs: dict, *, python: str | None = None) -> dict:
     """The engine's report, from a child process of ``python`` (default: this interpreter if it imports the engine,
     else ``.venv-vllm/bin/python``) started with ``OMP_NUM_THREADS`` = the threads asked for (OpenMP reads it once,
@@ -389,7 +416,10 @@ def write_engine_report(report: dict, out_dir: str | Path, stem: str) -> dict[st
 
 
 def run_profile_engine(args: argparse.Namespace) -> list[dict]:
-    report = run_engine(args.engine, engine_kwargs(args), python=args.python)
+    if getattr(args, "configs", ""):
+        report = run_adapter(adapter_kwargs(args), python=args.python)
+    else:
+        report = run_engine(args.engine, engine_kwargs(args), python=args.python)
     if args.out:
         report["files"] = write_engine_report(report, args.out, args.stem)
     rows = ProfileRows(report["rows"])

@@ -222,3 +222,21 @@ def test_importing_the_profile_and_the_runner_never_imports_vllm():
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_profile_takes_any_adapter_the_same_way():
+    """``profile-engine --engine NAME --configs control,...``: the adapter's configurations are the variants, through
+    the engine-neutral sessions (here the fake engine of fixtures/engines.py, whose sampler reports drafts)."""
+    from bench.adapter_profile import profile_adapter
+
+    report = profile_adapter(engine="fixtures.engines:FAKE", configs=["spec", "control"], prompts=2, repeats=2,
+                             prompt_length=4, new_tokens=6, mode="sampling", log=None)
+    (row,) = report["rows"]
+    assert row["variant"] == "spec k=3" and row["calls"] == 4 and report["settings"]["configs"] == ["control", "spec"]
+    assert row["acceptance"]["alpha"] == 0.5 and row["acceptance"]["tokens_per_round"] is None  # totals only
+    assert report["verdict"].startswith(("PAYS", "DOES NOT PAY"))
+    with pytest.raises(ValueError, match="exactly one configuration without speculation"):
+        profile_adapter(engine="fixtures.engines:FAKE", configs=["spec", "silent"], log=None)
+    with pytest.raises(ValueError, match="exceeds"):
+        profile_adapter(engine="fixtures.engines:FAKE", configs=["control", "spec"], prompt_length=100, new_tokens=40,
+                        log=None)

@@ -139,6 +139,7 @@ class EngineAdapter:
     patches: dict = field(default_factory=dict)
     k: int = 3
     timeout_s: float = 420.0
+    max_model_len: int = 128  # positions a request may use (prompt + new tokens + drafts) in this adapter's engine
     families: dict = field(default_factory=lambda: {"order1": "order1-close", "order2": "order2-order1"})
 
     # ------------------------------------------------------------------ data

@@ -191,6 +191,7 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
+    max_model_len=ENGINE_ARGS["max_model_len"],
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
