@@ -197,6 +197,9 @@ def certify_case(case, state: dict) -> dict:
                "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report()}
         if rec.get("explained"):
             out["explained"] = rec["explained"]
+        imp = rec.get("impossible")
+        if imp and imp.get("completions"):  # tokens of probability 0: counted per completion, request and position
+            out["impossible"] = {k: imp.get(k) for k in ("completions", "requests", "by_position")}
         return out
     except SamplesInputError as exc:  # the file itself is unusable (ids outside the vocabulary...): the engine's
         return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}

@@ -71,6 +71,8 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
         kw.update(ignore_eos=True)
     if s.logit_bias or s.min_new_tokens or s.constraint is not None:
         raise ValueError("the vLLM matrix has no logit_bias / min_new_tokens / constraint cases")
+    if s.top_k and s.top_k_ties != "all":
+        raise ValueError(f"vLLM's top-k keeps every token tied with the k-th: it cannot sample top_k_ties={s.top_k_ties!r}")
     return kw
 
 
