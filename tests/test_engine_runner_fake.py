@@ -21,7 +21,7 @@ SCALE = "0.05"  # 1 000 completions per sampling case: CERTIFIED AT REDUCED POWE
 def fake_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fake")
     rc = runner.main(["fixtures.engines:FAKE", "--out", str(out), "--scale", SCALE,
-                      "--configs", "control,spec,silent,biased,crash,refuse"])
+                      "--configs", "control,spec,spec-few,silent,biased,crash,refuse"])
     return rc, json.loads((out / "verdicts.json").read_text()), out
 
 
@@ -40,6 +40,8 @@ def test_an_exact_engine_is_certified_and_identical_per_seed(fake_run):
             assert c["identity"]["passed"] is True, (name, c["identity"])
     assert "identity" not in spec["temperature"]
     assert spec["warp"]["speculation"]["passed"] is True
+    few = results["configs"]["spec-few"]["cases"]["warp"]  # scale 0.2: the first fifth of the seeds, compared per seed
+    assert few["n"] == 200 and few["identity"]["passed"] is True and few["identity"]["compared"] == 200
     assert "| spec | warp |" in (out / "verdicts.md").read_text()
 
 

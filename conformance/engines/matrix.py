@@ -114,7 +114,9 @@ class Configuration:
     ``cases``: the case names it runs (None: every case of the adapter); ``lossy``: lossy by design, the harness
     must reject it; ``identical_to``: a configuration whose outputs this one claims to equal request by request
     under the same seeds (checked per seed: stronger than the law test); ``k``: drafts per round (None: the
-    adapter's default)."""
+    adapter's default); ``scale``: the fraction of every case's requests this configuration runs (below 1 only with
+    ``identical_to``: per-seed identity on the first requests of each case is then the evidence, and their law is
+    tested at the reduced power it has)."""
 
     name: str
     method: str | None
@@ -125,10 +127,13 @@ class Configuration:
     note: str = ""
     identical_to: str | None = None
     k: int | None = None
+    scale: float = 1.0
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise ValueError(f"configuration {self.name!r}: unknown scheme {self.scheme!r}; known: {SCHEMES}")
+        if not 0 < self.scale <= 1 or (self.scale < 1 and self.identical_to is None):
+            raise ValueError(f"configuration {self.name!r}: scale must be in (0, 1], and below 1 only with identical_to")
         if self.method is None and self.scheme is not None:
             raise ValueError(f"configuration {self.name!r}: a scheme needs a speculative method")
 

@@ -183,7 +183,7 @@ class Worker:
         return keep
 
     def generate(self, session, group, eos_id: int) -> bool:
-        items = case_requests(group, eos_id, self.args.scale)
+        items = case_requests(group, eos_id, self.args.scale * self.cfg.scale)
         for c in group:
             self.state["cases"][c.name] = {"status": "running"}
         self.save()
