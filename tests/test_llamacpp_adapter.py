@@ -29,7 +29,7 @@ def test_payload_sets_every_filter_and_the_reference_order():
     assert (body["temperature"], body["top_k"], body["top_p"], body["min_p"]) == (1.5, 4, 0.6, 0.0)
     assert body["typical_p"] == 1.0 and body["top_n_sigma"] == -1.0 and body["xtc_probability"] == 0.0
     assert body["dry_multiplier"] == 0.0 and body["mirostat"] == 0 and body["dynatemp_range"] == 0.0
-    assert body["ignore_eos"] is False and body["return_tokens"] is True and body["repeat_last_n"] == -1
+    assert body["ignore_eos"] is False and body["return_tokens"] is True and body["repeat_last_n"] == 128
     assert (body["repeat_penalty"], body["presence_penalty"], body["frequency_penalty"]) == (1.0, 0.0, 0.0)
 
 
@@ -63,11 +63,11 @@ def test_flags_per_configuration():
     assert control == ["-np", "1", "-c", "128"]
     k3 = lc.server_args(ad.config("draft-k3"), "/d.gguf")
     assert k3[k3.index("-md") + 1] == "/d.gguf" and k3[k3.index("--spec-type") + 1] == "draft-simple"
-    assert k3[k3.index("--draft-max") + 1] == "3" and k3[k3.index("--draft-min") + 1] == "0"
-    assert k3[k3.index("--draft-p-min") + 1] == "0.0"
+    assert k3[k3.index("--spec-draft-n-max") + 1] == "3" and k3[k3.index("--spec-draft-n-min") + 1] == "0"
+    assert k3[k3.index("--spec-draft-p-min") + 1] == "0.0"
     for name, k in (("draft-k1", "1"), ("draft-k5", "5")):
         a = lc.server_args(ad.config(name), "/d.gguf")
-        assert a[a.index("--draft-max") + 1] == k
+        assert a[a.index("--spec-draft-n-max") + 1] == k
     np4 = lc.server_args(ad.config("draft-k3-np4"), "/d.gguf")
     assert np4[:4] == ["-np", "4", "-c", "512"]
     ignored = lc.server_args(ad.config("draft-ignored"), "/d.gguf")
@@ -96,9 +96,11 @@ def test_configurations_declare_their_schemes():
 def test_conventions_and_cases():
     ad = lc.ADAPTER
     conv = ad.conventions
-    assert conv.top_k_ties == "unstated" and conv.first_token_at_prefill and conv.seeds == "per_request"
+    assert conv.top_k_ties == "lowest_ids" and conv.first_token_at_prefill and conv.seeds == "per_request"
     all_names = {c.name for c in ad.all_cases()}
-    assert "ties" not in all_names and "penalty" in all_names  # the runner leaves the tie case out
+    assert "ties" in all_names and "penalty" in all_names
+    assert ad.conventions.sampling(case("ties").sampling).top_k_ties == "lowest_ids"
+    assert lc.completion_payload(_req("ties"))["top_k"] == 2  # one top-k for llama.cpp, whatever the declared law
     assert "penalty" not in {c.name for c in ad.cases_for(ad.config("control"))}
     assert [c.name for c in ad.cases_for(ad.config("penalty-window"))] == ["penalty"]
     for c in ad.configurations:
@@ -153,7 +155,7 @@ def test_session_maps_records_and_counters():
     out = s.generate(reqs)
     assert [o["completion_ids"] for o in out] == [[1, 7], [1, 2, 3], [1, 7]]
     assert out[0]["draft_tokens"] == 2 and out[0]["accepted"] == 1 and out[1]["draft_tokens"] == 0
-    assert out[0]["finish_reason"] == "eos" and len(eos_srv.bodies) == 2 and len(plain_srv.bodies) == 1
+    assert out[0]["finish_reason"] == "eos" and out[1]["finish_reason"] == "length" and len(eos_srv.bodies) == 2 and len(plain_srv.bodies) == 1
     c = s.counters()
     assert c["draft_tokens"] == 240 and c["accepted_per_pos"] == [60, 30, 10]  # both servers summed
     s.close()
