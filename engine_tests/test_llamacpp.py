@@ -205,8 +205,8 @@ def test_reduced_matrix_run(tmp_path):
     v = json.loads((out / "verdicts.json").read_text())["configs"]
     for name in ("warp", "eos", "position"):
         assert v["control"]["cases"][name]["level"] in ("certified", "reduced"), v["control"]["cases"][name]
+    for name in ("eos", "position"):  # draft-k3 runs SHORT: no warp
         assert v["draft-k3"]["cases"][name]["level"] in ("certified", "reduced")
         assert v["draft-k3"]["cases"][name]["identity"]["passed"], v["draft-k3"]["cases"][name]["identity"]
         assert v["draft-k3"]["cases"][name]["speculation"]["passed"]
-    for name in ("warp", "position"):
-        assert v["draft-ignored"]["cases"][name]["level"] == "not_speculating"
+    assert v["draft-ignored"]["cases"]["warp"]["level"] == "not_speculating"
