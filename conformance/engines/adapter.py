@@ -50,6 +50,7 @@ REPO = Path(__file__).resolve().parents[2]
 ADAPTERS = {
     "vllm": "conformance.engines.vllm",
     "llamacpp": "conformance.engines.llamacpp",
+    "openvino": "conformance.engines.openvino",
     "onnxgenai": "conformance.engines.onnxgenai",
 }
 

@@ -1,0 +1,288 @@
+"""The OpenVINO GenAI adapter (openvino-genai 2026.4.1.0): ``ContinuousBatchingPipeline.generate`` on token ids.
+
+    bash scripts/openvino_env.sh                                   # .venv-openvino and the exporter venv
+    python -m conformance.engines.openvino_export --export         # the IR, once per machine (cached)
+    .venv-openvino/bin/python -m conformance.engines openvino --out DIR [--configs a,b] [--check-expected]
+
+Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
+target family the worker builds one ``openvino_genai.ContinuousBatchingPipeline`` on the IR of
+:mod:`conformance.engines.openvino_export` (the latency-oriented scheduler config ``LLMPipeline`` uses by default:
+prefix caching on, no batched-token limit; ``draft_model(...)`` or ``prompt_lookup`` in its properties) and
+generates every case of the family in one ``generate(input_ids, configs)`` call: one ``GenerationConfig`` per
+request (:func:`generation_config`, every field set explicitly).
+
+Conventions (declared; ``engine_tests/test_openvino.py`` checks each):
+
+* top-k keeps exactly k tokens through a K-element min-heap over the ids in order (``TopKFilter``); among tokens
+  tied with the k-th logit the heap's order decides. On every table row the matrix reaches that is the lowest ids
+  (``tests/test_openvino_adapter.py`` runs libstdc++'s heap on each), so ``top_k_ties="lowest_ids"`` is the law;
+  it is not a rule in general (logits [0, 1, 1, 2] at k = 2 keep ids 2 and 3);
+* the order top-k -> temperature -> min-p -> top-p, top-p over the renormalised top-k (the reference's law);
+* seeds: ``GenerationConfig.rng_seed`` seeds a ``std::mt19937`` per request, and defaults to 0, so requests without
+  a seed would all be identical: an unseeded request is given a fresh seed of the adapter's own
+  (:data:`UNSEEDED_BASE` + i), its record keeps ``seed: null``;
+* EOS: a stop token is returned in ``m_generation_ids``; ``ignore_eos`` makes EOS an ordinary token;
+* penalties: repetition on the prompt's and the generated ids (the reference's); presence and frequency on the
+  generated ids but *sign-dependent* (a negative logit is raised by the penalty): the ``penalty`` case departs by
+  definition wherever a penalised token has a negative logit;
+* the first token is the target's plain sample at prefill; draft rounds follow.
+
+Speculation with a draft model is the defect this adapter exists to show (:mod:`conformance.engines.openvino_model`
+re-implements it; ``docs/openvino-verdict.md``). Counters: the API has no per-request counters; the session sums,
+over its ``generate`` calls, the draft pipeline's generated tokens and steps and ``get_num_accepted_tokens()``
+from ``extended_perf_metrics`` (``SDPerModelsPerfMetrics``), the engine's own numbers, whatever they mean.
+Importing this module never imports OpenVINO.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .adapter import Conventions, EngineAdapter, venv_python
+from .matrix import CASES, Configuration
+
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "generation_config", "scheduler_options",
+           "OpenVINOSession", "OpenVINOAdapter"]
+
+VERSION = "2026.4.1.0"
+INSTALL = "bash scripts/openvino_env.sh"
+UNSEEDED_BASE = 3_000_000_000  # seeds the adapter gives unseeded requests (the engine has no unseeded mode)
+#: Requests per ``generate`` call: one call's cost grows faster than linearly with its size here (4 000 requests:
+#: 13 s to the first failure, 1 000: 1.3 s), so a batch is sent in chunks (each still mixes the cases' settings).
+CHUNK = 500
+#: The provoking call of ``draft-after-error``: larger than a chunk, so every request id of the later calls
+#: (0 .. CHUNK - 1) is one the failed call left behind.
+PROVOKE_N = 1_000
+K = 3
+
+#: Every matrix case (the penalty case departs by the engine's penalty definition: recorded, explained).
+ALL = tuple(c.name for c in CASES)
+SPEC = ("warp", "eos", "position")
+
+
+def _draft(k: int, *, caching: bool = True, **extra) -> dict:
+    return {"draft": True, "num_assistant_tokens": k, "prefix_caching": caching, **extra}
+
+
+CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control", None, {"prefix_caching": True}, cases=ALL,
+                  note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
+    Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
+                  note="draft model, num_assistant_tokens 3, prefix caching on (LLMPipeline's default)"),
+    Configuration("draft-k3-nopc", "draft_model", _draft(3, caching=False), None, cases=SPEC, k=3,
+                  note="draft model, num_assistant_tokens 3, prefix caching off"),
+    Configuration("draft-k1-nopc", "draft_model", _draft(1, caching=False), None, cases=("eos",), k=1,
+                  note="draft model, num_assistant_tokens 1, prefix caching off"),
+    Configuration("draft-k5-nopc", "draft_model", _draft(5, caching=False), None, cases=("eos",), k=5,
+                  note="draft model, num_assistant_tokens 5, prefix caching off"),
+    Configuration("draft-same-nopc", "draft_model", _draft(3, caching=False, pair="order1-same"), None,
+                  cases=("warp",), k=3, note="the draft identical to the target (order1-same), k 3, prefix caching off"),
+    Configuration("draft-greedy", "draft_model", _draft(3), None, cases=("greedy-1tok", "greedy"), k=3,
+                  identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
+    Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
+                                                     "max_ngram_size": 2, "prefix_caching": True}, None,
+                  cases=("warp-1tok", "eos", "position", "greedy"), k=3, identical_to="control",
+                  note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
+    Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
+                  identical_to="control",
+                  note="draft model k 3 after one generate call that raised the Check error (caught)"),
+)
+
+
+def generation_config(request, cfg: Configuration, *, seed: int):
+    """One request's ``GenerationConfig``: every field the law depends on set explicitly (filters at their off
+    values: ``top_k`` 0, ``top_p`` 1, ``min_p`` 0), EOS 7 as the stop token (``ignore_eos`` when EOS is an
+    ordinary token), the request's seed, the speculative options of the configuration."""
+    import openvino_genai as ov_genai
+
+    s = request.sampling
+    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
+        raise ValueError("the OpenVINO matrix has no logit_bias / min_new_tokens / constraint cases")
+    c = ov_genai.GenerationConfig()
+    c.max_new_tokens = int(request.max_new_tokens)
+    c.min_new_tokens = 0
+    c.apply_chat_template = False
+    c.echo = False
+    c.num_return_sequences = 1
+    c.num_beams = 1
+    c.logprobs = 0
+    c.repetition_penalty = float(s.repetition_penalty)
+    c.presence_penalty = float(s.presence_penalty)
+    c.frequency_penalty = float(s.frequency_penalty)
+    if s.greedy:
+        c.do_sample = False
+    else:
+        c.do_sample = True
+        c.temperature = float(s.temperature)
+        c.top_k = int(s.top_k or 0)
+        c.top_p = float(s.top_p or 1.0)
+        c.min_p = float(s.min_p or 0.0)
+    c.set_eos_token_id(int(request.eos_id))
+    c.stop_token_ids = {int(request.eos_id)}
+    c.ignore_eos = not request.eos
+    c.rng_seed = int(seed)
+    o = cfg.options
+    if o.get("draft") or o.get("prompt_lookup"):
+        c.num_assistant_tokens = int(o["num_assistant_tokens"])
+    if o.get("prompt_lookup"):
+        c.max_ngram_size = int(o["max_ngram_size"])
+    return c
+
+
+def scheduler_options(cfg: Configuration) -> dict:
+    """The scheduler's settings: ``get_latency_oriented_scheduler_config`` (what ``LLMPipeline`` uses), prefix
+    caching as the configuration says."""
+    return {"enable_prefix_caching": bool(cfg.options.get("prefix_caching", True)), "max_num_batched_tokens": 1 << 31,
+            "max_num_seqs": 256, "cache_size": 1, "dynamic_split_fuse": True}
+
+
+class OpenVINOSession:
+    """One ``ContinuousBatchingPipeline`` for one configuration and target family."""
+
+    def __init__(self, cfg: Configuration, pair):
+        import openvino_genai as ov_genai
+
+        from .openvino_export import ir_dir
+
+        self.cfg = cfg
+        sched = ov_genai.SchedulerConfig()
+        for key, value in scheduler_options(cfg).items():
+            setattr(sched, key, value)
+        props = {}
+        if cfg.options.get("draft"):
+            props["draft_model"] = ov_genai.draft_model(str(ir_dir(pair.draft.name)), "CPU")
+        if cfg.options.get("prompt_lookup"):
+            props["prompt_lookup"] = True
+        target = ir_dir(pair.target.name)
+        if not (target / "openvino_model.xml").exists():
+            raise FileNotFoundError(f"{target}: no IR; export it with `python -m conformance.engines.openvino_export "
+                                    "--export`")
+        self.pipe = ov_genai.ContinuousBatchingPipeline(str(target), sched, "CPU", props)
+        self.target, self.sched, self.plain_pipe = target, sched, None
+        self.unseeded = 0
+        self.totals = {"calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.provoked = None
+        if cfg.options.get("provoke"):
+            self.provoked = self._provoke(pair)
+
+    def _provoke(self, pair) -> str:
+        """One call that fails (the Check error of a rejected last draft under prefix caching), caught. Its
+        requests run 30 tokens, so none has finished when it fails: every one of its request ids is left behind."""
+        from .adapter import Request
+        from specdec_ref.warp import SamplingConfig
+
+        reqs = [Request("provoke", (2, 6), SamplingConfig(temperature=1.0), 30, False, int(pair.target.eos_id),
+                        9_000_000 + i) for i in range(PROVOKE_N)]
+        try:
+            self.generate(reqs, chunk=PROVOKE_N)
+        except Exception as exc:  # noqa: BLE001 - the point: the engine raises, the caller goes on
+            return str(exc).strip().splitlines()[0][:300] if str(exc).strip() else repr(exc)
+        raise RuntimeError("the provoking call did not raise: the fall-back cannot be shown this way")
+
+    def _seed(self, r) -> int:
+        if r.seed is not None:
+            return int(r.seed)
+        self.unseeded += 1
+        return UNSEEDED_BASE + self.unseeded
+
+    def generate(self, requests, chunk: int = CHUNK) -> list[dict]:
+        out = []
+        for i in range(0, len(requests), chunk):
+            out += self._generate(requests[i:i + chunk])
+        return out
+
+    def _generate(self, requests) -> list[dict]:
+        import numpy as np
+        import openvino as ov
+
+        ids = [ov.Tensor(np.array([list(r.prompt)], dtype=np.int64)) for r in requests]
+        configs = [generation_config(r, self.cfg, seed=self._seed(r)) for r in requests]
+        results = self.pipe.generate(ids, configs)
+        if results:
+            self._count(results[0].extended_perf_metrics)
+        out = []
+        for r in results:
+            toks = [int(t) for t in r.m_generation_ids[0]]
+            reason = r.finish_reasons[0] if r.finish_reasons else None
+            out.append({"completion_ids": toks, "finish_reason": getattr(reason, "name", str(reason)).lower()})
+        if self.provoked is not None:
+            self._against_plain(ids, configs, out)
+        return out
+
+    def _against_plain(self, ids, configs, out) -> None:
+        """After a caught engine error the engine's counters cannot be believed (they report drafts and accepted
+        tokens for requests that ran as plain sampling), and the API has no per-request counters: each request is
+        rerun WITHOUT speculation under its seed, and a completion identical to it is recorded as having drafted
+        nothing (``draft_tokens`` 0; 1 where it departs: this engine's speculation always changes the target's
+        random stream, so a speculating request is per seed identical to plain sampling only by chance)."""
+        import openvino_genai as ov_genai
+
+        if self.plain_pipe is None:
+            self.plain_pipe = ov_genai.ContinuousBatchingPipeline(str(self.target), self.sched, "CPU")
+        for c in configs:
+            c.num_assistant_tokens = 0
+        plain = self.plain_pipe.generate(ids, configs)
+        for rec, p in zip(out, plain):
+            same = rec["completion_ids"] == [int(t) for t in p.m_generation_ids[0]]
+            rec.update(draft_tokens=0 if same else 1, accepted=0, identical_to_plain=same)
+
+    def _count(self, m) -> None:
+        self.totals["calls"] += 1
+        if m is None:
+            return
+        draft = m.draft_model_metrics
+        self.totals["drafts"] += len(draft.raw_metrics.m_durations)
+        self.totals["draft_tokens"] += int(draft.get_num_generated_tokens())
+        self.totals["accepted"] += int(m.get_num_accepted_tokens())
+
+    def counters(self) -> dict | None:
+        if not self.cfg.options.get("draft"):
+            return None  # prompt lookup reports no speculative metrics
+        return {k: self.totals[k] for k in ("drafts", "draft_tokens", "accepted")} | {"accepted_per_pos": None}
+
+    def refuses(self, r) -> str | None:
+        """``GenerationConfig.validate()``: the engine's own check of the settings."""
+        try:
+            generation_config(r, self.cfg, seed=0).validate()
+        except Exception as exc:  # noqa: BLE001 - its message names the refused setting
+            return str(exc).strip().splitlines()[0][:300]
+        return None
+
+    def close(self) -> None:
+        del self.pipe
+
+
+class OpenVINOAdapter(EngineAdapter):
+    def python(self) -> str:
+        return venv_python("openvino_genai", ".venv-openvino", INSTALL)
+
+    def installed_version(self) -> str:
+        import openvino_genai
+
+        return openvino_genai.__version__.split("-")[0]
+
+    def open(self, cfg, family):
+        from specdec_ref.exact_models import exact_pair
+
+        name = cfg.options.get("pair") if family == "order1" and cfg.options.get("pair") else self.families[family]
+        return OpenVINOSession(cfg, exact_pair(name))
+
+
+ADAPTER = OpenVINOAdapter(
+    name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
+    timeout_s=900.0,
+    conventions=Conventions(
+        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
+        notes=("top-k keeps exactly k by a min-heap over the ids in order: the lowest ids on every row of this "
+               "matrix, not a rule in general (logits [0, 1, 1, 2], k 2 keep ids 2 and 3)",
+               "rng_seed defaults to 0 for every request: unseeded requests get distinct seeds from the adapter",
+               "presence / frequency penalties are sign-dependent (a negative logit is raised)",
+               "the draft and the target each seed a std::mt19937 with the request's rng_seed: one stream twice",
+               "a stop token is returned; the draft stops drafting after EOS even with ignore_eos")),
+)
+
+
+if __name__ == "__main__":
+    from .runner import main
+
+    sys.exit(main(["openvino", *sys.argv[1:]]))
