@@ -52,6 +52,7 @@ ADAPTERS = {
     "llamacpp": "conformance.engines.llamacpp",
     "openvino": "conformance.engines.openvino",
     "onnxgenai": "conformance.engines.onnxgenai",
+    "mistralrs": "conformance.engines.mistralrs",
 }
 
 

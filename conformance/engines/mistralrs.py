@@ -1,0 +1,383 @@
+"""The mistral.rs adapter: ``mistralrs==0.9.5`` (a prebuilt wheel), in-process ``Runner``, streamed chat requests.
+
+    bash scripts/mistralrs_env.sh                      # .venv-mistralrs (0.9.5) and .venv-mistralrs-060 (0.6.0)
+    python -m conformance.engines mistralrs --out DIR [--configs a,b] [--check-expected]
+    python -m conformance.engines conformance.engines.mistralrs:ADAPTER_060 --out DIR    # 0.6.0's draft model
+
+Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
+target family the session prepares a model folder from the exactly-known checkpoint (a copy; only tokenizer and
+config files change, see below), loads ``mistralrs.Runner(Which.Plain(folder, arch=Architecture.Mistral,
+dtype=F32), no_paged_attn=True)`` and keeps up to :data:`IN_FLIGHT` streamed ``ChatCompletionRequest`` in flight
+(``Runner`` takes one blocking call at a time, ``RuntimeError: Already borrowed`` from a second thread; streams are
+the only way to let its scheduler batch), reading every token from the stream's ``logprobs``.
+
+What the engine needs, each a finding (``engine_tests/test_mistralrs.py`` reproduces them):
+
+* its Llama loader ignores ``head_dim`` (``shape mismatch for model.layers.0.self_attn.q_proj.weight, expected:
+  [16, 16], got: [64, 16]``); ``arch=Architecture.Mistral`` reads it and loads;
+* it refuses a tokenizer without a decoder (``decoder: null``; a ``WordPiece`` decoder: "can't determine decoder
+  type"): the folder's ``tokenizer.json`` gets a ``ByteLevel`` decoder (the tokens ``t0``..., ``<eos>`` decode to
+  themselves, concatenated);
+* ``Runner(seed=...)`` raises ``cannot seed the CPU rng with set_seed`` and requests have no seed: nothing can be
+  seeded (``seeds="none"``);
+* prompts are text (no token ids), and the completion endpoint tokenizes them with the special tokens on:
+  ``order2``'s tokenizer (a ``TemplateProcessing`` post-processor) prepends ``<bos>``, so a prompt text that spells
+  its ``<bos>`` gets two. That is the ``order2`` greedy departure (the target reads the position's parity: one more
+  token flips it; from ``<bos> t0`` the greedy output leaves the table at its fifth token and equals the
+  checkpoint's own forward on ``[6, 6, 0]``). The adapter sends the prompt without its leading ``<bos>`` (the chat
+  path adds it, and does not double a spelled one);
+* a completion request cannot be streamed and refuses a prompt text that tokenizes to nothing (``Received an empty
+  prompt``); the adapter uses streamed chat requests, once the tokenizer has a chat template (the folder's gets one
+  that returns the message verbatim: "No specified chat template" otherwise);
+* a sampled special token is in neither the text nor the stream: a stop at EOS shows only as ``finish_reason
+  "stop"`` (the adapter appends EOS), and with ``ignore_eos`` a sampled EOS vanishes. Requests where EOS is an
+  ordinary token run on a *plain* folder whose ``<eos>`` is an ordinary word (so it is streamed) and whose declared
+  EOS is a new special token ``<stop>`` of id 8, beyond the model's 8 logits (never sampled);
+* ``n_choices`` > 1 returns one choice.
+
+Conventions: top-k keeps exactly k through Rust's ``select_nth_unstable_by`` on the probabilities (no stated choice
+among tied tokens: ``top_k_ties="unstated"``; every case whose law depends on the tie rule is left out,
+:data:`TIE_DEPENDENT`; on these 8-token rows the selection is an insertion sort, so it keeps the lowest ids, but no
+rule says so and longer vocabularies take the unstable path); temperature, then top-k,
+top-p on the renormalised top k, min-p relative to the largest probability; penalties: presence and frequency
+(generated tokens) are subtracted *before* the repetition penalty (prompt and output) divides or multiplies the
+result, where the reference (and vLLM) applies repetition first: the ``penalty`` case is a different law by
+definition and runs alone in ``penalty-order``. No speculation on CPU: draft-model speculation was removed in 0.8.2,
+and MTP needs PagedAttention, unavailable on CPU (``mtp``: a recorded load error). 0.6.0 (:data:`ADAPTER_060`, its
+draft-model speculation) dies at load on this CPU: its wheel executes a GFNI instruction (``vgf2p8affineqb`` in
+llguidance's ``derivre``) without checking for it.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from .adapter import REPO, Conventions, EngineAdapter, EngineMissingError
+from .matrix import CASES, Configuration
+
+__all__ = ["ADAPTER", "ADAPTER_060", "CONFIGS", "CONFIGS_060", "VERSION", "OLD_VERSION", "prepare_folder",
+           "prompt_text", "chat_kwargs", "variant_of", "check_logprobs", "MistralrsSession"]
+
+VERSION = "0.9.5"
+OLD_VERSION = "0.6.0"
+INSTALL = "bash scripts/mistralrs_env.sh"
+VENV, VENV_OLD = ".venv-mistralrs", ".venv-mistralrs-060"
+IN_FLIGHT = 256
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+DECODER = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+STOP = "<stop>"
+
+#: The matrix cases whose law depends on the top-k tie rule (their top-k cuts a tie group on a visited row: ``ties``,
+#: and, through top-p's normalisation over the kept set, ``warp-1tok`` / ``warp`` on row 4 at k = 4 and the order2
+#: ``position`` cases), computed in ``tests/test_mistralrs_adapter.py``. With no stated rule their law is undefined:
+#: they are left out (the runner drops only ``ties``, the one the matrix marks).
+TIE_DEPENDENT = ("warp-1tok", "warp", "ties", "position-1tok", "position")
+#: Every other matrix case but ``penalty`` (a different definition, run alone).
+MAIN = tuple(c.name for c in CASES if c.name not in TIE_DEPENDENT + ("penalty",))
+
+CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control", None, {}, cases=MAIN, note="plain sampling (no speculation on CPU)"),
+    Configuration("penalty-order", None, {}, cases=("penalty",),
+                  note="the penalty case alone: presence is subtracted before the repetition penalty (a different "
+                       "law by definition, recorded)"),
+    Configuration("mtp", "mtp", {"mtp": True, "mtp_n_predict": 3}, None, cases=("eos",), k=3,
+                  note="MTP speculation (the pair's draft as mtp_model): needs PagedAttention, unavailable on CPU"),
+)
+
+CONFIGS_060: tuple[Configuration, ...] = (
+    Configuration("control", None, {}, cases=("eos", "greedy-1tok"), note="0.6.0, plain sampling"),
+    Configuration("draft-k3", "draft_model", {"draft": True, "gamma": 3}, "token", cases=("eos", "greedy-1tok"),
+                  k=3, note="0.6.0 draft model (which_draft, speculative_gamma 3)"),
+)
+
+
+# ----------------------------------------------------------------------------- the model folder, the request mapping
+
+
+def variant_of(request) -> str:
+    return "eos" if request.eos else "plain"
+
+
+def prepare_folder(name: str, variant: str, out: Path, *, version: str = VERSION) -> Path:
+    """A copy of the checkpoint ``name`` as mistral.rs needs it (see the module docstring): a ``ByteLevel`` decoder,
+    a verbatim chat template, and for ``plain`` an ordinary ``<eos>`` word with ``<stop>`` (id = vocab) as EOS."""
+    src = REPO / "specdec_ref" / "assets" / "exact" / name
+    shutil.copytree(src, out)
+    tok = json.loads((out / "tokenizer.json").read_text())
+    tok["decoder"] = dict(DECODER)
+    tcfg = json.loads((out / "tokenizer_config.json").read_text())
+    tcfg["chat_template"] = CHAT_TEMPLATE
+    cfg = json.loads((out / "config.json").read_text())
+    gen = json.loads((out / "generation_config.json").read_text())
+    if variant == "plain":
+        vocab = int(cfg["vocab_size"])
+        tok["added_tokens"] = [a for a in tok["added_tokens"] if a["content"] != "<eos>"]
+        tok["added_tokens"].append({"content": STOP, "id": vocab, "lstrip": False, "normalized": False,
+                                    "rstrip": False, "single_word": False, "special": True})
+        tcfg.update(eos_token=STOP, pad_token=STOP)
+        for c in (cfg, gen):
+            c.update(eos_token_id=vocab, pad_token_id=vocab)
+    if version == OLD_VERSION and gen.get("bos_token_id") is None:
+        gen["bos_token_id"] = gen["eos_token_id"]  # 0.6.0 panics without one (order1 has no BOS)
+    (out / "tokenizer.json").write_text(json.dumps(tok, indent=1))
+    (out / "tokenizer_config.json").write_text(json.dumps(tcfg, indent=1))
+    (out / "config.json").write_text(json.dumps(cfg, indent=1))
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=1))
+    return out
+
+
+def _vocab(folder: Path) -> tuple[dict, int | None]:
+    """The tokenizer's token -> id map and the id its post-processor prepends (None when it prepends nothing)."""
+    tok = json.loads((Path(folder) / "tokenizer.json").read_text())
+    vocab = dict(tok["model"]["vocab"])
+    for a in tok.get("added_tokens") or []:
+        vocab.setdefault(a["content"], a["id"])
+    pp = tok.get("post_processor") or {}
+    first = (pp.get("single") or [{}])[0] if pp.get("type") == "TemplateProcessing" else {}
+    bos = vocab.get(first["SpecialToken"]["id"]) if "SpecialToken" in first else None
+    return vocab, bos
+
+
+def prompt_text(prompt, vocab: dict, added_bos: int | None, *, bos_in_text: bool = False) -> str:
+    """The text mistral.rs tokenizes back to ``prompt``: token names joined by spaces, without the leading id its
+    tokenizer adds itself (``bos_in_text``: keep it, as a naive client would: then it is doubled)."""
+    names = {i: t for t, i in vocab.items()}
+    ids = list(prompt)
+    if added_bos is not None and not bos_in_text:
+        if not ids or ids[0] != added_bos:
+            raise ValueError(f"this tokenizer always prepends id {added_bos}: a prompt without it cannot be sent")
+        ids = ids[1:]
+    return " ".join(names[i] for i in ids)
+
+
+def chat_kwargs(request, text: str) -> dict:
+    """``ChatCompletionRequest`` fields for one :class:`Request` (streamed, per-token logprobs, every unused filter
+    unset)."""
+    s = request.sampling
+    missing = [n for n, v in (("logit_bias", s.logit_bias), ("min_new_tokens", s.min_new_tokens),
+                              ("constraint", s.constraint is not None)) if v]
+    if missing:
+        raise ValueError(f"the mistral.rs matrix has no {', '.join(missing)} case")
+    if getattr(s, "top_k_ties", "all") == "lowest_ids":
+        raise ValueError("mistral.rs states no top-k tie rule; a lowest-ids case cannot be expressed")
+    kw = {"messages": text, "model": "default", "max_tokens": int(request.max_new_tokens), "stream": True,
+          "logprobs": True}
+    if s.greedy:
+        kw["temperature"] = 0.0
+    else:
+        kw.update(temperature=float(s.temperature), top_k=int(s.top_k) if s.top_k else None,
+                  top_p=float(s.top_p) if s.top_p else None, min_p=float(s.min_p) if s.min_p else None)
+    kw.update(repetition_penalty=float(s.repetition_penalty) if s.repetition_penalty != 1.0 else None,
+              presence_penalty=float(s.presence_penalty) if s.presence_penalty else None,
+              frequency_penalty=float(s.frequency_penalty) if s.frequency_penalty else None)
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+# ----------------------------------------------------------------------------- the session
+
+
+class MistralrsSession:
+    """One configuration on one target family: one ``Runner`` per folder variant, loaded on first use."""
+
+    def __init__(self, cfg: Configuration, pair, version: str):
+        self.cfg, self.pair, self.version = cfg, pair, version
+        self.tmp = Path(tempfile.mkdtemp(prefix="specdec-mistralrs-"))
+        self.runners: dict = {}
+        self.folders: dict = {}
+        if cfg.speculative:  # a speculative set-up that cannot load is the configuration's load error
+            self.runner("eos")
+
+    def folder(self, name: str, variant: str) -> Path:
+        if (name, variant) not in self.folders:
+            self.folders[(name, variant)] = prepare_folder(name, variant, self.tmp / f"{name}-{variant}",
+                                                           version=self.version)
+        return self.folders[(name, variant)]
+
+    def runner(self, variant: str):
+        if variant not in self.runners:
+            import mistralrs as mr
+
+            def which(name):
+                return mr.Which.Plain(model_id=str(self.folder(name, variant)), arch=mr.Architecture.Mistral,
+                                      dtype=mr.ModelDType.F32)
+
+            o = self.cfg.options
+            kw = {"no_paged_attn": True, "max_seqs": IN_FLIGHT}
+            if o.get("mtp"):
+                kw.update(mtp_model=str(self.folder(self.pair.draft.name, variant)), mtp_n_predict=o["mtp_n_predict"])
+            if o.get("draft"):
+                kw.update(which_draft=which(self.pair.draft.name), speculative_gamma=o["gamma"])
+            self.runners[variant] = mr.Runner(which=which(self.pair.target.name), **kw)
+        return self.runners[variant]
+
+    def generate(self, requests) -> list[dict]:
+        import mistralrs as mr
+
+        out: list = [None] * len(requests)
+        for variant in ("eos", "plain"):
+            idx = [i for i, r in enumerate(requests) if variant_of(r) == variant]
+            if not idx:
+                continue
+            runner = self.runner(variant)
+            vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
+            bos_in_text = bool(self.cfg.options.get("bos_in_text"))
+            live, todo = [], list(reversed(idx))
+            while todo or live:
+                while todo and len(live) < IN_FLIGHT:
+                    i = todo.pop()
+                    r = requests[i]
+                    text = prompt_text(r.prompt, vocab, bos, bos_in_text=bos_in_text)
+                    stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**chat_kwargs(r, text)))
+                    live.append((i, stream, []))
+                still = []
+                for i, stream, toks in live:
+                    try:
+                        chunk = next(stream)
+                    except StopIteration:
+                        raise RuntimeError(f"mistral.rs: request {i}'s stream ended without a finish_reason")
+                    c = chunk.choices[0]
+                    if c.logprobs is not None:
+                        toks.append(vocab[c.logprobs.token])
+                    if c.finish_reason is None:
+                        still.append((i, stream, toks))
+                        continue
+                    r = requests[i]
+                    if c.finish_reason == "stop" and r.eos and (not toks or toks[-1] != r.eos_id):
+                        toks.append(r.eos_id)  # the stream never carries the EOS that stopped it
+                    out[i] = {"completion_ids": toks, "finish_reason": c.finish_reason}
+                live = still
+        return out
+
+    def counters(self) -> dict | None:
+        return None
+
+    def refuses(self, request) -> str | None:
+        try:
+            chat_kwargs(request, "")
+        except ValueError as exc:
+            return str(exc)
+        return None
+
+    def close(self) -> None:
+        self.runners.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class MistralrsAdapter(EngineAdapter):
+    def python(self) -> str:
+        """This interpreter when it has this version of mistralrs, else the version's venv (never the other one)."""
+        import importlib.metadata as md
+
+        try:
+            if md.version("mistralrs") == self.version:
+                return sys.executable
+        except md.PackageNotFoundError:
+            pass
+        py = REPO / (VENV_OLD if self.version == OLD_VERSION else VENV) / "bin" / "python"
+        if not py.exists():
+            raise EngineMissingError(f"mistralrs {self.version} is not importable here and there is no {py.parent.parent.name}:"
+                                     f" build it with `{INSTALL}`")
+        return str(py)
+
+    def installed_version(self) -> str:
+        import importlib.metadata as md
+
+        return md.version("mistralrs")
+
+    def open(self, cfg, family):
+        from specdec_ref.exact_models import exact_pair
+
+        return MistralrsSession(cfg, exact_pair(self.families[family]), self.version)
+
+
+_NOTES = ("prompts are text tokenized with special tokens: the adapter leaves out the <bos> order2's tokenizer adds "
+          "itself (spelled out, it is doubled)",
+          "nothing can be seeded (Runner(seed=...) raises on CPU; requests have no seed)",
+          "top-k keeps exactly k (select_nth_unstable_by: no stated tie rule): the cases whose law depends on the tie "
+          "rule are left out (ties, warp-1tok, warp, position-1tok, position)",
+          "presence/frequency penalties before the repetition penalty: the penalty case runs alone in penalty-order",
+          "a sampled special token is never streamed: EOS that stops is appended from finish_reason; EOS-as-ordinary "
+          "cases run on a folder where <eos> is an ordinary word and EOS is a never-sampled <stop>")
+
+ADAPTER = MistralrsAdapter(
+    name="mistralrs", title="mistral.rs", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
+    cases=tuple(c.name for c in CASES), timeout_s=900.0,
+    conventions=Conventions(top_k_ties="unstated", first_token_at_prefill=True, seeds="none", notes=_NOTES))
+
+#: mistral.rs 0.6.0, the last release with draft-model speculation (a second adapter instance, its own venv and
+#: expectation file ``expected/mistralrs-0.6.0.json``).
+ADAPTER_060 = MistralrsAdapter(
+    name="mistralrs", title="mistral.rs 0.6.0", version=OLD_VERSION, install=INSTALL, configurations=CONFIGS_060,
+    k=3, cases=("eos", "greedy-1tok"), timeout_s=900.0,
+    conventions=Conventions(top_k_ties="unstated", first_token_at_prefill=True, seeds="none", notes=_NOTES))
+
+
+def check_logprobs(n: int = 24, max_tokens: int = 8) -> list[dict]:
+    """The engine's reported log-probabilities against the tables: ``n`` requests per (model, prompt) at temperature
+    1 with ``top_logprobs`` = the whole vocabulary (non-streamed: its ``logprobs`` hold every generated token, EOS
+    included); at every generated position the eight values must be ``log_softmax`` of the table row of the context
+    the engine actually sampled (KV cache and positions exercised)."""
+    import mistralrs as mr
+    import numpy as np
+
+    from specdec_ref.exact_models import exact_model
+
+    rows = []
+    tmp = Path(tempfile.mkdtemp(prefix="specdec-mistralrs-check-"))
+    try:
+        for name, variant, prompts in (("order1-target", "plain", [(2, 6), (0,)]), ("order2-target", "eos", [(6,), (6, 0)])):
+            folder = prepare_folder(name, variant, tmp / f"{name}-{variant}")
+            vocab, bos = _vocab(folder)
+            runner = mr.Runner(which=mr.Which.Plain(model_id=str(folder), arch=mr.Architecture.Mistral,
+                                                    dtype=mr.ModelDType.F32), no_paged_attn=True, max_seqs=4)
+            em = exact_model(name)
+            worst, positions = 0.0, 0
+            for prompt in prompts:
+                for _ in range(n):
+                    req = mr.ChatCompletionRequest(messages=prompt_text(prompt, vocab, bos), model="default",
+                                                   max_tokens=max_tokens, temperature=1.0, logprobs=True,
+                                                   top_logprobs=8)
+                    ctx = list(prompt)
+                    for tok in runner.send_chat_completion_request(req).choices[0].logprobs.content:
+                        row = np.asarray(em.next_logits([ctx]), dtype=np.float64)[0]
+                        want = row - row.max() - np.log(np.exp(row - row.max()).sum())
+                        got = {t.token: t.logprob for t in tok.top_logprobs}
+                        if sorted(got) != list(range(8)):
+                            raise RuntimeError(f"top_logprobs returned ids {sorted(got)}")
+                        worst = max(worst, max(abs(got[i] - want[i]) for i in range(8) if want[i] > -50))
+                        positions += 1
+                        ctx.append(vocab[tok.token])
+                        if name.startswith("order2") and ctx[-1] == 7:
+                            break
+            del runner
+            rows.append({"model": name, "variant": variant, "positions": positions, "max_abs_diff": float(worst),
+                         "passed": worst < 1e-5})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "check":
+        from .runner import main as run_main
+
+        return run_main(["mistralrs", *argv])
+    try:
+        import mistralrs  # noqa: F401
+    except ImportError:
+        print(f"ERROR: mistralrs is not importable here: build {VENV} with `{INSTALL}`", file=sys.stderr)
+        return 2
+    rows = check_logprobs()
+    for r in rows:
+        print(f"  {r['model']:14s} {r['variant']:5s} positions {r['positions']:4d}, max |logprob - log_softmax(table)| "
+              f"{r['max_abs_diff']:.2e}: {'ok' if r['passed'] else 'DIFFERS'}")
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

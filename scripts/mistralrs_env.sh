@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Build the venvs the mistral.rs stage runs in: mistralrs 0.9.5 (the certified engine) and mistralrs 0.6.0 (the
+# last release with draft-model speculation, kept for its recorded finding). Both are prebuilt wheels.
+#
+#   bash scripts/mistralrs_env.sh [VENV_DIR [VENV_DIR_060]]   # default <repo>/.venv-mistralrs, <repo>/.venv-mistralrs-060
+#
+# The venvs see the system site-packages (numpy and this repository, installed editable there by the README's
+# command), so the worker imports specdec_ref and conformance; pip installs into the venv only (the system python
+# is never touched; no torch is involved). Invariant: each venv imports its pinned mistralrs. A stamp file per venv
+# records the versions; when it matches, nothing is installed (idempotent). Any failure exits non-zero with a named
+# message: a missing engine fails the stage, never a skip.
+#
+# Environment: PYTHON (the project's python, default python3), MISTRALRS_NICE (default 10).
+set -euo pipefail
+
+VERSION=0.9.5
+OLD_VERSION=0.6.0
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${1:-$REPO/.venv-mistralrs}"
+VENV_OLD="${2:-$REPO/.venv-mistralrs-060}"
+SYS_PY="${PYTHON:-python3}"
+NICE="${MISTRALRS_NICE:-10}"
+
+die() { echo "mistralrs_env.sh: ERROR: $*" >&2; exit 1; }
+trap 'rc=$?; [ $rc -eq 0 ] || echo "mistralrs_env.sh: FAILED (exit $rc); a venv is incomplete" >&2' EXIT
+
+command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
+"$SYS_PY" -c 'import specdec_ref, conformance, numpy' 2>/dev/null \
+    || die "the project's python ($SYS_PY) does not import specdec_ref: run the README's install command first"
+PYV="$("$SYS_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
+check() {  # check VENV VERSION
+    "$1/bin/python" - "$2" <<'EOF' || die "version/import check failed in $1"
+import importlib.metadata as md
+import sys
+want = sys.argv[1]
+got = md.version("mistralrs")
+if got != want:
+    sys.exit(f"mistralrs {got} is not {want}")
+import mistralrs  # noqa: F401
+import specdec_ref, conformance  # noqa: E401,F401
+print(f"mistralrs_env.sh: mistralrs {got} in {sys.prefix}")
+EOF
+}
+
+build() {  # build VENV VERSION
+    local venv=$1 version=$2 stamp="$1/.specdec-mistralrs-stamp" want="mistralrs=$2 python=$PYV" start
+    if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        echo "mistralrs_env.sh: $venv is up to date ($want); skipping the install"
+        check "$venv" "$version"
+        return 0
+    fi
+    start=$(date +%s)
+    echo "mistralrs_env.sh: building $venv ($want)"
+    rm -f "$stamp"
+    [ -x "$venv/bin/python" ] || "$SYS_PY" -m venv --system-site-packages "$venv" || die "python -m venv $venv failed"
+    nice -n "$NICE" "$venv/bin/python" -m pip --disable-pip-version-check install --only-binary mistralrs \
+        "mistralrs==$version" || die "pip install mistralrs==$version (a prebuilt wheel) failed"
+    check "$venv" "$version"
+    echo "$want" > "$stamp"
+    echo "mistralrs_env.sh: $venv done in $(( $(date +%s) - start )) s"
+}
+
+build "$VENV" "$VERSION"
+build "$VENV_OLD" "$OLD_VERSION"
