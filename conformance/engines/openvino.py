@@ -14,9 +14,10 @@ request (:func:`generation_config`, every field set explicitly).
 Conventions (declared; ``engine_tests/test_openvino.py`` checks each):
 
 * top-k keeps exactly k tokens through a K-element min-heap over the ids in order (``TopKFilter``); among tokens
-  tied with the k-th logit the heap's order decides. On every table row the matrix reaches that is the lowest ids
-  (``tests/test_openvino_adapter.py`` runs libstdc++'s heap on each), so ``top_k_ties="lowest_ids"`` is the law;
-  it is not a rule in general (logits [0, 1, 1, 2] at k = 2 keep ids 2 and 3);
+  tied with the k-th logit the heap's order decides. At every context the matrix reaches that is the lowest ids
+  (``tests/test_openvino_adapter.py`` runs libstdc++'s heap there), so ``top_k_ties="lowest_ids"`` is declared; it
+  is not a rule in general (logits [0, 1, 1, 2] at k = 2 keep ids 2 and 3; and the stable sort of top-p then
+  keeps tied tokens in the heap's order: row 0 of order1 under the warp settings, which the matrix never reaches);
 * the order top-k -> temperature -> min-p -> top-p, top-p over the renormalised top-k (the reference's law);
 * seeds: ``GenerationConfig.rng_seed`` seeds a ``std::mt19937`` per request, and defaults to 0, so requests without
   a seed would all be identical: an unseeded request is given a fresh seed of the adapter's own
@@ -41,7 +42,7 @@ from pathlib import Path
 from .adapter import Conventions, EngineAdapter, venv_python
 from .matrix import CASES, Configuration
 
-__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "generation_config", "scheduler_options",
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "generation_fields", "generation_config", "scheduler_options",
            "OpenVINOSession", "OpenVINOAdapter"]
 
 VERSION = "2026.4.1.0"
@@ -89,43 +90,42 @@ CONFIGS: tuple[Configuration, ...] = (
 )
 
 
-def generation_config(request, cfg: Configuration, *, seed: int):
-    """One request's ``GenerationConfig``: every field the law depends on set explicitly (filters at their off
-    values: ``top_k`` 0, ``top_p`` 1, ``min_p`` 0), EOS 7 as the stop token (``ignore_eos`` when EOS is an
-    ordinary token), the request's seed, the speculative options of the configuration."""
-    import openvino_genai as ov_genai
-
+def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
+    """One request's ``GenerationConfig`` fields: every field the law depends on set explicitly (filters at their
+    off values: ``top_k`` 0, ``top_p`` 1, ``min_p`` 0), EOS as the one stop token (``ignore_eos`` when EOS is an
+    ordinary token), the request's seed, the speculative options of the configuration. Pure: no OpenVINO."""
     s = request.sampling
     if s.logit_bias or s.min_new_tokens or s.constraint is not None:
         raise ValueError("the OpenVINO matrix has no logit_bias / min_new_tokens / constraint cases")
-    c = ov_genai.GenerationConfig()
-    c.max_new_tokens = int(request.max_new_tokens)
-    c.min_new_tokens = 0
-    c.apply_chat_template = False
-    c.echo = False
-    c.num_return_sequences = 1
-    c.num_beams = 1
-    c.logprobs = 0
-    c.repetition_penalty = float(s.repetition_penalty)
-    c.presence_penalty = float(s.presence_penalty)
-    c.frequency_penalty = float(s.frequency_penalty)
+    f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": 0, "apply_chat_template": False,
+         "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 0,
+         "repetition_penalty": float(s.repetition_penalty), "presence_penalty": float(s.presence_penalty),
+         "frequency_penalty": float(s.frequency_penalty)}
     if s.greedy:
-        c.do_sample = False
+        f["do_sample"] = False
     else:
-        c.do_sample = True
-        c.temperature = float(s.temperature)
-        c.top_k = int(s.top_k or 0)
-        c.top_p = float(s.top_p or 1.0)
-        c.min_p = float(s.min_p or 0.0)
-    c.set_eos_token_id(int(request.eos_id))
-    c.stop_token_ids = {int(request.eos_id)}
-    c.ignore_eos = not request.eos
-    c.rng_seed = int(seed)
+        f.update(do_sample=True, temperature=float(s.temperature), top_k=int(s.top_k or 0),
+                 top_p=float(s.top_p or 1.0), min_p=float(s.min_p or 0.0))
+    f.update(eos_token_id=int(request.eos_id), stop_token_ids={int(request.eos_id)}, ignore_eos=not request.eos,
+             rng_seed=int(seed))
     o = cfg.options
     if o.get("draft") or o.get("prompt_lookup"):
-        c.num_assistant_tokens = int(o["num_assistant_tokens"])
+        f["num_assistant_tokens"] = int(o["num_assistant_tokens"])
     if o.get("prompt_lookup"):
-        c.max_ngram_size = int(o["max_ngram_size"])
+        f["max_ngram_size"] = int(o["max_ngram_size"])
+    return f
+
+
+def generation_config(request, cfg: Configuration, *, seed: int):
+    """:func:`generation_fields` as an ``openvino_genai.GenerationConfig``."""
+    import openvino_genai as ov_genai
+
+    c = ov_genai.GenerationConfig()
+    for key, value in generation_fields(request, cfg, seed=seed).items():
+        if key == "eos_token_id":
+            c.set_eos_token_id(value)
+        else:
+            setattr(c, key, value)
     return c
 
 
@@ -273,7 +273,7 @@ ADAPTER = OpenVINOAdapter(
     timeout_s=900.0,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
-        notes=("top-k keeps exactly k by a min-heap over the ids in order: the lowest ids on every row of this "
+        notes=("top-k keeps exactly k by a min-heap over the ids in order: the lowest-ids law on every row of this "
                "matrix, not a rule in general (logits [0, 1, 1, 2], k 2 keep ids 2 and 3)",
                "rng_seed defaults to 0 for every request: unseeded requests get distinct seeds from the adapter",
                "presence / frequency penalties are sign-dependent (a negative logit is raised)",

@@ -1,0 +1,210 @@
+"""OpenVINO GenAI 2026.4.1.0 with the engine (run in .venv-openvino by scripts/openvino_stage.sh): the IR's logits,
+the conventions the adapter declares, the NumPy model of its sampler request for request, and the defects.
+
+    .venv-openvino/bin/python -m pytest engine_tests/test_openvino.py -q
+    .venv-openvino/bin/python engine_tests/test_openvino.py --record tests/data/openvino_recorded.json
+
+``--record`` writes the engine completions that ``tests/test_openvino_adapter.py`` replays against the model
+without the engine (seeds 0-199 of a few matrix cases, plain and speculative).
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+ov_genai = pytest.importorskip("openvino_genai") if __name__ != "__main__" else __import__("openvino_genai")
+import openvino as ov  # noqa: E402
+
+from conformance.engines import openvino as ovad  # noqa: E402
+from conformance.engines import openvino_model as M  # noqa: E402
+from conformance.engines.adapter import Request  # noqa: E402
+from conformance.engines.matrix import Configuration, case  # noqa: E402
+from conformance.engines.openvino_export import MODELS, check_logits, ir_dir  # noqa: E402
+from specdec_ref.exact_models import exact_model  # noqa: E402
+from specdec_ref.warp import SamplingConfig  # noqa: E402
+
+EOS = 7
+PLAIN = Configuration("plain", None, {"prefix_caching": False})
+
+
+def spec_cfg(k=3, caching=False):
+    return Configuration("spec", "draft_model", {"draft": True, "num_assistant_tokens": k, "prefix_caching": caching})
+
+
+def pipeline(target, draft=None, *, caching=False):
+    s = ov_genai.SchedulerConfig()
+    for key, value in ovad.scheduler_options(Configuration("x", None, {"prefix_caching": caching})).items():
+        setattr(s, key, value)
+    props = {"draft_model": ov_genai.draft_model(str(ir_dir(draft)), "CPU")} if draft else {}
+    return ov_genai.ContinuousBatchingPipeline(str(ir_dir(target)), s, "CPU", props)
+
+
+def run(pipe, cfg, prompt, sampling, max_new, seeds, *, eos=True):
+    reqs = [Request("t", tuple(prompt), sampling, max_new, eos, EOS, sd) for sd in seeds]
+    ids = [ov.Tensor(np.array([list(prompt)], dtype=np.int64)) for _ in reqs]
+    res = pipe.generate(ids, [ovad.generation_config(r, cfg, seed=r.seed) for r in reqs])
+    return [[int(t) for t in r.m_generation_ids[0]] for r in res], res
+
+
+def logits_fn(name):
+    em, cache = exact_model(name), {}
+
+    def f(ctx):
+        key = tuple(ctx)
+        if key not in cache:
+            cache[key] = em.next_logits([list(ctx)])[0].numpy().astype(np.float32)
+        return cache[key]
+    return f
+
+
+#: (label, target, draft or None, case name, k): the recorded sets (seeds 0-199, one call each)
+RECORDED = [
+    ("plain", "order1-target", None, "warp-1tok", 0), ("plain", "order1-target", None, "ties", 0),
+    ("plain", "order1-target", None, "eos", 0), ("plain", "order1-target", None, "min-p", 0),
+    ("plain", "order1-target", None, "penalty", 0), ("plain", "order2-target", None, "position", 0),
+    ("plain", "order1-target", None, "temperature", 0),
+    ("spec", "order1-target", "order1-draft-close", "warp", 3), ("spec", "order1-target", "order1-draft-close", "eos", 3),
+    ("spec", "order1-target", "order1-draft-same", "warp", 3), ("spec", "order2-target", "order2-draft", "position", 3),
+]
+
+
+def record(path: str) -> None:
+    out = []
+    for label, target, draft, name, k in RECORDED:
+        c = case(name)
+        cfg = spec_cfg(k) if draft else PLAIN
+        comps, _ = run(pipeline(target, draft), cfg, c.prompt, c.sampling, c.max_new_tokens, range(200), eos=c.eos)
+        out.append({"label": label, "target": target, "draft": draft, "case": name, "k": k, "completions": comps})
+    with open(path, "w") as fh:
+        json.dump({"engine": "openvino-genai " + ov_genai.__version__, "seeds": [0, 200], "sets": out}, fh)
+    print(f"wrote {path}")
+
+
+# ------------------------------------------------------------------------------------------------ tests
+def test_the_ir_logits_equal_the_tables():
+    report = check_logits(MODELS)
+    assert all(max(r["prompt"], r["kv_cache"]) <= 1e-5 for r in report.values()), report
+
+
+def test_version_is_the_pinned_one():
+    assert ovad.ADAPTER.installed_version() == ovad.VERSION
+
+
+def test_eos_is_returned_and_ignore_eos_makes_it_ordinary():
+    pipe = pipeline("order1-target")
+    s = SamplingConfig(temperature=1.0)
+    stop, _ = run(pipe, PLAIN, (3, 1), s, 6, range(300), eos=True)
+    assert any(EOS in o for o in stop) and all(o[-1] == EOS for o in stop if EOS in o)
+    assert all(len(o) == 6 or o[-1] == EOS for o in stop)
+    free, _ = run(pipe, PLAIN, (3, 1), s, 6, range(300), eos=False)
+    assert all(len(o) == 6 for o in free) and any(EOS in o[:-1] for o in free)
+
+
+def test_default_rng_seed_is_0_for_every_request():
+    """Without a seed every request gets rng_seed 0: identical outputs (so the adapter seeds unseeded requests)."""
+    assert ov_genai.GenerationConfig().rng_seed == 0
+    pipe = pipeline("order1-target")
+    c = ov_genai.GenerationConfig()
+    c.max_new_tokens, c.do_sample, c.temperature, c.ignore_eos, c.apply_chat_template = 3, True, 1.0, True, False
+    res = pipe.generate([ov.Tensor(np.array([[0, 3]], dtype=np.int64)) for _ in range(50)], [c] * 50)
+    assert len({tuple(r.m_generation_ids[0]) for r in res}) == 1
+
+
+@pytest.mark.parametrize("name", ["warp-1tok", "ties", "eos", "min-p", "penalty", "temperature"])
+def test_the_model_is_the_plain_sampler_request_for_request(name):
+    """Plain sampling: the model (heap top-k, sign-dependent penalties, the mt19937 draw) gives the engine's tokens."""
+    c = case(name)
+    comps, _ = run(pipeline("order1-target"), PLAIN, c.prompt, c.sampling, c.max_new_tokens, range(300), eos=c.eos)
+    s = M.Settings.of(c.sampling)
+    model = [M.plain(logits_fn("order1-target"), c.prompt, s, c.max_new_tokens, sd, eos_id=EOS if c.eos else None)
+             for sd in range(300)]
+    assert comps == model
+
+
+def test_top_k_keeps_exactly_k_lowest_ids_on_the_ties_rows():
+    """Row 7 of order1 at top-k 2 has a tie (ids 0 and 1 at logit 1.0 behind id 7): the engine keeps 7 and 0 only."""
+    comps, _ = run(pipeline("order1-target"), PLAIN, (7,), SamplingConfig(temperature=1.5, top_k=2), 1, range(2000),
+                   eos=False)
+    assert {o[0] for o in comps} == {0, 7}
+
+
+def test_speculative_model_request_for_request():
+    """Draft-model speculative sampling: the model gives the engine's first two tokens on every request, and the
+    whole completion wherever no rejected last draft left the KV cache a slot behind (undefined after that)."""
+    c = case("warp")
+    for draft in ("order1-draft-close", "order1-draft-same"):
+        comps, _ = run(pipeline("order1-target", draft), spec_cfg(3), c.prompt, c.sampling, 3, range(300))
+        T, D, s = logits_fn("order1-target"), logits_fn(draft), M.Settings.of(c.sampling)
+        agree = defined = 0
+        for sd, o in enumerate(comps):
+            tr = []
+            m = M.speculative(T, D, c.prompt, s, 3, sd, 3, eos_id=EOS, trace=tr)
+            assert o[:2] == m[:2], (draft, sd, o, m, tr)
+            lag = any(t[0] == "replace" for t in tr)  # G = 1 here: every rejection is of the last draft
+            defined += not lag
+            agree += (o == m) and not lag
+        assert agree == defined > 100
+
+
+def test_a_rejected_last_draft_raises_the_check_under_prefix_caching():
+    """Seed 7 ([2, 6], T 1, max 3, k 3): the draft is rejected at position 2 (the last draft of its round)."""
+    T, D, s = logits_fn("order1-target"), logits_fn("order1-draft-close"), M.Settings(1.0)
+    tr = []
+    M.speculative(T, D, (2, 6), s, 3, 7, 3, trace=tr)
+    assert [t[0] for t in tr] == ["validate", "replace"]
+    with pytest.raises(RuntimeError, match=r"content_length <= prompt_ids.size\(\) \+ m_generated_ids.size\(\)"):
+        run(pipeline("order1-target", "order1-draft-close", caching=True), spec_cfg(3, True), (2, 6),
+            SamplingConfig(temperature=1.0), 3, [7], eos=False)
+    # without prefix caching the same request runs; its third token was drawn from NaN logits (uniform over 8)
+    out, _ = run(pipeline("order1-target", "order1-draft-close"), spec_cfg(3), (2, 6), SamplingConfig(temperature=1.0),
+                 3, [7], eos=False)
+    st = M.Stream(7)
+    raw = [st.u32() for _ in range(5)]
+    assert out[0][2] == (raw[4] * 8) >> 32
+
+
+def test_after_a_caught_error_the_pipeline_silently_samples_plain_and_its_counters_say_otherwise():
+    pipe = pipeline("order1-target", "order1-draft-close", caching=True)
+    s = SamplingConfig(temperature=1.0)
+    with pytest.raises(RuntimeError, match="content_length"):
+        run(pipe, spec_cfg(3, True), (2, 6), s, 30, range(9_000_000, 9_000_500), eos=False)
+    comps, res = run(pipe, spec_cfg(3, True), (2, 6), s, 3, range(500), eos=False)
+    T = logits_fn("order1-target")
+    assert comps == [M.plain(T, (2, 6), M.Settings(1.0), 3, sd) for sd in range(500)]  # plain sampling, per seed
+    m = res[0].extended_perf_metrics
+    assert m.draft_model_metrics.get_num_generated_tokens() > 0 and m.get_num_accepted_tokens() > 0
+
+
+def test_counters_count_steps_not_acceptances():
+    """``get_num_accepted_tokens`` = sum over the steps after the first of (tokens the target's sampler visited in
+    the step - 1): one request whose only draft was rejected still reports 1 accepted token."""
+    T, D, s = logits_fn("order1-target"), logits_fn("order1-draft-close"), M.Settings(1.0)
+    tr = []
+    M.speculative(T, D, (2, 6), s, 3, 3, 3, trace=tr)
+    pipe = pipeline("order1-target", "order1-draft-close")
+    out, res = run(pipe, spec_cfg(3), (2, 6), SamplingConfig(temperature=1.0), 3, [3], eos=False)
+    rejected = any(t[0] == "replace" for t in tr)
+    accepted = res[0].extended_perf_metrics.get_num_accepted_tokens()
+    assert rejected and accepted == 1, (tr, accepted)
+
+
+def test_prompt_lookup_is_plain_sampling_per_seed():
+    c = case("warp-1tok")
+    plain, _ = run(pipeline("order1-target"), PLAIN, c.prompt, c.sampling, 3, range(300))
+    s = ov_genai.SchedulerConfig()
+    for key, value in ovad.scheduler_options(Configuration("x", None, {"prefix_caching": True})).items():
+        setattr(s, key, value)
+    pl = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", {"prompt_lookup": True})
+    cfg = ovad.ADAPTER.config("prompt-lookup")
+    lookup, _ = run(pl, cfg, c.prompt, c.sampling, 3, range(300))
+    assert lookup == plain
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--record":
+        record(sys.argv[2])
+    else:
+        sys.exit("usage: python engine_tests/test_openvino.py --record PATH")
