@@ -10,6 +10,7 @@ collection (:class:`EngineMissingError` naming the build command), never a skip.
 * finding: ``-md DRAFT`` without ``--spec-type`` loads the draft and silently does not speculate (no draft tokens,
   no warning), while ``--spec-type draft-simple`` does;
 * finding: the ``llama-speculative`` example aborts with branching drafts (``-np 4``) on the order-2 pair;
+* per-seed identity of every ``--spec-type`` with no speculation on requests long enough for n-gram drafts;
 * a reduced matrix run through the shared runner (control, draft-simple, the ignored draft).
 """
 from __future__ import annotations
@@ -194,6 +195,38 @@ def test_finding_llama_speculative_aborts_with_branching_drafts(paths):
     assert rc != 0 and "GGML_ASSERT(logits != nullptr)" in out and "split_equal" in out, (rc, out[-600:])
     rc1, out1 = _speculative(paths, ("order2-target", "order2-draft"), "--seed", "2")
     assert rc1 == 0 and "n_accept" in out1, (rc1, out1[-600:])
+
+
+def test_every_spec_type_is_identical_per_seed_on_long_requests():
+    """The matrix's cases are too short for the n-gram types to draft (ngram-simple needs more than n + m + 1
+    context tokens; ngram-mod learns in chunks of 32), so their per-seed identity is checked here on 300 seeded
+    requests of 16 tokens (order1, T 0.7, EOS ordinary): every configuration returns control's completions request
+    by request, and the ones that can draft on 18 tokens of context did draft."""
+    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.warp import SamplingConfig
+
+    from conformance.engines.adapter import Request
+
+    pair = exact_pair("order1-close")
+    reqs = [Request("long", (5, i % 7), SamplingConfig(temperature=0.7), 16, False, 7, 9_000_000 + i) for i in range(300)]
+
+    def run(name):
+        s = lc.LlamaCppSession(lc.ADAPTER.config(name), pair)
+        try:
+            return [o["completion_ids"] for o in s.generate(reqs)], s.counters()
+        finally:
+            s.close()
+
+    base, _ = run("control")
+    assert all(len(b) == 16 for b in base)
+    drafted = {}
+    for name in ("draft-k3", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"):
+        outs, counters = run(name)
+        first = next((i for i, (a, b) in enumerate(zip(outs, base)) if a != b), None)
+        assert first is None, f"{name}: request {first} (seed {reqs[first].seed}) differs: {outs[first]} vs {base[first]}"
+        drafted[name] = counters["draft_tokens"]
+    print("draft tokens on 300 x 16 tokens:", drafted)
+    assert all(drafted[n] > 0 for n in ("draft-k3", "ngram-simple", "ngram-map-k", "ngram-map-k4v")), drafted
 
 
 def test_reduced_matrix_run(tmp_path):
