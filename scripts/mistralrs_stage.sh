@@ -57,13 +57,18 @@ timed env bash scripts/mistralrs_env.sh
 [ -x "$VPY" ] || { echo "mistralrs_stage.sh: ERROR: $VPY missing after the env script" >&2; exit 1; }
 
 step "the engine's log-probabilities against the tables"
-timed logprobs "$VPY" -m conformance.engines.mistralrs check 2>/dev/null | tee "$OUT/logprob-check.txt"
+rc=0; timed logprobs "$VPY" -m conformance.engines.mistralrs check > "$OUT/logprob-check.txt" 2> "$OUT/logprob-check.log" || rc=$?
+cat "$OUT/logprob-check.txt"
+[ $rc -eq 0 ] || { tail -n 5 "$OUT/logprob-check.log" >&2; echo "mistralrs_stage.sh: ERROR: the log-probability check failed" >&2; exit 1; }
 
 step "engine tests (findings, top-k)"
 timed engine-tests "$VPY" -m pytest engine_tests/test_mistralrs.py -q -p no:cacheprovider
 
 step "the black-box matrix (0.9.5)"
 timed matrix "$PY" -m conformance.engines mistralrs --out "$OUT/matrix" --check-expected
+
+step "the penalty departure against a model of mistral.rs's penalty order"
+"$PY" -m conformance.engines.mistralrs penalty-model "$OUT/matrix/raw/penalty-order/order1/penalty.jsonl"
 
 step "0.6.0's draft-model speculation (recorded)"
 timed matrix-060 "$PY" -m conformance.engines conformance.engines.mistralrs:ADAPTER_060 --out "$OUT/matrix-060" \

@@ -64,7 +64,6 @@ def test_prepared_folders(tmp_path):
 def test_prompt_text():
     vocab = {"<bos>": 6, "<eos>": 7, **{f"t{i}": i for i in range(6)}}
     assert mrs.prompt_text((6, 0), vocab, 6) == "t0" and mrs.prompt_text((6,), vocab, 6) == ""
-    assert mrs.prompt_text((6, 0), vocab, 6, bos_in_text=True) == "<bos> t0"  # doubled by the tokenizer
     assert mrs.prompt_text((2, 6), {**vocab, "t6": 6}, None) == "t2 t6"
     with pytest.raises(ValueError, match="prepends id 6"):
         mrs.prompt_text((0, 1), vocab, 6)
@@ -163,3 +162,36 @@ def test_session_streams_appends_eos_and_bounds_what_is_in_flight(monkeypatch):
     finally:
         s.close()
     assert exact_pair("order1-close").draft.name == "order1-draft-close"
+
+
+def test_penalty_order_model_tells_the_two_orders_apart(tmp_path):
+    """Second tokens of the penalty case drawn from each order's law: the fit accepts the order they came from and
+    rejects the other (so the stage's fit of mistral.rs's file means something)."""
+    import numpy as np
+
+    c = case("penalty")
+    s, prompt = c.sampling, list(c.prompt)
+    from specdec_ref.exact_models import exact_model
+
+    rows = np.asarray(exact_model(c.model).next_logits([[a] for a in range(8)]), dtype=np.float64)
+    rng = np.random.default_rng(0)
+
+    def law(ctx, presence_first):
+        x, gen, seen = rows[ctx[-1]].copy(), set(ctx[len(prompt):]), set(ctx)
+        for t in range(8):
+            rep = (lambda v: v / s.repetition_penalty if v > 0 else v * s.repetition_penalty) if t in seen else (lambda v: v)
+            pres = s.presence_penalty if t in gen else 0.0
+            x[t] = rep(x[t] - pres) if presence_first else rep(x[t]) - pres
+        p = np.exp((x - x.max()) / s.temperature)
+        return p / p.sum()
+
+    for presence_first in (True, False):
+        path = tmp_path / f"p{presence_first}.jsonl"
+        with open(path, "w") as fh:
+            for _ in range(20000):
+                ids = [int(rng.choice(8, p=law(prompt, presence_first)))]
+                ids.append(int(rng.choice(8, p=law(prompt + ids, presence_first))))
+                fh.write(json.dumps({"prompt_ids": prompt, "completion_ids": ids}) + "\n")
+        ref, mistral = mrs.penalty_order_fit(path).values()
+        good, bad = (mistral, ref) if presence_first else (ref, mistral)
+        assert good["p"] > 1e-4 and bad["p"] < 1e-6, (presence_first, good, bad)

@@ -60,7 +60,7 @@ from .adapter import REPO, Conventions, EngineAdapter, EngineMissingError
 from .matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "ADAPTER_060", "CONFIGS", "CONFIGS_060", "VERSION", "OLD_VERSION", "prepare_folder",
-           "prompt_text", "chat_kwargs", "variant_of", "check_logprobs", "MistralrsSession"]
+           "prompt_text", "chat_kwargs", "variant_of", "check_logprobs", "penalty_order_fit", "MistralrsSession"]
 
 VERSION = "0.9.5"
 OLD_VERSION = "0.6.0"
@@ -142,12 +142,12 @@ def _vocab(folder: Path) -> tuple[dict, int | None]:
     return vocab, bos
 
 
-def prompt_text(prompt, vocab: dict, added_bos: int | None, *, bos_in_text: bool = False) -> str:
+def prompt_text(prompt, vocab: dict, added_bos: int | None) -> str:
     """The text mistral.rs tokenizes back to ``prompt``: token names joined by spaces, without the leading id its
-    tokenizer adds itself (``bos_in_text``: keep it, as a naive client would: then it is doubled)."""
+    tokenizer adds itself (spelled out, the completion endpoint would double it)."""
     names = {i: t for t, i in vocab.items()}
     ids = list(prompt)
-    if added_bos is not None and not bos_in_text:
+    if added_bos is not None:
         if not ids or ids[0] != added_bos:
             raise ValueError(f"this tokenizer always prepends id {added_bos}: a prompt without it cannot be sent")
         ids = ids[1:]
@@ -224,13 +224,12 @@ class MistralrsSession:
                 continue
             runner = self.runner(variant)
             vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
-            bos_in_text = bool(self.cfg.options.get("bos_in_text"))
             live, todo = [], list(reversed(idx))
             while todo or live:
                 while todo and len(live) < IN_FLIGHT:
                     i = todo.pop()
                     r = requests[i]
-                    text = prompt_text(r.prompt, vocab, bos, bos_in_text=bos_in_text)
+                    text = prompt_text(r.prompt, vocab, bos)
                     stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**chat_kwargs(r, text)))
                     live.append((i, stream, []))
                 still = []
@@ -361,8 +360,55 @@ def check_logprobs(n: int = 24, max_tokens: int = 8) -> list[dict]:
     return rows
 
 
+def penalty_order_fit(path) -> dict:
+    """The ``penalty`` case's second tokens (``path``: its JSONL) against two models of the penalties, per first
+    token: the reference's order (repetition, then presence) and mistral.rs's (presence, then repetition on the
+    result; ``apply_freq_pres_rep_penalty``). Pearson chi-square over the cells with expected count >= 5. Both orders
+    agree on the first token (nothing generated yet, no presence), which is why the case departs first at 2."""
+    import numpy as np
+    from scipy.stats import chi2
+
+    from specdec_ref.exact_models import exact_model
+
+    from .matrix import case as get_case
+
+    c = get_case("penalty")
+    s, prompt = c.sampling, list(c.prompt)
+    rows = np.asarray(exact_model(c.model).next_logits([[a] for a in range(8)]), dtype=np.float64)
+
+    def law(ctx, presence_first):
+        x, gen, seen = rows[ctx[-1]].copy(), set(ctx[len(prompt):]), set(ctx)
+        for t in range(len(x)):
+            rep = (lambda v: v / s.repetition_penalty if v > 0 else v * s.repetition_penalty) if t in seen else (lambda v: v)
+            pres = s.presence_penalty if t in gen else 0.0
+            x[t] = rep(x[t] - pres) if presence_first else rep(x[t]) - pres
+        p = np.exp((x - x.max()) / s.temperature)
+        return p / p.sum()
+
+    counts: dict = {}
+    for line in open(path):
+        ids = json.loads(line)["completion_ids"]
+        if len(ids) >= 2 and ids[0] != 7:
+            counts.setdefault(ids[0], np.zeros(8))[ids[1]] += 1
+    out = {}
+    for name, first in (("reference (repetition, then presence)", False), ("mistral.rs (presence, then repetition)", True)):
+        stat, df = 0.0, 0
+        for g1, obs in counts.items():
+            e = law(prompt + [g1], first) * obs.sum()
+            keep = e >= 5
+            stat += float((((obs - e) ** 2) / np.where(e > 0, e, 1))[keep].sum())
+            df += int(keep.sum()) - 1
+        out[name] = {"chi2": stat, "df": df, "p": float(chi2.sf(stat, df))}
+    return out
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "penalty-model":  # python -m conformance.engines.mistralrs penalty-model PENALTY.jsonl
+        fits = penalty_order_fit(argv[1])
+        for name, f in fits.items():
+            print(f"  position 2 under {name}: chi-square {f['chi2']:.1f} on {f['df']} df, p = {f['p']:.3g}")
+        return 0 if list(fits.values())[1]["p"] > 1e-6 else 1
     if not argv or argv[0] != "check":
         from .runner import main as run_main
 
