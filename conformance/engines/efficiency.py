@@ -139,7 +139,8 @@ def compare(observed: dict, exp: dict | None, *, k: int, tolerance: float = TOLE
     ``rejection_acceptance_per_token`` (what token-wise rejection sampling would accept) is reported beside it."""
     drafts = int(observed.get("drafts") or 0)
     totals = (exp or {}).get("totals")
-    no_pos = observed.get("accepted_per_pos") is None and totals is not None
+    # no per-position counts: the per-request totals are the test, or (no expectation at all) the engine's totals
+    no_pos = observed.get("accepted_per_pos") is None and (totals is not None or (exp is None and rates is None))
     per_pos = [int(x) for x in (observed.get("accepted_per_pos") or [0] * k)]
     rows, failing = [], []
     out = {"drafts": drafts, "draft_tokens": int(observed.get("draft_tokens") or 0),
