@@ -45,7 +45,7 @@ def _body(prompt, n, **kw):
 
 
 def test_gguf_logits_equal_the_tables():
-    rows = gguf_export.check_logits()
+    rows = lc.check_gguf()
     assert {(r["model"], r["variant"]) for r in rows} == {(m, v) for m in ("order1-target", "order1-draft-close",
                                                                            "order2-target", "order2-draft")
                                                           for v in ("eos", "plain")}

@@ -7,7 +7,7 @@
 # 1. builds (or reuses) llama-server in the versioned cache outside the clone (scripts/llamacpp_env.sh; only a new
 #    machine pays the ~6 minute build) and the GGUF writer;
 # 2. writes the GGUF files of the exactly-known checkpoints and checks the server's probabilities against the
-#    tables (conformance.engines.gguf_export --check);
+#    tables (conformance.engines.gguf_export, then python -m conformance.engines.llamacpp --check-gguf);
 # 3. engine tests (engine_tests/test_llamacpp.py): conventions (EOS returned, ignore_eos bans EOS, top-k keeps
 #    exactly k, the lowest-ids law on every row the matrix reaches), the findings (-md without --spec-type
 #    silently ignored; top-k ties are not the lowest ids in general; llama-speculative aborts with -np 4); its
@@ -50,7 +50,8 @@ step "environment"
 bash scripts/llamacpp_env.sh
 
 step "GGUF files and their logits against the tables"
-"$PY" -m conformance.engines.gguf_export --check | tee "$OUT/gguf-check.txt"
+"$PY" -m conformance.engines.gguf_export
+"$PY" -m conformance.engines.llamacpp --check-gguf | tee "$OUT/gguf-check.txt"
 
 step "engine tests (conventions, findings, a reduced matrix)"
 "$PY" -m pytest engine_tests/test_llamacpp.py -q -p no:cacheprovider -k "not reduced_matrix"  # the full matrix follows

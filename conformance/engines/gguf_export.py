@@ -1,6 +1,7 @@
 """GGUF files of the exactly-known checkpoints for llama.cpp, written from the tensors, and their logit check.
 
-    python -m conformance.engines.gguf_export [--out DIR] [--check] [--names a,b]
+    python -m conformance.engines.gguf_export [--out DIR] [--names a,b] [--force]   # write the files
+    python -m conformance.engines.llamacpp --check-gguf                            # ... and check them
 
 llama.cpp's ``convert_hf_to_gguf.py`` refuses our checkpoints (their WordLevel tokenizer), so the files are written
 here with the ``gguf`` package (the copy vendored with the llama.cpp that :mod:`conformance.engines.llamacpp` builds;
@@ -17,7 +18,8 @@ logit bias of -inf to every end-of-generation token (EOS is then never sampled, 
 the file declares no EOS (the gpt2 default EOS id 11 is outside the vocabulary, so llama.cpp disables it). Cases
 whose EOS stops run on ``eos``; cases where EOS is an ordinary token (and the efficiency set) run on ``plain``.
 
-Invariant (checked by :func:`check_logits` through a running ``llama-server``, ``engine_tests/test_llamacpp.py``):
+Invariant (checked by :func:`check_logits` through a running ``llama-server`` that the adapter passes in:
+``conformance.engines.llamacpp.check_gguf``, ``engine_tests/test_llamacpp.py``; this module imports no engine):
 the server's next-token probabilities (``n_probs`` = 8, before sampling) equal ``softmax`` of the tables at every
 position of every context tried, within float32 rounding, in both variants. Files are rewritten only when their
 source checkpoint or this writer changed (a digest in the file's metadata).
@@ -33,20 +35,26 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MODELS", "VARIANTS", "gguf_dir", "gguf_path", "write_gguf", "export", "check_logits", "main"]
+__all__ = ["MODELS", "VARIANTS", "CHECKED", "cache_root", "gguf_dir", "gguf_path", "write_gguf", "export",
+           "check_logits", "main"]
 
 #: The checkpoints llama.cpp loads (targets and drafts of the pairs the adapter uses, and the others cheaply too).
 MODELS = ("order1-target", "order1-draft-close", "order1-draft-far", "order1-draft-same", "order2-target",
           "order2-draft", "order2-draft-close")
 VARIANTS = ("eos", "plain")
+#: The models whose files are checked against the tables (the two pairs' targets and drafts).
+CHECKED = ("order1-target", "order1-draft-close", "order2-target", "order2-draft")
 WRITER_VERSION = "1"  # bump when the layout written here changes
 
 
-def gguf_dir() -> Path:
-    """Where the files go: next to the llama.cpp build (the same cache, keyed by version)."""
-    from .llamacpp import engine_home
+def cache_root() -> Path:
+    """``$SPECDEC_CACHE`` or ``~/.cache/specdec-ref``: outside the clone (engine builds and these files)."""
+    return Path(os.environ.get("SPECDEC_CACHE") or str(Path.home() / ".cache" / "specdec-ref"))
 
-    return engine_home() / "gguf"
+
+def gguf_dir() -> Path:
+    """Where the files go: the cache, keyed by this writer's version (each file also records its source digest)."""
+    return cache_root() / f"gguf-w{WRITER_VERSION}"
 
 
 def gguf_path(name: str, variant: str = "eos", root: Path | None = None) -> Path:
@@ -188,15 +196,12 @@ def _contexts(name: str) -> list[list[int]]:
     return [[bos]] + [[bos, a] for a in toks] + [[bos, a, b] for a in toks for b in toks]
 
 
-def check_logits(names=("order1-target", "order1-draft-close", "order2-target", "order2-draft"), *,
-                 variants=VARIANTS, n_predict: int = 3, tol: float = 2e-6) -> list[dict]:
-    """Load each file in ``llama-server`` and compare its pre-sampling probabilities (``n_probs`` = vocabulary)
-    with ``softmax`` of the tables at every generated position of :func:`_contexts` (sampled continuations, so
-    the KV cache and positions are exercised). Returns one row per file: worst absolute difference, positions
-    compared, ``passed``."""
+def check_logits(start_server, names=CHECKED, *, variants=VARIANTS, n_predict: int = 3, tol: float = 2e-6) -> list[dict]:
+    """Load each file in a server (``start_server(path)``: a context manager whose ``complete(body)`` posts to
+    llama-server's ``/completion``) and compare its pre-sampling probabilities (``n_probs`` = vocabulary) with
+    ``softmax`` of the tables at every generated position of :func:`_contexts` (sampled continuations, so the KV
+    cache and positions are exercised). One row per file: worst absolute difference, positions, ``passed``."""
     from specdec_ref.exact_models import exact_model
-
-    from .llamacpp import Server, server_binary
 
     paths = export(tuple(names))
     rows = []
@@ -204,7 +209,7 @@ def check_logits(names=("order1-target", "order1-draft-close", "order2-target", 
         m = exact_model(name)
         for variant in variants:
             worst, compared, bad = 0.0, 0, []
-            with Server(server_binary(), paths[(name, variant)], parallel=1) as srv:
+            with start_server(paths[(name, variant)]) as srv:
                 for i, ctx in enumerate(_contexts(name)):
                     r = srv.complete({"prompt": ctx, "n_predict": n_predict, "n_probs": m.vocab, "seed": 1000 + i,
                                       "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
@@ -229,25 +234,24 @@ def check_logits(names=("order1-target", "order1-draft-close", "order2-target", 
     return rows
 
 
+def report(rows) -> str:
+    return "\n".join(f"logits {r['model']:20s} {r['variant']:5s}: {r['positions']} positions, max |p - table| "
+                     f"{r['max_abs_diff']:.2e}: "
+                     + ("equal to the tables" if r["passed"] else "DIFFER: " + json.dumps(r["first_bad"]))
+                     for r in rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m conformance.engines.gguf_export", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="folder for the .gguf files (default: the llama.cpp cache)")
+    ap.add_argument("--out", default=None, help="folder for the .gguf files (default: the cache)")
     ap.add_argument("--names", default="", help="models (comma-separated; default: all)")
     ap.add_argument("--force", action="store_true", help="rewrite even when up to date")
-    ap.add_argument("--check", action="store_true", help="check the logits through llama-server (needs the build)")
     args = ap.parse_args(argv)
     names = tuple(n for n in args.names.split(",") if n) or MODELS
     paths = export(names, Path(args.out) if args.out else None, force=args.force)
     for (name, variant), p in paths.items():
         print(f"{name:22s} {variant:5s} {p} ({p.stat().st_size} bytes)")
-    if not args.check:
-        return 0
-    rows = check_logits(tuple(n for n in names if n in ("order1-target", "order1-draft-close", "order2-target",
-                                                        "order2-draft")) or names)
-    for r in rows:
-        print(f"logits {r['model']:20s} {r['variant']:5s}: {r['positions']} positions, max |p - table| "
-              f"{r['max_abs_diff']:.2e}: {'equal to the tables' if r['passed'] else 'DIFFER: ' + json.dumps(r['first_bad'])}")
-    return 0 if all(r["passed"] for r in rows) else 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The llama.cpp adapter: ``llama-server`` built from the source vendored in ``llama-cpp-python==0.3.36``.
 
     bash scripts/llamacpp_env.sh                       # build once per machine (cached outside the clone)
+    python -m conformance.engines.llamacpp --check-gguf  # the GGUF files' probabilities against the tables
     python -m conformance.engines llamacpp --out DIR [--configs a,b] [--check-expected]
 
 Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
@@ -58,7 +59,7 @@ from .adapter import Conventions, EngineAdapter, EngineMissingError
 from .matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
-           "server_args", "variant_of", "parse_metrics", "Server", "LlamaCppSession"]
+           "server_args", "variant_of", "parse_metrics", "Server", "LlamaCppSession", "check_gguf"]
 
 VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what scripts/llamacpp_env.sh builds
 INSTALL = "bash scripts/llamacpp_env.sh"
@@ -132,8 +133,10 @@ CONFIGS: tuple[Configuration, ...] = (
 
 
 def engine_home() -> Path:
-    root = os.environ.get("SPECDEC_CACHE") or str(Path.home() / ".cache" / "specdec-ref")
-    return Path(root) / f"llama.cpp-{VERSION}"
+    """``$SPECDEC_CACHE/llama.cpp-<version>`` (default ``~/.cache/specdec-ref``): what scripts/llamacpp_env.sh builds."""
+    from .gguf_export import cache_root
+
+    return cache_root() / f"llama.cpp-{VERSION}"
 
 
 def server_binary() -> Path:
@@ -424,7 +427,22 @@ ADAPTER = LlamaCppAdapter(
 )
 
 
+def check_gguf(names=None) -> list[dict]:
+    """The GGUF files' probabilities against the tables through this build's llama-server
+    (:func:`conformance.engines.gguf_export.check_logits`)."""
+    from . import gguf_export
+
+    binary = server_binary()
+    return gguf_export.check_logits(lambda path: Server(binary, path), names or gguf_export.CHECKED)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--check-gguf"]:
+        from .gguf_export import report
+
+        rows = check_gguf()
+        print(report(rows))
+        sys.exit(0 if all(r["passed"] for r in rows) else 1)
     from .runner import main
 
     sys.exit(main(["llamacpp", *sys.argv[1:]]))
