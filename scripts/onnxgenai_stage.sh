@@ -58,7 +58,9 @@ timed env bash scripts/onnxgenai_env.sh
 [ -x "$VPY" ] || { echo "onnxgenai_stage.sh: ERROR: $VPY missing after the env script" >&2; exit 1; }
 
 step "conversion (ORT GenAI's builder) and the logits against the tables"
-timed convert "$VPY" -m conformance.engines.onnxgenai export --check | tee "$OUT/logit-check.txt"
+rc=0; timed convert "$VPY" -m conformance.engines.onnxgenai export --check > "$OUT/logit-check.txt" || rc=$?
+cat "$OUT/logit-check.txt"
+[ $rc -eq 0 ] || { echo "onnxgenai_stage.sh: ERROR: conversion or logit check failed" >&2; exit 1; }
 
 step "engine tests (findings, top-k heap, ties under both rules, MTP, n-gram identity)"
 timed engine-tests "$VPY" -m pytest engine_tests/test_onnxgenai.py -q -p no:cacheprovider
