@@ -183,9 +183,9 @@ def test_counters_count_steps_not_acceptances():
     the step - 1): one request whose only draft was rejected still reports 1 accepted token."""
     T, D, s = logits_fn("order1-target"), logits_fn("order1-draft-close"), M.Settings(1.0)
     tr = []
-    M.speculative(T, D, (2, 6), s, 3, 3, 3, trace=tr)
+    M.speculative(T, D, (2, 6), s, 3, 7, 3, trace=tr)
     pipe = pipeline("order1-target", "order1-draft-close")
-    out, res = run(pipe, spec_cfg(3), (2, 6), SamplingConfig(temperature=1.0), 3, [3], eos=False)
+    out, res = run(pipe, spec_cfg(3), (2, 6), SamplingConfig(temperature=1.0), 3, [7], eos=False)
     rejected = any(t[0] == "replace" for t in tr)
     accepted = res[0].extended_perf_metrics.get_num_accepted_tokens()
     assert rejected and accepted == 1, (tr, accepted)
