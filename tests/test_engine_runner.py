@@ -230,3 +230,14 @@ def test_missing_vllm_names_the_env_script(monkeypatch, tmp_path):
     with pytest.raises(adapters.EngineMissingError, match="scripts/vllm_env.sh"):
         vllm.find_python()
     assert runner.main(["vllm", "--out", str(tmp_path / "o")]) == 2
+
+
+def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
+    """Computed from the tables, not marked by hand: ``warp`` depends on it through a top-p over the kept set."""
+    from dataclasses import replace as dc_replace
+
+    dependent = {c.name for c in matrix.CASES if matrix.law_depends_on_tie_rule(c)}
+    assert dependent == {"warp-1tok", "warp", "ties", "position-1tok", "position"}
+    ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
+    assert {c.name for c in ad.all_cases()} == {c.name for c in matrix.CASES} - dependent
+    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES)

@@ -37,7 +37,7 @@ from typing import Protocol, Sequence
 
 from specdec_ref.warp import SamplingConfig
 
-from .matrix import CASES, Case, Configuration
+from .matrix import CASES, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
     "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
@@ -157,7 +157,7 @@ class EngineAdapter:
         """The matrix cases this engine runs (its declared list, less those its tie convention leaves undefined)."""
         chosen = CASES if self.cases is None else tuple(c for c in CASES if c.name in self.cases)
         if self.conventions.top_k_ties == "unstated":
-            chosen = tuple(c for c in chosen if not c.cuts_top_k_tie)
+            chosen = tuple(c for c in chosen if not law_depends_on_tie_rule(c))
         return chosen
 
     def cases_for(self, cfg: Configuration) -> tuple[Case, ...]:

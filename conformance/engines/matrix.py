@@ -10,11 +10,13 @@ the case is seeded, so a case's JSONL is a valid black-box file.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from specdec_ref.warp import SamplingConfig
 
-__all__ = ["K", "Case", "Configuration", "CASES", "FAMILIES", "EFFICIENCY", "Efficiency", "case", "SCHEMES"]
+__all__ = ["K", "Case", "Configuration", "CASES", "FAMILIES", "EFFICIENCY", "Efficiency", "case", "SCHEMES",
+           "law_depends_on_tie_rule"]
 
 #: Draft tokens per round in every speculative configuration.
 K = 3
@@ -36,7 +38,6 @@ class Case:
     n: int
     exercises: str
     seed_base: int = 0
-    cuts_top_k_tie: bool = False  # its top-k cuts a tie group: the law depends on the engine's tie convention
 
     @property
     def model(self) -> str:
@@ -77,8 +78,7 @@ CASES: tuple[Case, ...] = (
     Case("warp", "order1", (2, 6), SamplingConfig(temperature=1.5, top_k=4, top_p=0.6), 3, True, True, N,
          "the same law as warp-1tok (order1 reads the last token) from a two-token prompt", 200_000),
     Case("ties", "order1", (0, 4), SamplingConfig(temperature=1.5, top_k=2), 3, True, True, N,
-         "exact ties at the top-k boundary (rows 5 and 7 keep three tokens under the keep-all-ties rule)", 300_000,
-         cuts_top_k_tie=True),
+         "exact ties at the top-k boundary (rows 5 and 7 keep three tokens under the keep-all-ties rule)", 300_000),
     Case("eos", "order1", (3, 1), SamplingConfig(temperature=0.7, top_k=2), 4, True, True, N,
          "EOS accepted inside a block, nothing after it", 400_000),
     Case("min-p", "order1", (5, 2), SamplingConfig(temperature=1.0, min_p=0.2), 3, True, True, N,
@@ -162,3 +162,21 @@ def case(name: str) -> Case:
         if c.name == name:
             return c
     raise KeyError(f"unknown case {name!r}; known: {', '.join(c.name for c in CASES)}")
+
+
+@functools.lru_cache(maxsize=None)
+def law_depends_on_tie_rule(c: Case) -> bool:
+    """Whether the case's exact law changes with the top-k tie rule (its top-k cuts a tie group on a row it visits,
+    directly or through a top-p taken over the kept set): computed from the tables, never marked by hand."""
+    if c.greedy or not c.sampling.top_k:
+        return False
+    from dataclasses import replace
+
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_model
+
+    em = exact_model(c.model)
+    eos = int(em.eos_id) if c.eos else None
+    laws = [continuation_law(em, list(c.prompt), c.max_new_tokens, replace(c.sampling, top_k_ties=rule), eos_id=eos)
+            for rule in ("all", "lowest_ids")]
+    return max(abs(float(laws[0].get(x, 0.0)) - float(laws[1].get(x, 0.0))) for x in set(laws[0]) | set(laws[1])) > 1e-12
