@@ -25,13 +25,22 @@ law). What it models:
   rejected ``x`` (``get_p_prime`` removes ``x`` but only rescales the sample's log-probability: no residual
   ``max(0, p - q)`` is ever sampled), and the round ends; after ``G`` acceptances the bonus is the target's sample
   after them;
+* **the rounds' edges**: the draft stops drafting after a stop token (multistep's check ignores ``ignore_eos``);
+  when the replacement equals the rejected draft the draft sees no new token and pauses for one step (a plain
+  target step); a rejection of the LAST draft of a round leaves the target's KV cache a slot behind (the
+  sampler's removed count is taken at offset 0, so the processed count is not rewound): the next input is read
+  one past the end of the sequence's ids, NaN logits for a lone request, the sampler's uniform fallback, NaN in the
+  cache from then on (in a batch the read is undefined: the model cannot follow it); with prefix caching the same
+  state raises the block hash's ``content_length`` Check instead;
 * **prompt lookup** (:func:`plain` covers it): ``validate_candidate`` with ``has_real_probabilities`` false
   accepts a draft iff it equals the target's own sample at that position and emits that sample otherwise, one
   uniform per position: the same tokens as plain sampling under the same seed.
 
-Invariant: on every case of the matrix the model's plain sampler gives the engine's plain completions request for
-request, and its speculative sampler the engine's speculative completions (``engine_tests/test_openvino.py``); the
-mechanism's law (:func:`law`) is what the engine's completions follow (chi-square), where the exact law fails.
+Invariant: the model's plain sampler gives the engine's plain completions request for request on every case
+tried (``engine_tests/test_openvino.py``, ``tests/test_openvino_adapter.py`` on recorded completions), its
+speculative sampler the engine's first two tokens on >= 99.9% of the requests (the rest: float32 ties at r = 1)
+and the whole completion wherever no undefined read intervened; the engine's speculative law is the model's
+(:func:`check`, ``python -m conformance.engines.openvino_model --check OUT``) where the exact law fails.
 """
 from __future__ import annotations
 
