@@ -53,7 +53,7 @@ step "GGUF files and their logits against the tables"
 "$PY" -m conformance.engines.gguf_export
 "$PY" -m conformance.engines.llamacpp --check-gguf | tee "$OUT/gguf-check.txt"
 
-step "engine tests (conventions, findings, a reduced matrix)"
+step "engine tests (the GGUF check, conventions, findings, per-seed identity on long requests)"
 "$PY" -m pytest engine_tests/test_llamacpp.py -q -p no:cacheprovider -k "not reduced_matrix"  # the full matrix follows
 
 step "the black-box matrix"
