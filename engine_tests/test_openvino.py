@@ -203,6 +203,23 @@ def test_prompt_lookup_is_plain_sampling_per_seed():
     assert lookup == plain
 
 
+def test_prompt_lookup_drafts_on_a_repetitive_prompt():
+    """It reports no speculative counters, but its steps show it: greedy 12 tokens after eight 0s (row 0's argmax is
+    0) take 4 steps (1, then rounds of 3 accepted drafts + 1) where plain decoding takes 12."""
+    s = ov_genai.SchedulerConfig()
+    for key, value in ovad.scheduler_options(Configuration("x", None, {"prefix_caching": True})).items():
+        setattr(s, key, value)
+    steps = {}
+    for name, props in (("plain", {}), ("lookup", {"prompt_lookup": True})):
+        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", props)
+        cfg = ovad.ADAPTER.config("prompt-lookup") if props else PLAIN
+        _, res = run(pipe, cfg, (0,) * 8, SamplingConfig(greedy=True), 12, [0], eos=False)
+        assert list(res[0].m_generation_ids[0]) == [0] * 12
+        steps[name] = list(res[0].perf_metrics.raw_metrics.m_batch_sizes)
+        assert res[0].extended_perf_metrics is None
+    assert steps["plain"] == [1] * 12 and steps["lookup"] == [1, 4, 4, 3]
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--record":
         record(sys.argv[2])
