@@ -29,7 +29,8 @@ PY="$REPO/.venv-vllm/bin/python"
 
 step "engine tests (vLLM $("$PY" -c 'import vllm; print(vllm.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"
 # test_vllm_engine.py runs after the matrices, on their outputs (SPECDEC_VLLM_ENGINE_RUNS): vLLM runs once
-"$PY" -m pytest engine_tests -q -p no:cacheprovider --ignore=engine_tests/test_vllm_engine.py
+"$PY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
+    -q -p no:cacheprovider  # the other engines' tests run in their own stages and venvs
 "$PY" -m pytest tests/test_exact_models.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py tests/test_forward.py -q -p no:cacheprovider -n 2
 
 kernel() {  # kernel FACTORY PROFILE EXPECTED_HEADLINE_PREFIX [PYTEST_ARGS...]

@@ -105,3 +105,17 @@ def test_an_undeclared_tie_rule_fails_with_the_line_naming_the_rule_it_fits(tmp_
     declared = json.loads((tmp_path / "b" / "verdicts.json").read_text())
     assert declared["conventions"]["top_k_ties"] == "lowest_ids"
     assert declared["configs"]["control"]["cases"]["ties"]["level"] == "certified"
+
+
+def test_one_table_across_runs_names_every_finding(fake_run, tmp_path, capsys):
+    from conformance.engines import table
+
+    _, _, out = fake_run
+    assert table.main([str(out), "--markdown", str(tmp_path / "t.md"), "--unavailable", "SGLang=CUDA only"]) == 0
+    text = (tmp_path / "t.md").read_text()
+    assert "| Fake engine | 1.0 | unpatched | control | - | " in text and "certified at N >= 1000" not in text
+    assert "| Fake engine | 1.0 | unpatched | silent | - | 6 not speculating |" in text
+    assert "| SGLang | - | - | - | - | cannot run here: CUDA only | - |" in text
+    assert "biased / warp: NOT CERTIFIED" in text and "differs from control at request seed" in text
+    assert table.main([str(out), str(tmp_path / "no-run")]) == 1  # a stage that wrote nothing is named
+    assert "Missing runs" in capsys.readouterr().out

@@ -28,9 +28,9 @@ def _verdict_cell(cases: dict) -> str:
     counts = Counter(c["level"] for c in cases.values())
     parts = [f"{counts[k]} {k.replace('_', ' ')}" for k in ORDER if counts.get(k)]
     parts += [f"{v} {k}" for k, v in counts.items() if k not in ORDER]
-    ok = [c for c in cases.values() if c["level"] in PASSING and c.get("power") is not None]
-    if ok:
-        parts.append(f"N >= {min(c['n'] for c in ok)}, power >= {min(c['power'] for c in ok):.2f}")
+    ok = [c for c in cases.values() if c["level"] == "certified" and c.get("power") is not None]
+    if ok:  # the certified cases' sample and stated power (reduced ones state the TV they detect instead)
+        parts.append(f"certified at N >= {min(c['n'] for c in ok)}, power >= {min(c['power'] for c in ok):.2f}")
     return "; ".join(parts) or "-"
 
 
