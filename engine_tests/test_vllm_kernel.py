@@ -247,7 +247,8 @@ def test_defect_b_patched_step_without_drafts_samples_the_bonus(patch):
 
 
 _PADDED = """
-import vllm._C  # noqa: F401  (the CPU kernels)
+from vllm.platforms.cpu import CpuPlatform
+CpuPlatform.import_kernels()  # the CPU kernels this CPU takes (vllm._C, _C_AVX512 or _C_AVX2: a second one aborts)
 import vllm.utils.cpu_triton_utils as cpu
 PATCH
 V = 8
