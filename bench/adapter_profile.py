@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from bench.kit import environment, load_average
-from bench.profile_engine import AR, Completion, EngineVariant, request_seeds, run_interleaved, summarise
+from bench.profile_engine import AR, Completion, EngineVariant, run_interleaved, summarise
 from bench.profile_timing import log_stderr
 
 __all__ = ["AdapterEngines", "profile_adapter", "main"]

@@ -50,7 +50,6 @@ llguidance's ``derivre``) without checking for it.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import tempfile

@@ -56,7 +56,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .adapter import REPO, Conventions, EngineAdapter, EngineMissingError, venv_python
+from .adapter import REPO, Conventions, EngineAdapter, venv_python
 from .matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "MODELS", "engine_home", "export", "check_logits", "compose_config",

@@ -37,7 +37,6 @@ Importing this module never imports OpenVINO.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from .adapter import Conventions, EngineAdapter, venv_python
 from .matrix import CASES, Configuration

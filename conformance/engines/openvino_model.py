@@ -45,7 +45,6 @@ and the whole completion wherever no undefined read intervened; the engine's spe
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections import Counter
 from dataclasses import dataclass
