@@ -13,7 +13,7 @@
 #    Check error, the silent fall-back, the counters;
 # 4. the black-box matrix (python -m conformance.engines openvino --check-expected) against
 #    conformance/engines/expected/openvino-2026.4.1.0.json, its verdict table;
-# 5. the matrix's speculative completions against the mechanism's law (python -m conformance.engines.openvino_model
+# 5. the matrix's speculative completions against the mechanism's law (python -m conformance.engines.openvino_check
 #    --check): the engine follows the model where it fails the exact law.
 # The stage fails when our tooling errors, the engine is missing, a verdict differs from the recorded one, or the
 # engine stops following the mechanism -- never because OpenVINO GenAI is NOT CERTIFIED where that is recorded.
@@ -43,7 +43,7 @@ t0=$(date +%s)
 echo "matrix: $(( $(date +%s) - t0 )) s"
 
 step "the speculative completions against the mechanism"
-"$PY" -m conformance.engines.openvino_model --check "$OUT/matrix" | tee "$OUT/mechanism.txt"
+"$PY" -m conformance.engines.openvino_check --check "$OUT/matrix" | tee "$OUT/mechanism.txt"
 
 step "verdict table"
 cat "$OUT/matrix/verdicts.md"
