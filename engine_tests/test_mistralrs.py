@@ -10,7 +10,8 @@ engine is an error at collection (``import mistralrs``), never a skip. Checked h
   post-processor doubles a ``<bos>`` spelled in the prompt text, which is the ``order2`` greedy departure (the
   output leaves the table at its fifth token and equals the checkpoint's own forward on ``[6, 6, 0]``); a sampled
   special token is never streamed; ``n_choices`` > 1 returns one choice; 0.6.0 dies with SIGILL at load on a CPU
-  without GFNI;
+  without GFNI, and on one with GFNI returns one token more than asked and, speculating, the greedy completion for
+  every request;
 * top-k keeps exactly k where logits tie at the k-th place (the keep-all rule keeps more).
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 
 from conformance.engines import mistralrs as ad
-from conformance.engines.adapter import REPO
+from conformance.engines.adapter import REPO, this_cpu_flags
 from specdec_ref.exact_models import exact_model
 
 VOCAB2 = {"<bos>": 6, "<eos>": 7, **{f"t{i}": i for i in range(6)}}
@@ -189,21 +190,60 @@ def test_top_k_keeps_exactly_k_through_a_tie(folders):
     assert set(got) == {"t0", "t3"}, got
 
 
-def test_finding_060_dies_with_sigill_on_a_cpu_without_gfni(folders):
-    """mistralrs 0.6.0's wheel executes vgf2p8affineqb (GFNI) in llguidance's derivre while building its grammar
-    factory at load, without checking the CPU: on a CPU without GFNI the process dies with SIGILL."""
+_PROBE_060 = r"""
+import json, sys
+import mistralrs as mr
+target, draft, mode = sys.argv[1:4]
+def which(p):
+    return mr.Which.Plain(model_id=p, arch=mr.Architecture.Mistral, dtype=mr.ModelDType.F32)
+def ask(runner, temperature, max_tokens=4):
+    res = runner.send_chat_completion_request(mr.ChatCompletionRequest(
+        messages="t2 t6", model="default", max_tokens=max_tokens, temperature=temperature))
+    c = res.choices[0]
+    return [c.message.content, c.finish_reason, res.usage.completion_tokens]
+if mode == "plain":
+    runner = mr.Runner(which=which(target), no_paged_attn=True)
+    print("loaded", flush=True)
+    out = [ask(runner, 1.0) for _ in range(40)]
+else:
+    runner = mr.Runner(which=which(target), no_paged_attn=True, which_draft=which(draft), speculative_gamma=3)
+    print("loaded", flush=True)
+    out = {"sampled": [ask(runner, t) for t in (1.0, 2.0) for _ in range(20)], "greedy": ask(runner, 0.0)}
+print(json.dumps(out))
+"""
+
+
+def test_finding_060_on_this_cpu(folders, tmp_path):
+    """0.6.0, as this CPU lets it run. Without GFNI: its wheel executes ``vgf2p8affineqb`` (GFNI) in llguidance's
+    ``derivre`` while building its grammar factory at load, without checking the CPU, and the process dies with
+    SIGILL. With GFNI it loads, and shows the two bugs filed against it: (1) every mode returns one token more than
+    ``max_tokens`` when no EOS stops it; (2) with draft-model speculation every request gets the same completion at any
+    temperature, the greedy one (its speculative sampler takes an argmax; see docs/mistralrs-verdict.md)."""
     py = REPO / ad.VENV_OLD / "bin" / "python"
     assert py.exists(), f"{py} missing: run scripts/mistralrs_env.sh"
-    folder = folders[("order1-target", "eos")]
-    gfni = "gfni" in open("/proc/cpuinfo").read().split()
-    code = ("import mistralrs as mr; mr.Runner(which=mr.Which.Plain(model_id=%r, arch=mr.Architecture.Mistral, "
-            "dtype=mr.ModelDType.F32), no_paged_attn=True); print('loaded')") % str(ad.prepare_folder(
-                "order1-target", "eos", folder.parent / "o060", version=ad.OLD_VERSION))
-    r = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=300)
-    if gfni:
-        pytest.fail(f"this CPU has GFNI: 0.6.0 loads here (rc {r.returncode}); run its matrix instead")
-    assert r.returncode == -4, (r.returncode, r.stdout[-300:], r.stderr[-300:])  # SIGILL
-    assert re.search(r"loaded", r.stdout) is None
+    target = ad.prepare_folder("order1-target", "eos", tmp_path / "t", version=ad.OLD_VERSION)
+    draft = ad.prepare_folder("order1-draft-close", "eos", tmp_path / "d", version=ad.OLD_VERSION)
+    def probe(mode):  # one process per Runner: a second Runner in the same process panics (SendError)
+        return subprocess.run([str(py), "-c", _PROBE_060, str(target), str(draft), mode], capture_output=True,
+                              text=True, timeout=600)
+
+    r = probe("plain")
+    if "gfni" not in this_cpu_flags():
+        assert r.returncode == -4, (r.returncode, r.stdout[-300:], r.stderr[-300:])  # SIGILL
+        assert re.search(r"loaded", r.stdout) is None
+        return
+    runs = {}
+    for mode, res in (("plain", r), ("speculative", probe("speculative"))):
+        assert res.returncode == 0, (mode, res.returncode, res.stdout[-300:], res.stderr[-600:])
+        runs[mode] = json.loads(res.stdout.strip().splitlines()[-1])
+    vocab = ad._vocab(target)[0]
+    lengths = [(len(ad.split_text(text, vocab)), reason, n) for text, reason, n in runs["plain"]]
+    over = [x for x in lengths if x[1] == "length"]
+    assert over and all(x[0] == x[2] == 5 for x in over), lengths  # max_tokens 4, five tokens, finish "length"
+    completions = {tuple(c) for c in runs["speculative"]["sampled"]}
+    greedy = runs["speculative"]["greedy"]
+    assert completions == {tuple(greedy)}, (completions, greedy)  # 40 requests at temperatures 1 and 2: one
+    assert ad.split_text(greedy[0], vocab) == _table_greedy("order1-target", [2, 6], 5), greedy
 
 
 def test_finding_one_call_at_a_time_per_runner(folders):

@@ -12,7 +12,8 @@
 # 4. the black-box matrix of 0.9.5 (python -m conformance.engines mistralrs --check-expected) against
 #    conformance/engines/expected/mistralrs-0.9.5.json, and its verdict table;
 # 5. 0.6.0's draft-model configuration (conformance.engines.mistralrs:ADAPTER_060 --check-expected) against
-#    conformance/engines/expected/mistralrs-0.6.0.json (on this CPU: SIGILL at load, recorded as engine errors).
+#    conformance/engines/expected/mistralrs-0.6.0.json, the entry for this CPU (without GFNI: SIGILL at load, engine
+#    errors; with GFNI: one token more than asked, and speculating, the greedy completion for every request).
 # The stage fails when our tooling errors, an engine is missing or does not install, or a verdict differs from the
 # recorded one -- never because the engine is NOT CERTIFIED where that is what is recorded.
 set -euo pipefail

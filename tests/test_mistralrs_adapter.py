@@ -31,6 +31,27 @@ def test_registered_and_two_versions():
     assert "\nimport mistralrs" not in src  # the engine is imported inside the session only
 
 
+def test_060_expectations_are_keyed_by_the_cpu_flag_that_changes_its_behaviour():
+    """0.6.0 dies with SIGILL at load without GFNI and runs with it: its expectations are recorded for both, and a
+    run reads the one of its CPU (a recorded SIGILL on a GFNI machine would be a false mismatch, and vice versa)."""
+    assert mrs.ADAPTER.expectation_key("unpatched") == "unpatched"  # 0.9.5 declares no CPU dependence
+    assert mrs.ADAPTER_060.expectation_key("unpatched", frozenset({"avx2"})) == "unpatched, cpu -gfni"
+    assert mrs.ADAPTER_060.expectation_key("unpatched", frozenset({"avx2", "gfni"})) == "unpatched, cpu +gfni"
+    recorded = json.loads(mrs.ADAPTER_060.expected_path().read_text())["expected"]
+    assert set(recorded) == {"unpatched, cpu -gfni", "unpatched, cpu +gfni"}
+    assert recorded["unpatched, cpu -gfni"]["draft-k3"]["eos"] == "engine_error"  # SIGILL at load
+    assert recorded["unpatched, cpu +gfni"]["draft-k3"]["eos"] == "not_certified"  # the greedy completion for all
+    assert isinstance(adapter_mod.this_cpu_flags(), frozenset)
+
+
+def test_split_text_reads_the_tokens_a_stream_spells():
+    vocab = {"t0": 0, "t1": 1, "t10": 10, "<eos>": 7}
+    assert mrs.split_text("t1t10t0<eos>", vocab) == [1, 10, 0, 7]  # the longest token first: t10 is not t1 + "0"
+    assert mrs.split_text("", vocab) == []
+    with pytest.raises(RuntimeError, match="no token spells 'x9'"):
+        mrs.split_text("t0x9", vocab)
+
+
 def test_python_picks_the_versions_own_venv(tmp_path, monkeypatch):
     monkeypatch.setattr(mrs, "REPO", tmp_path)
     with pytest.raises(EngineMissingError, match="scripts/mistralrs_env.sh"):

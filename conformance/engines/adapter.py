@@ -41,7 +41,7 @@ from .matrix import CASES, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
     "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
-    "venv_python", "REPO",
+    "venv_python", "this_cpu_flags", "REPO",
 ]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,6 +97,15 @@ class Conventions:
         return replace(s, top_k_ties="lowest_ids")
 
 
+def this_cpu_flags() -> frozenset[str]:
+    """The flags of this machine's CPU (``/proc/cpuinfo``; empty where there is none to read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(w for line in text.splitlines() if line.startswith("flags") for w in line.split(":", 1)[1].split())
+
+
 @dataclass(frozen=True)
 class Request:
     """One request of a case (or of the efficiency set): the prompt's token ids, its settings, and its seed."""
@@ -144,6 +153,9 @@ class EngineAdapter:
     timeout_s: float = 420.0
     max_model_len: int = 128  # positions a request may use (prompt + new tokens + drafts) in this adapter's engine
     families: dict = field(default_factory=lambda: {"order1": "order1-close", "order2": "order2-order1"})
+    #: CPU flags (as ``/proc/cpuinfo`` spells them) whose presence changes what this engine version does (a wheel that
+    #: executes an instruction without checking for it): its expectations are recorded per combination of them.
+    cpu_features: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ data
     def config(self, name: str) -> Configuration:
@@ -169,6 +181,14 @@ class EngineAdapter:
 
     def expected_path(self, version: str | None = None) -> Path:
         return Path(__file__).resolve().parent / "expected" / f"{self.name}-{version or self.version}.json"
+
+    def expectation_key(self, patch_key: str, cpu_flags: frozenset[str] | None = None) -> str:
+        """The key the expectations of a run are recorded under: its patches, and where :attr:`cpu_features` is
+        declared, which of those flags this CPU has (``"unpatched, cpu +gfni"`` / ``"unpatched, cpu -gfni"``)."""
+        if not self.cpu_features:
+            return patch_key
+        flags = cpu_flags if cpu_flags is not None else this_cpu_flags()
+        return patch_key + ", cpu " + " ".join(("+" if f in flags else "-") + f for f in self.cpu_features)
 
     # ------------------------------------------------------------------ engine side (worker process only)
     def python(self) -> str:

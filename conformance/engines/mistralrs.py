@@ -44,8 +44,10 @@ top-p on the renormalised top k, min-p relative to the largest probability; pena
 result, where the reference (and vLLM) applies repetition first: the ``penalty`` case is a different law by
 definition and runs alone in ``penalty-order``. No speculation on CPU: draft-model speculation was removed in 0.8.2,
 and MTP needs PagedAttention, unavailable on CPU (``mtp``: a recorded load error). 0.6.0 (:data:`ADAPTER_060`, its
-draft-model speculation) dies at load on this CPU: its wheel executes a GFNI instruction (``vgf2p8affineqb`` in
-llguidance's ``derivre``) without checking for it.
+draft-model speculation) dies at load on a CPU without GFNI: its wheel executes a GFNI instruction
+(``vgf2p8affineqb`` in llguidance's ``derivre``) without checking for it; its expectations are recorded per CPU
+(``cpu_features``). Where it runs it takes one stream at a time, without logprobs (its tokens are read from the
+streamed text), and one ``Runner`` per process.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ from .adapter import REPO, Conventions, EngineAdapter, EngineMissingError
 from .matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "ADAPTER_060", "CONFIGS", "CONFIGS_060", "VERSION", "OLD_VERSION", "prepare_folder",
-           "prompt_text", "chat_kwargs", "variant_of", "check_logprobs", "penalty_order_fit", "MistralrsSession"]
+           "prompt_text", "split_text", "chat_kwargs", "variant_of", "check_logprobs", "penalty_order_fit", "MistralrsSession"]
 
 VERSION = "0.9.5"
 OLD_VERSION = "0.6.0"
@@ -176,6 +178,20 @@ def chat_kwargs(request, text: str) -> dict:
     return {k: v for k, v in kw.items() if v is not None}
 
 
+def split_text(text: str, vocab: dict) -> list[int]:
+    """The token ids a streamed text spells (the ``ByteLevel`` decoder concatenates the tokens' own strings): longest
+    token first at each offset; a text no sequence of tokens spells raises (never a silently dropped character)."""
+    words = sorted(vocab, key=len, reverse=True)
+    out, i = [], 0
+    while i < len(text):
+        w = next((w for w in words if w and text.startswith(w, i)), None)
+        if w is None:
+            raise RuntimeError(f"mistral.rs streamed {text!r}: no token spells {text[i:]!r}")
+        out.append(vocab[w])
+        i += len(w)
+    return out
+
+
 # ----------------------------------------------------------------------------- the session
 
 
@@ -225,11 +241,15 @@ class MistralrsSession:
             vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
             live, todo = [], list(reversed(idx))
             while todo or live:
-                while todo and len(live) < IN_FLIGHT:
+                while todo and len(live) < (1 if self.version == OLD_VERSION else IN_FLIGHT):  # 0.6.0: a second
+                    # stream in flight fails every stream ("Received none in ChatCompletionStreamer")
                     i = todo.pop()
                     r = requests[i]
                     text = prompt_text(r.prompt, vocab, bos)
-                    stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**chat_kwargs(r, text)))
+                    kw = chat_kwargs(r, text)
+                    if self.version == OLD_VERSION:
+                        kw.pop("logprobs")  # 0.6.0 with speculation panics on a request asking for them
+                    stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**kw))
                     live.append((i, stream, []))
                 still = []
                 for i, stream, toks in live:
@@ -238,7 +258,9 @@ class MistralrsSession:
                     except StopIteration:
                         raise RuntimeError(f"mistral.rs: request {i}'s stream ended without a finish_reason")
                     c = chunk.choices[0]
-                    if c.logprobs is not None:
+                    if self.version == OLD_VERSION:  # 0.6.0 streams text only (no logprobs): tokens are its words
+                        toks.extend(split_text(c.delta.content or "", vocab))
+                    elif c.logprobs is not None:
                         toks.append(vocab[c.logprobs.token])
                     if c.finish_reason is None:
                         still.append((i, stream, toks))
@@ -310,7 +332,7 @@ ADAPTER = MistralrsAdapter(
 #: expectation file ``expected/mistralrs-0.6.0.json``).
 ADAPTER_060 = MistralrsAdapter(
     name="mistralrs", title="mistral.rs 0.6.0", version=OLD_VERSION, install=INSTALL, configurations=CONFIGS_060,
-    k=3, cases=("eos", "greedy-1tok"), timeout_s=900.0,
+    k=3, cases=("eos", "greedy-1tok"), timeout_s=900.0, cpu_features=("gfni",),
     conventions=Conventions(top_k_ties="unstated", first_token_at_prefill=True, seeds="none", notes=_NOTES))
 
 

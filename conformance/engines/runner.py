@@ -393,7 +393,7 @@ def main(argv=None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
     observed = expectation_entries(results)
-    key = patch_key(args.patch)
+    key = ad.expectation_key(patch_key(args.patch))
     path = ad.expected_path(results.get("version"))
     if args.record_expected:
         expected = json.loads(path.read_text()) if path.exists() else {}
