@@ -82,7 +82,9 @@ class Engines:
         gc.collect()
 
 
-@pytest.fixture(scope="module", params=PARAMS, ids=lambda p: f"{p[0]}-{p[1]}")
+#: one xdist group per dtype (``--dist loadgroup``): each worker loads a model's engines once, for the tests of its dtype
+@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.xdist_group(f"vllm_exact_{p[1]}"))
+                                        for p in PARAMS], ids=lambda p: f"{p[0]}-{p[1]}")
 def engines(request):
     name, dtype = request.param
     eng = Engines(EXACT_MODELS[name], dtype)

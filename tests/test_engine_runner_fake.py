@@ -119,3 +119,22 @@ def test_one_table_across_runs_names_every_finding(fake_run, tmp_path, capsys):
     assert "biased / warp: NOT CERTIFIED" in text and "differs from control at request seed" in text
     assert table.main([str(out), str(tmp_path / "no-run")]) == 1  # a stage that wrote nothing is named
     assert "Missing runs" in capsys.readouterr().out
+
+
+def test_parallel_workers_give_the_same_verdicts(fake_run, tmp_path):
+    """``--jobs 2`` runs the workers two at a time, longest first: every verdict, N, identity and efficiency line is
+    the one the sequential run gave (the workers share nothing but the machine), and the crash is still named."""
+    _, sequential, _ = fake_run
+    configs = ["control", "spec", "crash"]
+    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--jobs", "2",
+                      "--configs", ",".join(configs)])
+    parallel = json.loads((tmp_path / "verdicts.json").read_text())
+    assert rc == 0 and list(parallel["configs"]) == configs
+
+    def summary(results, cfg):
+        entry = results["configs"][cfg]
+        return ({n: (c["level"], c["n"], (c.get("identity") or {}).get("passed")) for n, c in entry["cases"].items()},
+                (entry.get("efficiency") or {}).get("verdict"))
+
+    for cfg in configs:
+        assert summary(parallel, cfg) == summary(sequential, cfg), cfg

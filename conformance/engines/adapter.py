@@ -37,7 +37,7 @@ from typing import Protocol, Sequence
 
 from specdec_ref.warp import SamplingConfig
 
-from .matrix import CASES, Case, Configuration, law_depends_on_tie_rule
+from .matrix import CASES, EFFICIENCY, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
     "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
@@ -178,6 +178,15 @@ class EngineAdapter:
 
     def k_of(self, cfg: Configuration) -> int:
         return cfg.k or self.k
+
+    def work_estimate(self, cfg_name: str, family: str) -> float:
+        """The tokens one worker (a configuration on a target family) asks for, its cases' and its efficiency set's:
+        the order ``--jobs`` starts workers in (longest first, so that no job starts last and runs alone)."""
+        cfg = self.config(cfg_name)
+        tokens = sum(c.n * c.max_new_tokens for c in self.cases_for(cfg) if c.family == family)
+        if cfg.speculative and family == EFFICIENCY.family:
+            tokens += EFFICIENCY.n * EFFICIENCY.max_new_tokens
+        return float(tokens * cfg.scale)
 
     def expected_path(self, version: str | None = None) -> Path:
         return Path(__file__).resolve().parent / "expected" / f"{self.name}-{version or self.version}.json"

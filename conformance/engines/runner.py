@@ -1,12 +1,14 @@
 """The shared engine runner: certify any registered engine from its outputs.
 
     python -m conformance.engines ENGINE --out DIR [--configs a,b] [--cases x,y] [--patch A] [--scale F]
-                                         [--check-expected] [--record-expected] [--timeout S]
+                                         [--check-expected] [--record-expected] [--timeout S] [--jobs N]
 
 For every configuration of the engine's adapter (:mod:`conformance.engines.adapter`) and every target family it
 needs, a worker process (:mod:`conformance.engines.worker`, run with the adapter's interpreter, in its own process
 group, with a timeout: a crash or a hang is that configuration's named failure, never the runner's) loads the
-engine and writes one JSONL per case; this process then, the same for every engine:
+engine and writes one JSONL per case (``--jobs N``: N workers at a time, the largest first by
+:meth:`~conformance.engines.adapter.EngineAdapter.work_estimate`; the verdicts do not depend on N); this process
+then, the same for every engine:
 
 * certifies each case with :func:`conformance.samples.certify_samples` under the engine's declared conventions
   (its top-k tie rule is part of the case's settings);
@@ -104,20 +106,45 @@ def _run_family(engine: str, python: str, cfg_name: str, raw: Path, family: str,
     return state
 
 
-def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float,
-                      cases: tuple[str, ...] = (), engine: str | None = None) -> dict:
-    """A fresh worker process per target family; their states merged, case files under ``out/raw/<config>/<family>/``."""
+def families_of(ad, cfg_name: str, cases: tuple[str, ...] = ()) -> list[str]:
+    """The target families a configuration's workers run (one worker each), the efficiency set's first."""
     cfg = ad.config(cfg_name)
     mine = [c for c in ad.cases_for(cfg) if not cases or c.name in cases]
     families = [f for f in ad.families if any(c.family == f for c in mine)]
     if cfg.speculative and not cases and EFFICIENCY.family not in families:
         families.insert(0, EFFICIENCY.family)
+    return families
+
+
+def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, patch: str, scale: float, timeout: float,
+                 cases: tuple[str, ...] = (), engine: str | None = None, parallel: int = 1,
+                 on_done=None) -> dict[tuple[str, str], dict]:
+    """The worker state of every ``(configuration, family)`` job, ``parallel`` workers at a time (each its own process
+    and process group, its own raw folder; a job's crash rerun stays inside the job). The result does not depend on
+    ``parallel``: the jobs share nothing but the machine (the worker's timeout is per job)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(job):
+        cfg_name, fam = job
+        st = _run_family(engine or ad.name, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch,
+                         scale=scale, timeout=timeout, cases=",".join(cases))
+        if on_done is not None:
+            on_done(job, st)
+        return job, st
+
+    if parallel <= 1:
+        return dict(one(j) for j in jobs)
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        return dict(pool.map(one, jobs))
+
+
+def merge_families(cfg_name: str, out: Path, states: dict[str, dict]) -> dict:
+    """A configuration's state from its families' worker states (in family order); case files stay under
+    ``out/raw/<config>/<family>/``."""
     merged = {"cases": {}, "families": {}, "efficiency": None, "wall_s": 0.0}
     errors = []
-    for fam in families:
+    for fam, st in states.items():
         raw = out / "raw" / cfg_name / fam
-        st = _run_family(engine or ad.name, python, cfg_name, raw, fam, patch=patch, scale=scale, timeout=timeout,
-                         cases=",".join(cases))
         for name, c in st["cases"].items():
             merged["cases"][name] = {**c, "dir": str(raw)}
         merged["families"][fam] = st.get("families", {}).get(fam, {})
@@ -129,6 +156,15 @@ def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, 
     if errors:
         merged["error"] = "; ".join(errors)
     return merged
+
+
+def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float,
+                      cases: tuple[str, ...] = (), engine: str | None = None) -> dict:
+    """A fresh worker process per target family, one after the other; their states merged."""
+    fams = families_of(ad, cfg_name, cases)
+    states = run_families(ad, python, [(cfg_name, f) for f in fams], out, patch=patch, scale=scale, timeout=timeout,
+                          cases=cases, engine=engine)
+    return merge_families(cfg_name, out, {f: states[(cfg_name, f)] for f in fams})
 
 
 def _fit_summary(rec: dict) -> tuple[float | None, float | None]:
@@ -323,12 +359,25 @@ def run(args) -> dict:
                                "first_token_at_prefill": ad.conventions.first_token_at_prefill,
                                "notes": list(ad.conventions.notes)}}
     states = {}
-    timeout = args.timeout or ad.timeout_s
+    jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+    timeout = args.timeout or ad.timeout_s * (1 + 0.5 * (jobs - 1))  # a worker shares the machine with jobs - 1 others
+    work = [(n, f) for n in names for f in families_of(ad, n, only)]
+    if jobs > 1:  # every worker first, longest first by the adapter's estimate; then the verdicts in order
+        print(f"[{time.time() - t0:5.0f}s] {len(work)} workers, {jobs} at a time", flush=True)
+        worker_states = run_families(
+            ad, python, sorted(work, key=lambda j: -ad.work_estimate(*j)), out, patch=args.patch, scale=args.scale,
+            timeout=timeout, cases=only, engine=args.engine, parallel=jobs,
+            on_done=lambda job, st: print(f"[{time.time() - t0:5.0f}s]   worker {job[0]}/{job[1]} done in "
+                                          f"{st.get('wall_s', 0):.0f} s", flush=True))
     for n in names:
         cfg = ad.config(n)
         print(f"[{time.time() - t0:5.0f}s] {n}: {cfg.note}", flush=True)
-        state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout, cases=only,
-                                  engine=args.engine)
+        if jobs > 1:
+            fams = families_of(ad, n, only)
+            state = merge_families(n, out, {f: worker_states[(n, f)] for f in fams})
+        else:
+            state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout,
+                                      cases=only, engine=args.engine)
         states[n] = state
         results["version"] = results.get("version") or state.get("version")
         entry = {"note": cfg.note, "scheme": cfg.scheme, "method": cfg.method, "worker_wall_s": state.get("wall_s"),
@@ -379,7 +428,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="", help="only these cases (comma-separated; no efficiency set)")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of every case's N (quick runs; verdicts then "
                     "lose power and --check-expected is refused)")
-    ap.add_argument("--timeout", type=float, default=0, help="seconds per worker (default: the adapter's)")
+    ap.add_argument("--timeout", type=float, default=0, help="seconds per worker (default: the adapter's, x 1.5 per "
+                    "extra job)")
+    ap.add_argument("--jobs", type=int, default=1, help="engine workers at a time (one per configuration and target "
+                    "family; the verdicts do not depend on it; an engine whose workers use one core each gains most)")
     ap.add_argument("--check-expected", action="store_true", help="exit 1 unless every outcome is the recorded one")
     ap.add_argument("--record-expected", action="store_true", help="add this run's outcomes to the expectation file")
     args = ap.parse_args(argv)
