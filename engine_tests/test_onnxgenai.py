@@ -31,7 +31,6 @@ from conformance.engines import onnxgenai as ad
 from conformance.engines.adapter import Request
 from conformance.engines.matrix import case
 from specdec_ref.exact_models import exact_model
-from specdec_ref.warp import SamplingConfig
 
 
 @pytest.fixture(scope="module")
