@@ -361,8 +361,8 @@ def run(args) -> dict:
     states = {}
     jobs = max(1, int(getattr(args, "jobs", 1) or 1))
     timeout = args.timeout or ad.timeout_s * (1 + 0.5 * (jobs - 1))  # a worker shares the machine with jobs - 1 others
-    work = [(n, f) for n in names for f in families_of(ad, n, only)]
     if jobs > 1:  # every worker first, longest first by the adapter's estimate; then the verdicts in order
+        work = [(n, f) for n in names for f in families_of(ad, n, only)]
         print(f"[{time.time() - t0:5.0f}s] {len(work)} workers, {jobs} at a time", flush=True)
         worker_states = run_families(
             ad, python, sorted(work, key=lambda j: -ad.work_estimate(*j)), out, patch=args.patch, scale=args.scale,
