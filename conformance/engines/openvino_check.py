@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .openvino_model import F32, Settings, Stream, speculative, top_k_heap
+from .openvino_model import Settings, Stream, speculative, table_logits, top_k_heap
 
 __all__ = ["check", "main", "CHECKED"]
 
@@ -89,7 +89,7 @@ def check(out: str, which=CHECKED, *, alpha: float = 1e-6) -> list[dict]:
         pair = exact_pair(cfg.options.get("pair") or ADAPTER.families[c.family])
         path = Path(out) / "raw" / cfg_name / c.family / f"{case_name}.jsonl"
         recs = [json.loads(line) for line in path.read_text().splitlines()]
-        T, D = _logits_of(pair.target.name), _logits_of(pair.draft.name)
+        T, D = table_logits(pair.target.name), table_logits(pair.draft.name)
         s, eos = Settings.of(c.sampling), (int(pair.target.eos_id) if c.eos else None)
         k = ADAPTER.k_of(cfg)
         run = lambda sd: speculative(T, D, c.prompt, s, c.max_new_tokens, sd, k, eos_id=eos)
@@ -120,19 +120,6 @@ def _cut(ids, length, eos):
         if eos is not None and t == eos:
             break
     return out
-
-
-def _logits_of(name: str):
-    from specdec_ref.exact_models import exact_model
-
-    em, cache = exact_model(name), {}
-
-    def f(ctx):
-        key = tuple(ctx)
-        if key not in cache:
-            cache[key] = em.next_logits([list(ctx)])[0].numpy().astype(F32)
-        return cache[key]
-    return f
 
 
 def main(argv=None) -> int:

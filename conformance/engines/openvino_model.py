@@ -50,7 +50,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["Stream", "Settings", "warp", "draw", "plain", "speculative", "law", "top_k_heap", "sample_law"]
+__all__ = ["Stream", "Settings", "warp", "draw", "plain", "speculative", "law", "top_k_heap", "sample_law", "table_logits"]
 
 F32 = np.float32
 
@@ -440,25 +440,29 @@ def sample_law(run: Callable[[int], list[int]], seeds: Sequence[int], length: in
     return {key: v / n for key, v in c.items()}
 
 
+def table_logits(name: str):
+    """``ctx -> float32 logits`` of the exactly-known checkpoint ``name`` at that context (from its tables, memoised
+    per context)."""
+    from specdec_ref.exact_models import exact_model
+
+    em, cache = exact_model(name), {}
+
+    def f(ctx):
+        key = tuple(ctx)
+        if key not in cache:
+            cache[key] = em.next_logits([list(ctx)])[0].numpy().astype(F32)
+        return cache[key]
+    return f
+
+
 def law(target_name: str, draft_name: str, prompt, sampling, max_new: int, k: int, *, length: int,
         eos: bool, n: int = 200_000, seed_base: int = 10_000_000) -> dict:
     """The mechanism's law of the first ``length`` tokens for a case (Monte Carlo over ``n`` seeds the matrix never
     uses): what the engine's speculative completions follow."""
     from specdec_ref.exact_models import exact_model
 
-    tm, dm = exact_model(target_name), exact_model(draft_name)
-    cache_t, cache_d = {}, {}
-
-    def logits_of(em, cache):
-        def f(ctx):
-            key = tuple(ctx)
-            if key not in cache:
-                cache[key] = em.next_logits([list(ctx)])[0].numpy().astype(F32)
-            return cache[key]
-        return f
-
-    eos_id = int(tm.eos_id) if eos else None
+    eos_id = int(exact_model(target_name).eos_id) if eos else None
     s = Settings.of(sampling)
-    T, D = logits_of(tm, cache_t), logits_of(dm, cache_d)
+    T, D = table_logits(target_name), table_logits(draft_name)
     return sample_law(lambda sd: speculative(T, D, prompt, s, max_new, sd, k, eos_id=eos_id),
                       range(seed_base, seed_base + n), length, eos_id)
