@@ -223,7 +223,7 @@ def test_finding_060_on_this_cpu(folders, tmp_path):
     assert py.exists(), f"{py} missing: run scripts/mistralrs_env.sh"
     target = ad.prepare_folder("order1-target", "eos", tmp_path / "t", version=ad.OLD_VERSION)
     draft = ad.prepare_folder("order1-draft-close", "eos", tmp_path / "d", version=ad.OLD_VERSION)
-    def probe(mode):  # one process per Runner: a second Runner in the same process panics (SendError)
+    def probe(mode):  # one process each: a speculative Runner made after a plain one panics (SendError)
         return subprocess.run([str(py), "-c", _PROBE_060, str(target), str(draft), mode], capture_output=True,
                               text=True, timeout=600)
 

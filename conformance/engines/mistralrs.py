@@ -47,7 +47,8 @@ and MTP needs PagedAttention, unavailable on CPU (``mtp``: a recorded load error
 draft-model speculation) dies at load on a CPU without GFNI: its wheel executes a GFNI instruction
 (``vgf2p8affineqb`` in llguidance's ``derivre``) without checking for it; its expectations are recorded per CPU
 (``cpu_features``). Where it runs it takes one stream at a time, without logprobs (its tokens are read from the
-streamed text), and one ``Runner`` per process.
+streamed text); a speculative ``Runner`` made after a plain one in the same process panics (the worker makes
+speculative ones only).
 """
 from __future__ import annotations
 
@@ -240,15 +241,17 @@ class MistralrsSession:
             runner = self.runner(variant)
             vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
             live, todo = [], list(reversed(idx))
+            # 0.6.0: a second stream in flight fails every stream ("Received none in ChatCompletionStreamer"), a
+            # request asking for logprobs panics when speculating, and its stream carries text only
+            old = self.version == OLD_VERSION
             while todo or live:
-                while todo and len(live) < (1 if self.version == OLD_VERSION else IN_FLIGHT):  # 0.6.0: a second
-                    # stream in flight fails every stream ("Received none in ChatCompletionStreamer")
+                while todo and len(live) < (1 if old else IN_FLIGHT):
                     i = todo.pop()
                     r = requests[i]
                     text = prompt_text(r.prompt, vocab, bos)
                     kw = chat_kwargs(r, text)
-                    if self.version == OLD_VERSION:
-                        kw.pop("logprobs")  # 0.6.0 with speculation panics on a request asking for them
+                    if old:
+                        kw.pop("logprobs")
                     stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**kw))
                     live.append((i, stream, []))
                 still = []
@@ -258,7 +261,7 @@ class MistralrsSession:
                     except StopIteration:
                         raise RuntimeError(f"mistral.rs: request {i}'s stream ended without a finish_reason")
                     c = chunk.choices[0]
-                    if self.version == OLD_VERSION:  # 0.6.0 streams text only (no logprobs): tokens are its words
+                    if old:  # tokens are the words of the streamed text
                         toks.extend(split_text(c.delta.content or "", vocab))
                     elif c.logprobs is not None:
                         toks.append(vocab[c.logprobs.token])
