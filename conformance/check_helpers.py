@@ -97,10 +97,12 @@ def _decode(backend, target, draft, prompt, **kw):
 
 def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new: int):
     verdicts, runs = [], 0
+    ar_of: dict = {}  # the families' targets are one recipe (model_pair): AR once per prompt
     for family, kw in DRAFT_FAMILIES:
         target, draft = model_pair(arch, family, kw.get("noise", 0.0), dtype)
         for prompt in prompts(ctx.seed_for("greedy", arch), 4):
-            ar = autoregressive_decode(target, prompt, max_new_tokens=max_new)
+            key = (repr(getattr(target, "specdec_recipe", id(target))), dtype, tuple(prompt[0].tolist()))
+            ar = ar_of.get(key) or ar_of.setdefault(key, autoregressive_decode(target, prompt, max_new_tokens=max_new))
             for k in (1, 2, 4, 8):
                 spec = _decode(backend, target, draft, prompt, k=k, max_new_tokens=max_new, sampling=GREEDY)
                 runs += 1

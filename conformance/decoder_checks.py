@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.forward import reference_logits
 from specdec_ref.models import tiny_lm
+from specdec_ref.contract import Request
 from specdec_ref.warp import GREEDY, SamplingConfig
 
 from .check_helpers import (  # noqa: F401  (shared with the other check modules; importable from here as before)
@@ -368,7 +369,9 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float 
     counted per sequence and tested against ``continuation_law`` of the target's tables: N decodes with
     power 0.99 against every law at TV >= ``tv`` (SEQUENCE_TV for every chain case) at alpha 1e-6.
     ``SEQUENCE_CASES`` says which bug classes each case is sized for and the exact TV a representative bug
-    produces there.
+    produces there. A backend claiming ``batched_decoder`` gives the same evidence in far fewer calls
+    (:func:`rows_law_then_decodes_alike`): rows of ``decode_batch`` tested at TV ``2/3 tv``, and ``decode`` equal to
+    them seed for seed on the first M rows, which keeps power 0.99 against every law of ``decode`` at TV >= ``tv``.
     """
     from properties.sequences import law_to_cells
 
@@ -378,21 +381,93 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float 
     target, draft = sequence_models(spec.pair)
     _assert_law_is_unambiguous(case)
     cells = law_to_cells(sequence_law(case))
-    n = math.ceil(sequence_samples(case, tv) * ctx.sample_scale)
     seed = ctx.seed_for("sequence", case)
     prompt = torch.tensor([list(spec.prompt)])
     run = dict(k=spec.k, max_new_tokens=spec.length, sampling=spec.sampling, eos_id=eos)
+    settings = {key: v for key, v in spec.sampling.as_dict().items() if v not in (None, False)}
+    label = ", ".join(f"{key}={v}" for key, v in settings.items()) + (f", eos_id={eos}" if eos is not None else "")
+    what = f"continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} ({label}, k={spec.k})"
+    if answers_in_rows(backend):
+        return rows_law_then_decodes_alike(backend, ctx, case, cells, target, draft, prompt, run, seed, tv, what)
+    n = math.ceil(sequence_samples(case, tv) * ctx.sample_scale)
     outputs = streams.draws(  # one generator for every decode, in order: a later look continues the earlier one's
         ctx.streams, ("sequence", case, seed), n, start=lambda: torch.Generator().manual_seed(seed),
         draw=lambda gen, i, size: [tuple(_decode(backend, target, draft, prompt, generator=gen, **run).tokens)
                                    for _ in range(size)],
     )
-    settings = {key: v for key, v in spec.sampling.as_dict().items() if v not in (None, False)}
-    label = ", ".join(f"{key}={v}" for key, v in settings.items()) + (f", eos_id={eos}" if eos is not None else "")
+    assert_continuations_follow(cells, outputs, ctx, what=what, tv=tv, seed=seed, sensitive_to=spec.sensitive_to)
+
+
+#: A backend claiming ``batched_decoder`` answers ``decoder_sequence_law`` in rows of ``decode_batch`` (the contract:
+#: ``decode`` is its one-request case and a seeded row is bit-identical alone or in any batch), this many per call.
+SEQUENCE_ROWS_BATCH = 1024
+#: The rows' chi-square is sized for this share of the case's TV; the rest is the decodes' part (below).
+ROWS_TV_SHARE = 2 / 3
+
+
+def answers_in_rows(backend) -> bool:
+    """Whether ``decoder_sequence_law`` draws its sample as rows of ``backend.decode_batch`` (it claims
+    ``batched_decoder`` and has one; a tree decoder seen as a chain has none)."""
+    return backend.capabilities.has("batched_decoder") and callable(getattr(backend, "decode_batch", None))
+
+
+def rows_tv(tv: float) -> float:
+    """The TV the rows' chi-square is sized for when the case states ``tv`` for ``decode``."""
+    return tv * ROWS_TV_SHARE
+
+
+def decodes_alike(tv: float) -> int:
+    """M: the decodes compared seed for seed with the first M rows. A ``decode`` whose law is at TV ``g = tv -
+    rows_tv(tv)`` or more from the rows' law gives another continuation than its row under the same generator with
+    probability >= g per seed (any coupling of two laws differs with probability >= their TV), so M decodes alike
+    miss it with probability <= (1 - g)^M <= 1 - TARGET_POWER."""
+    from properties.stats import TARGET_POWER
+
+    return math.ceil(math.log1p(-TARGET_POWER) / math.log1p(-(tv - rows_tv(tv))))
+
+
+def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, target, draft, prompt, run: dict,
+                                seed: int, tv: float, what: str) -> None:
+    """N rows of ``decode_batch`` (row i with its own generator, seeded ``seed + i``) follow the case's law at power
+    0.99 against TV ``rows_tv(tv)``; then ``decode`` with the same generators gives the first M rows' continuations
+    token for token (:func:`decodes_alike`). A law of ``decode`` at TV >= ``tv`` from the exact one is either at TV >=
+    ``rows_tv(tv)`` in the rows (the chi-square's power) or at TV >= ``tv - rows_tv(tv)`` from them (the comparison's):
+    missed with probability <= 1 - TARGET_POWER either way."""
+    from .check_helpers import decode_batch
+
+    spec = SEQUENCE_CASES[case]
+    row_tv = rows_tv(tv)
+    n = math.ceil(sequence_samples(case, row_tv) * ctx.sample_scale)
+
+    def requests(rows):
+        return [Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
+                        eos_ids=run["eos_id"], generator=torch.Generator().manual_seed(seed + i)) for i in rows]
+
+    def draw(_, index, size):
+        rows = range(index * size, (index + 1) * size)
+        results = decode_batch(backend, target, draft, requests(rows), k=spec.k, where=f"case {case}, rows {rows[0]}..")
+        return [tuple(r.tokens) for r in results]
+
+    outputs = streams.draws(ctx.streams, ("sequence-rows", case, seed), n, start=lambda: None, draw=draw,
+                            chunk=SEQUENCE_ROWS_BATCH)
+    alike = min(decodes_alike(tv), len(outputs))
     assert_continuations_follow(
-        cells, outputs, ctx, what=f"continuations of length {spec.length} of {list(spec.prompt)} on {spec.pair} ({label}, k={spec.k})",
-        tv=tv, seed=seed, sensitive_to=spec.sensitive_to,
+        cells, outputs, ctx, tv=row_tv, seed=seed, sensitive_to=spec.sensitive_to,
+        what=f"{what}; rows of decode_batch, each its own generator (decode() must give the same continuation for the "
+        f"first {alike} generators)",
     )
+    checked = streams.memo(ctx.streams, ("sequence-decodes", case, seed))
+    for i in range(alike):
+        if i in checked:
+            continue
+        got = tuple(_decode(backend, target, draft, prompt, generator=torch.Generator().manual_seed(seed + i), **run).tokens)
+        assert got == outputs[i], (
+            f"decode() and decode_batch() differ for the same generator (seed {seed + i}; {what}):\n"
+            f"  decode():             {list(got)}\n  decode_batch() row {i}: {list(outputs[i])}\n"
+            "the contract: decode is decode_batch's one-request case, and a seeded row is bit-identical alone or in any "
+            f"batch\n  replay: {ctx.replay}"
+        )
+        checked[i] = True
 
 
 @check(

@@ -337,11 +337,20 @@ MUTANTS = {
 OLDER_CASES = ("position", "temperature", "ties", "eos")
 
 
+def _decodes_only(backend):
+    """The backend without its ``batched_decoder`` claim: ``decoder_sequence_law`` then draws one ``decode`` per sample."""
+    import dataclasses
+
+    backend.capabilities = dataclasses.replace(backend.capabilities, batched_decoder=False)
+    return backend
+
+
 @pytest.mark.parametrize("name", list(MUTANTS))
 def test_decoder_mutant_fails_the_sequence_law(name):
+    """Drawn one ``decode`` per sample (the path of a backend without ``batched_decoder``), the case's law rejects it."""
     make, case = MUTANTS[name]
     profile = "ci" if name in ("draft_temperature_mismatch", "greedy_fallback_at_position_limit") else "dev"
-    record = run_case(_case(case), make(), CheckContext(profile=profile))
+    record = run_case(_case(case), _decodes_only(make()), CheckContext(profile=profile))
     if name == "draft_only_rollback" and record.status == "error":
         # the target never rolls back, so its cache runs past the exact model's 7 positions: a named error
         assert "exceed the model's max positions" in record.message, record.message[:2000]
@@ -355,6 +364,40 @@ def test_decoder_mutant_fails_the_sequence_law(name):
     (stat,) = [r for r in record.statistics + record.interim_statistics if not r["passed"]]
     assert stat["p_value"] < ALPHA and "continuations of length" in record.message
     assert "this case is sensitive to" in record.message
+
+
+@pytest.mark.parametrize("name", list(MUTANTS))
+def test_decoder_mutant_claiming_batched_decoder_is_rejected_by_the_rows_or_by_decode_alike(name):
+    """With ``batched_decoder`` claimed, the case tests rows of ``decode_batch`` and then ``decode`` against them seed
+    for seed: every mutant is rejected, by the rows' law (its bug is in the batched path too), by ``decode`` differing
+    from its rows (the bug is in the one-request path only, as for the mutants overriding ``decode``), or by a named
+    error of its batched path."""
+    make, case = MUTANTS[name]
+    profile = "ci" if name in ("draft_temperature_mismatch", "greedy_fallback_at_position_limit") else "dev"
+    record = run_case(_case(case), make(), CheckContext(profile=profile))
+    assert record.status in ("failed", "error"), (name, record.status, record.message[:2000])
+    if record.status == "error":
+        assert record.error_source == "backend" and "decode_batch()" in record.message, record.message[:2000]
+        return
+    failed = [r for r in record.statistics + record.interim_statistics if not r["passed"]]
+    by_law = len(failed) == 1 and failed[0]["p_value"] < ALPHA and "rows of decode_batch" in record.message
+    by_alike = not failed and ("decode() and decode_batch() differ" in record.message or "EOS emitted at" in record.message)
+    # a mutant cache that runs one request at a time: the batched claim is not honoured (NotSupportedError), a failure
+    unhonoured = not failed and "but raised NotSupportedError" in record.message
+    assert by_law or by_alike or unhonoured, record.message[:2000]
+
+
+def test_decodes_alike_keep_the_stated_power_against_the_case_tv():
+    """M = decodes_alike(tv): a decode law at TV >= tv - rows_tv(tv) from its rows escapes M seeds w.p. <= 1 - 0.99;
+    the rows' N has power 0.99 at rows_tv(tv); so every decode law at TV >= tv is caught w.p. >= 0.99."""
+    from conformance.decoder_checks import decodes_alike, rows_tv
+
+    m = decodes_alike(SEQUENCE_TV)
+    gap = SEQUENCE_TV - rows_tv(SEQUENCE_TV)
+    assert (1 - gap) ** m <= 1 - TARGET_POWER < (1 - gap) ** (m - 1)
+    assert m == 305 and math.isclose(rows_tv(SEQUENCE_TV), 0.03)
+    for case in SEQUENCE_CASES:  # the rows' N is the one computed for their TV (power 0.99 at alpha 1e-6)
+        assert sequence_samples(case, rows_tv(SEQUENCE_TV)) > m
 
 
 def test_the_older_cases_let_the_position_limit_mutant_through():
