@@ -74,6 +74,8 @@ def add_checks_arguments(p: argparse.ArgumentParser) -> None:
         help="torch intra-op threads (default 1, as each pytest-xdist worker; CPU seconds count every thread)",
     )
     p.add_argument("--groups-only", action="store_true", help="print only the per-group table")
+    p.add_argument("--top", type=int, default=None, metavar="N",
+                   help="print only the N costliest cases (by CPU seconds, largest first) and their share of the total")
 
 
 def run_checks(args: argparse.Namespace) -> list[dict]:
@@ -250,7 +252,30 @@ def checks_header(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def top_rows(rows: list[dict], n: int) -> list[dict]:
+    """The ``n`` costliest cases by CPU seconds, largest first, each with its share of the selection's CPU total."""
+    total = sum(r["cpu_s"] for r in rows) or 1.0
+    ranked = sorted(rows, key=lambda r: r["cpu_s"], reverse=True)[:n]
+    running = 0.0
+    out = []
+    for r in ranked:
+        running += r["cpu_s"]
+        out.append(dict(r, cpu_share=r["cpu_s"] / total, cumulative_share=running / total))
+    return out
+
+
+TOP_COLUMNS = [
+    *columns(id="case", status="status"),
+    *columns(fmt_float(2), cpu_s="cpu s", wall_s="wall s"),
+    *columns(fmt_float(3), cpu_share="share", cumulative_share="cumulative"),
+]
+
+
 def print_checks(args: argparse.Namespace, rows: list[dict], out) -> None:
+    if getattr(args, "top", None):
+        print(f"the {args.top} costliest cases of {len(rows)} ({sum(r['cpu_s'] for r in rows):.1f} CPU s in all):", file=out)
+        print(format_table(top_rows(rows, args.top), TOP_COLUMNS), file=out)
+        return
     if not args.groups_only:
         print(format_table(rows, CHECK_COLUMNS), file=out)
         print(file=out)

@@ -118,6 +118,20 @@ def test_checks_rows_groups_and_json(tmp_path):
     assert "pytest -n 2" in text
 
 
+def test_checks_top_lists_the_costliest_cases_first():
+    """``checks --top N``: the N costliest cases by CPU seconds, largest first, with their share of the total."""
+    from bench.checks import top_rows
+
+    rows = [dict(id=f"c{i}", status="passed", cpu_s=float(s), wall_s=float(s)) for i, s in enumerate((1, 5, 3, 1))]
+    top = top_rows(rows, 2)
+    assert [r["id"] for r in top] == ["c1", "c2"]
+    assert top[0]["cpu_share"] == pytest.approx(0.5) and top[1]["cumulative_share"] == pytest.approx(0.8)
+    status, text = _run(["checks", "--profile", "dev", "--names", "structure_greedy", "sampling_seeded_reproducible",
+                         "--top", "1"])
+    assert status == 0, text
+    assert "the 1 costliest cases of 2" in text and "cumulative" in text
+
+
 def test_unknown_check_name_is_a_clear_error():
     with pytest.raises(SystemExit, match="unknown check name"):
         _run(["checks", "--names", "no_such_check"])
