@@ -102,7 +102,9 @@ def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new:
         target, draft = model_pair(arch, family, kw.get("noise", 0.0), dtype)
         for prompt in prompts(ctx.seed_for("greedy", arch), 4):
             key = (repr(getattr(target, "specdec_recipe", id(target))), dtype, tuple(prompt[0].tolist()))
-            ar = ar_of.get(key) or ar_of.setdefault(key, autoregressive_decode(target, prompt, max_new_tokens=max_new))
+            if key not in ar_of:
+                ar_of[key] = autoregressive_decode(target, prompt, max_new_tokens=max_new)
+            ar = ar_of[key]
             for k in (1, 2, 4, 8):
                 spec = _decode(backend, target, draft, prompt, k=k, max_new_tokens=max_new, sampling=GREEDY)
                 runs += 1
