@@ -433,6 +433,8 @@ def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, ta
     token for token (:func:`decodes_alike`). A law of ``decode`` at TV >= ``tv`` from the exact one is either at TV >=
     ``rows_tv(tv)`` in the rows (the chi-square's power) or at TV >= ``tv - rows_tv(tv)`` from them (the comparison's):
     missed with probability <= 1 - TARGET_POWER either way."""
+    from properties.stats import TARGET_POWER
+
     from .check_helpers import decode_batch
 
     spec = SEQUENCE_CASES[case]
@@ -454,7 +456,7 @@ def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, ta
     assert_continuations_follow(
         cells, outputs, ctx, tv=row_tv, seed=seed, sensitive_to=spec.sensitive_to,
         what=f"{what}; rows of decode_batch, each its own generator (decode() must give the same continuation for the "
-        f"first {alike} generators)",
+        f"first {alike} generators; the two together: power {TARGET_POWER} against every decode() law at TV >= {tv:g})",
     )
     checked = streams.memo(ctx.streams, ("sequence-decodes", case, seed))
     for i in range(alike):
