@@ -16,6 +16,7 @@ collection (:class:`EngineMissingError` naming the build command), never a skip.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -180,8 +181,11 @@ def _speculative(paths, pair, *extra):
     exe = lc.engine_home() / "bin" / "llama-speculative"
     assert exe.exists(), f"{exe} missing: rebuild with {lc.INSTALL}"
     t, d = pair
+    # GGML_NO_BACKTRACE: on an abort ggml would otherwise attach gdb (where installed) to print a backtrace
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
     r = subprocess.run([str(exe), "-m", str(paths[(t, "eos")]), "-md", str(paths[(d, "eos")]), "-p", "t0", "-n", "64",
-                        "-c", "256", "-t", "1", "--temp", "1.0", *extra], capture_output=True, text=True, timeout=120)
+                        "-c", "256", "-t", "1", "--temp", "1.0", *extra], capture_output=True, text=True, timeout=120,
+                       env=env)
     return r.returncode, r.stdout + r.stderr
 
 
@@ -190,9 +194,14 @@ def test_finding_llama_speculative_aborts_with_branching_drafts(paths):
     drafting branches (``-np 4``) on the order-2 pair it aborts, ``GGML_ASSERT(logits != nullptr)`` in
     common/sampling.cpp after ``split_equal: sequential split is not supported when there are coupled sequences``;
     one branch runs. (The ``std::out_of_range`` abort recorded earlier is not reproduced with these GGUF files: a
-    text prompt the minimal vocabulary cannot encode gives 0 prompt tokens and the example goes on.)"""
+    text prompt the minimal vocabulary cannot encode gives 0 prompt tokens and the example goes on.)
+
+    What is asserted is what the process itself guarantees: SIGABRT and the assertion ggml writes to stderr before
+    aborting. The ``split_equal`` line goes through llama.cpp's log thread, whose queue an abort can cut before it is
+    printed (a CI run on a loaded machine failed on its absence), so it is reported, not required."""
     rc, out = _speculative(paths, ("order2-target", "order2-draft"), "--seed", "2", "-np", "4")
-    assert rc != 0 and "GGML_ASSERT(logits != nullptr)" in out and "split_equal" in out, (rc, out[-600:])
+    assert rc in (-6, 134) and "GGML_ASSERT(logits != nullptr)" in out, (rc, out[-600:])
+    print("llama-speculative -np 4:", "split_equal logged" if "split_equal" in out else "split_equal lost with the abort")
     rc1, out1 = _speculative(paths, ("order2-target", "order2-draft"), "--seed", "2")
     assert rc1 == 0 and "n_accept" in out1, (rc1, out1[-600:])
 
