@@ -39,20 +39,28 @@ from typing import Callable, Sequence
 import torch
 
 from .cache import ModelCache
-from .contract import DecodeResult, NotSupportedError, Request, RoundHook, RoundRecord
+from .contract import PAD_TOKEN, DecodeResult, NotSupportedError, Request, RoundHook, RoundRecord
 from .forward import as_prompt
+from .draws import choose_rows, row_generators as _row_generators
 from .history import SamplingState, constant, warp_rows
 from .models import model_dims
+from .proposers import Proposer, is_model, open_proposer, proposer_kind
 from .row_cache import RowCaches
 from .static_cache import fastest_cache
-from .verify import BlockVerifier, sample_from_weights, verify_block
+from .verify import BlockVerifier, verify_block
 from .warp import GREEDY, SamplingConfig
 
 def _shared_limits(target, draft) -> tuple[int, int]:
-    """``(V, max positions)`` of a target (and draft, ValueError on a vocabulary mismatch); 0 positions: unbounded."""
+    """``(V, max positions)`` of a target (and draft, ValueError on a vocabulary mismatch); 0 positions: unbounded.
+    ``draft`` may be any proposer spec (:mod:`specdec_ref.proposers`): a head checks its own vocabulary."""
     dims = model_dims(target)
     vocab, max_pos = dims["vocab_size"], dims["max_positions"]
-    if draft is not None:
+    if draft is not None and not is_model(draft):
+        proposer_kind(draft)  # ValueError naming what a draft may be
+        check = getattr(draft, "check_target", None)
+        if check is not None:
+            check(target)
+    elif draft is not None:
         draft_vocab = model_dims(draft)["vocab_size"]
         if draft_vocab != vocab:
             raise ValueError(f"vocabulary mismatch: target has V={vocab}, draft has V={draft_vocab}")
@@ -79,11 +87,6 @@ def _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, samp
             f"max positions {max_pos} (+1 for the last token, which is never fed)"
         )
     return prompt
-
-
-def _choose(probs: torch.Tensor, sampling: SamplingConfig, generator) -> torch.Tensor:
-    """Token per row of ``probs[..., V]``: argmax for greedy, a sample otherwise."""
-    return probs.argmax(-1) if sampling.greedy else sample_from_weights(probs, generator)
 
 
 def open_caches(make_cache, make_draft_cache, target, draft, prompt: torch.Tensor, needed: int, result: DecodeResult):
@@ -216,30 +219,21 @@ def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Ba
     return batch
 
 
-def _row_generators(gens: list, rows: Sequence[int] | None = None):
-    """The ``generator`` argument for the live rows: the generator itself for one row, else a per-row list."""
-    live = gens if rows is None else [gens[i] for i in rows]
-    return live[0] if len(live) == 1 else list(live)
 
 
-def choose_rows(probs: torch.Tensor, configs: Sequence[SamplingConfig], generator) -> torch.Tensor:
-    """Token per row of ``probs [B, V]``: argmax for greedy rows, a sample (from the row's generator) otherwise."""
-    greedy = [c.greedy for c in configs]
-    if all(greedy):
-        return probs.argmax(-1)
-    sampled = sample_from_weights(probs, generator)
-    if not any(greedy):
-        return sampled
-    mask = constant(tuple(greedy), torch.bool, probs.device)
-    return torch.where(mask, probs.argmax(-1), sampled)
-
-
-def _open_row_caches(make_cache, model, batch: _Batch, extra: int, tokens: Sequence[list[int]]) -> tuple[RowCaches, bool]:
+def _open_row_caches(make_cache, model, batch: _Batch, extra: int, tokens: Sequence[list[int]],
+                     capture: tuple = ()) -> tuple[RowCaches, bool]:
     """A cache of the batch's rows with every prompt but its last token written; ``tokens``: the prompts as host lists
-    (already read for the sampling state: rows with the same prompt share its prefill without another read)."""
+    (already read for the sampling state: rows with the same prompt share its prefill without another read).
+    ``capture``: the hidden states a proposer reads (the cache keeps them from every forward, the prefill's too)."""
     needed = max(p.shape[1] + n for p, n in zip(batch.prompts, batch.max_new)) + extra
     limit = model_dims(model)["max_positions"] or needed
     cache = RowCaches(make_cache(model, batch_size=len(batch), check_ids=False, max_length=min(needed, limit)))
+    if capture:
+        if not hasattr(cache.cache, "features"):
+            raise NotSupportedError(f"a proposer reading the target's hidden states needs the lean forward (llama / "
+                                    f"qwen2), not {type(cache.cache).__name__}")
+        cache.cache.capture = tuple(capture)
     return cache, cache.prefill(batch.prompts, tokens)
 
 
@@ -370,6 +364,31 @@ class SpeculativeDecoder:
             qs = torch.where(mask, torch.nn.functional.one_hot(drafts, vocab).to(qs.dtype), qs)
         return self.verifier(drafts, qs, rows, generator=generator, validate=False)
 
+    def judge_counts(self, drafts: torch.Tensor, qs, rows: torch.Tensor, configs, generators: list, counts):
+        """:meth:`judge` for proposals of per-row lengths (``counts``; None: every row proposed all ``k``). ``qs=None``
+        marks one-hot drafts (judged against ``q = one_hot(d)``). Rows are judged in groups of equal length, each row on
+        its own drafts and target rows ``0..count`` (so a short proposal gets its bonus from its own last row); a row
+        that proposed nothing samples from row 0. Returns ``m [B]`` and ``tokens [B, k + 1]`` (``PAD_TOKEN`` after)."""
+        k = drafts.shape[1]
+        if qs is None and not all(c.greedy for c in configs):
+            qs = torch.nn.functional.one_hot(drafts, rows.shape[-1]).to(rows.dtype)
+        if counts is None or all(c == k for c in counts):
+            return self.judge(drafts, qs, rows, configs, self.row_generators(generators))
+        m = torch.zeros(len(counts), dtype=torch.long, device=drafts.device)
+        tokens = torch.full((len(counts), k + 1), PAD_TOKEN, dtype=torch.long, device=drafts.device)
+        for c in sorted(set(counts)):
+            idx = [b for b, n in enumerate(counts) if n == c]
+            sel = torch.tensor(idx, dtype=torch.long, device=drafts.device)
+            part = [configs[b] for b in idx]
+            gen = _row_generators(generators, idx)
+            if c == 0:
+                tokens[sel, 0] = choose_rows(rows[sel, 0], part, gen)
+                continue
+            sub_m, sub_tokens = self.judge(drafts[sel, :c], None if qs is None else qs[sel, :c], rows[sel, :c + 1], part, gen)
+            m[sel] = sub_m
+            tokens[sel, :c + 1] = sub_tokens
+        return m, tokens
+
     def repair(self, target_cache: RowCaches, draft_cache: RowCaches, drafts: torch.Tensor, new_lens: list[int],
                fed_all: list[bool]) -> int:
         """Make both caches hold exactly each row's committed tokens minus its new pending one (``new_lens``);
@@ -378,7 +397,10 @@ class SpeculativeDecoder:
         return self.repair_draft(draft_cache, drafts, new_lens, fed_all)
 
     def repair_draft(self, draft_cache: RowCaches, drafts: torch.Tensor, new_lens: list[int], fed_all: list[bool]) -> int:
-        """The draft's half of :meth:`repair`: feed ``d_k`` to the rows that accepted every draft, then roll back."""
+        """The draft's half of :meth:`repair`: feed ``d_k`` to the rows that accepted every draft, then roll back
+        (a proposer other than a draft model rolls its own state back: :meth:`Proposer.repair`)."""
+        if isinstance(draft_cache, Proposer):
+            return draft_cache.repair(drafts, new_lens, fed_all)
         calls = 0
         if any(fed_all):
             draft_cache.feed(drafts[:, -1:], advance=fed_all)
@@ -442,10 +464,13 @@ class SpeculativeDecoder:
         vocab = model_dims(target)["vocab_size"]
         tokens = [p[0].tolist() for p in sub.prompts]
         state = self.sampling_state(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
-        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, tokens)
-        draft_cache, _ = _open_row_caches(self.make_draft_cache, draft, sub, k, tokens)
-        limit = min(c.cache.max_positions or 1 << 30 for c in (target_cache, draft_cache))
-        calls = {"target": int(fed), "draft": int(fed)}
+        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, tokens, getattr(draft, "target_capture", ()))
+        proposer = open_proposer(self, target, draft, sub, k, tokens, target_cache,
+                                 lambda make, model: _open_row_caches(make, model, sub, k, tokens))
+        # the draft model's own cache where there is one (the repair steps and on_round take it), else the proposer
+        draft_cache = getattr(proposer, "cache", proposer)
+        limit = min(target_cache.cache.max_positions or 1 << 30, proposer.max_positions or 1 << 30)
+        calls = {"target": int(fed), "draft": int(fed) if proposer.kind == "draft_model" else 0}
         committed = [p.shape[1] for p in sub.prompts]
         pending = torch.cat([p[:, -1:] for p in sub.prompts])
         now = clock()
@@ -455,11 +480,11 @@ class SpeculativeDecoder:
         while live:
             round_seconds.update(draft=0.0, verify=0.0, repair=0.0, other=0.0)
             starts = list(committed)
-            k_round = self.draft_room(k, limit, starts)
+            k_round = self.draft_room(k, limit, starts) if proposer.ready() else 0
             generator = self.row_generators(sub.generators)
-            if k_round == 0:  # no room for drafts: a plain target step
-                draft_cache.feed(pending)
-                calls["draft"] += 1
+            counts = None
+            if k_round == 0:  # no room for drafts (or a head before its first target forward): a plain target step
+                calls["draft"] += proposer.plain_step(pending)
                 now = clock()
                 round_seconds["draft"] = now - tick
                 tick = now
@@ -468,14 +493,16 @@ class SpeculativeDecoder:
                 tokens = choose_rows(rows[:, -1], sub.configs, generator)[:, None]
                 m = torch.zeros_like(tokens[:, 0])
             else:
-                drafts, qs = self.propose(draft_cache, pending, k_round, sub.configs, state, generator)
-                calls["draft"] += k_round
+                drafts, qs, counts, spent = proposer.propose(pending, k_round, sub.configs, state, generator)
+                calls["draft"] += spent
                 now = clock()
                 round_seconds["draft"] = now - tick
                 tick = now
                 logits = target_cache.feed(torch.cat([pending, drafts], 1))
                 rows = self.target_rows(logits, sub.configs, state, drafts)
-                m, tokens = self.judge(drafts, qs, rows, sub.configs, generator)
+                m, tokens = self.judge_counts(drafts, qs, rows, sub.configs, sub.generators, counts)
+            if proposer.target_capture:
+                proposer.observe(target_cache.cache.features(), [s - 1 for s in starts])
             calls["target"] += 1
             flat = torch.cat([m[:, None], tokens], 1).tolist()  # the one host sync of the round
             now = clock()
@@ -493,6 +520,7 @@ class SpeculativeDecoder:
                 committed[j] += len(emitted)
                 new_lens.append(starts[j] + kept - 1)
                 fed_all.append(k_round > 0 and kept == k_round + 1)
+                proposer.commit_tokens(j, emitted)
                 emitted_counts.append(len(emitted))
                 done.append(self.finished(len(res.tokens), sub.max_new[j], hit_eos))
                 finals.append((accepted, len(emitted), hit_eos))
@@ -507,7 +535,8 @@ class SpeculativeDecoder:
                 res = results[i]
                 res.target_calls, res.draft_calls = calls["target"], calls["draft"]
                 accepted, n_emitted, hit_eos = finals[j]
-                end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j], proposed=k_round,
+                end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j],
+                          proposed=k_round if counts is None else counts[j],
                           accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i,
                           seconds=round_seconds)
             stay = self.leave(live, done)
@@ -518,7 +547,7 @@ class SpeculativeDecoder:
                 committed = [committed[j] for j in stay]
                 state.select(stay)
                 target_cache.select(stay)
-                draft_cache.select(stay)
+                proposer.select(stay)
                 pending = pending[stay] if stay else pending[:0]
             now = clock()
             round_seconds["other"] = now - tick  # bookkeeping, on_round and rows leaving: after on_round saw the record

@@ -77,18 +77,20 @@ class RowCaches:
         """Row ``b`` as a one-row cache (the wrapped cache itself when ``B == 1``)."""
         return self.cache if self.scalar else RowView(self, b)
 
-    def feed(self, ids: torch.Tensor, advance: Sequence[bool] | None = None) -> torch.Tensor:
+    def feed(self, ids: torch.Tensor, advance: Sequence[bool] | None = None, *, embeds: torch.Tensor | None = None,
+             head: bool = True) -> torch.Tensor:
         """Row ``b`` of ``ids [B, n]`` at its own next slots; rows with ``advance[b]`` False do not grow.
-        Float32 logits ``[B, n, V]``."""
+        Float32 logits ``[B, n, V]``. ``embeds [B, n, H]`` replaces the token embeddings and ``head=False`` returns the
+        last residual stream instead of logits (a drafter's decoder layers, ``StaticModelCache.feed_embeds``)."""
         n = ids.shape[1]
         if self.scalar:
             if advance is not None and not advance[0]:
                 return None
-            logits = self.cache.feed(ids)
+            logits = self.cache.feed(ids) if embeds is None else self.cache.feed_embeds(ids, embeds, head=head)
             self.tentative = [self.cache.tentative_length]
             return logits
         starts = torch.tensor(self.tentative, dtype=torch.long, device=ids.device)
-        logits = self.cache.ragged_forward(ids, starts, max(self.tentative) + n)
+        logits = self.cache.ragged_forward(ids, starts, max(self.tentative) + n, embeds=embeds, head=head)
         self.tentative = [t + n if (advance is None or advance[b]) else t for b, t in enumerate(self.tentative)]
         return logits
 
@@ -116,7 +118,10 @@ class RowCaches:
         ids = torch.tensor([list(h) + [0] * (longest - len(h)) for h in distinct], dtype=torch.long, device=prompts[0].device)
         self.cache.ragged_forward(ids, torch.zeros(len(distinct), dtype=torch.long, device=ids.device), longest)
         if len(distinct) < len(prompts):
-            self.cache.select_rows(torch.tensor(inverse, dtype=torch.long, device=self.cache.device))
+            rows = torch.tensor(inverse, dtype=torch.long, device=self.cache.device)
+            self.cache.select_rows(rows)
+            if self.cache.captured:  # the hidden states a proposer reads, per row like the K/V
+                self.cache.captured = {layer: x.index_select(0, rows) for layer, x in self.cache.captured.items()}
         self.tentative = list(lengths)
         self.commit(lengths)
         return True

@@ -48,9 +48,11 @@ from specdec_ref.cache import ATOL, RTOL, ModelCache
 from specdec_ref.dims import instance_dict
 from specdec_ref.forward import WeightsWatch
 
-__all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "ATOL", "RTOL"]
+__all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "FINAL", "ATOL", "RTOL"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+#: The :attr:`StaticModelCache.capture` key of the last hidden state after the model's final norm.
+FINAL = "final"
 
 
 def _text_config(model):
@@ -171,6 +173,10 @@ class StaticModelCache(ModelCache):
         ValueError: unsupported architecture (``"StaticModelCache supports llama and qwen2 configs, got ..."``)
             or bad ``max_length``.
     """
+
+    #: Hidden states every forward keeps in :attr:`captured` (layer numbers, :data:`FINAL`); empty: none.
+    capture: tuple = ()
+    captured: dict = {}
 
     def __init__(self, model: nn.Module, *, batch_size: int = 1, check_ids: bool = True, max_length: int | None = None):
         reason = _support_reason(model)
@@ -335,10 +341,12 @@ class StaticModelCache(ModelCache):
         return self._lean_layers(ids, start, cos, sin, mask, causal=False)
 
     # ------------------------------------------------------------------ ragged rows (specdec_ref.row_cache)
-    def ragged_forward(self, ids: torch.Tensor, starts: torch.Tensor, end: int) -> torch.Tensor:
+    def ragged_forward(self, ids: torch.Tensor, starts: torch.Tensor, end: int, *, embeds: torch.Tensor | None = None,
+                       head: bool = True) -> torch.Tensor:
         """Row ``b`` of ``ids [B, n]`` written at slots ``starts[b] .. starts[b] + n - 1`` with those position ids,
         each query seeing its own row's slots up to itself; ``end >= max(starts) + n`` (a Python int) bounds the
-        slots read. Lengths are the caller's (:class:`specdec_ref.row_cache.RowCaches`); float32 logits ``[B, n, V]``."""
+        slots read. Lengths are the caller's (:class:`specdec_ref.row_cache.RowCaches`); float32 logits ``[B, n, V]``
+        (``embeds`` / ``head=False``: see :meth:`_lean_layers`)."""
         n = ids.shape[1]
         if end > self.max_length:
             raise ValueError(f"ragged feed reaches slot {end - 1}, beyond max_length {self.max_length}")
@@ -346,8 +354,23 @@ class StaticModelCache(ModelCache):
         mask = (torch.arange(end, device=self.device) <= slots.unsqueeze(-1)).unsqueeze(1)  # [B, 1, n, end]
         with torch.inference_mode():
             logits = self._lean_layers(ids, 0, self._cos[0][slots], self._sin[0][slots], mask,
-                                       causal=False, slots=slots, end=end)
+                                       causal=False, slots=slots, end=end, embeds=embeds, head=head)
         return logits.float() if logits.dtype != torch.float32 else logits.clone()
+
+    def feed_embeds(self, ids: torch.Tensor, embeds: torch.Tensor, *, head: bool = False) -> torch.Tensor:
+        """:meth:`feed` with the inputs ``embeds [B, n, H]`` in place of the token embeddings (``ids [B, n]`` gives the
+        shape; a drafter's decoder layers fed their own inputs); ``head=False`` returns the residual stream after the
+        last layer (float32), else the logits."""
+        ids = self._validate_ids(ids)
+        n = ids.shape[1]
+        start = self._feed_start()
+        cos, sin = self._cos[:, start:start + n], self._sin[:, start:start + n]
+        mask = None if n == 1 or start == 0 else self._causal[start:start + n, :start + n]
+        with torch.inference_mode():
+            out = self._lean_layers(ids, start, cos, sin, mask, causal=n > 1 and start == 0,
+                                    embeds=embeds.to(self.dtype), head=head)
+        self._after_feed(n)
+        return out.float() if out.dtype != torch.float32 else out.clone()
 
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only batch rows ``rows`` (Long, in that order): the buffers are re-gathered and ``batch_size`` shrinks."""
@@ -379,9 +402,13 @@ class StaticModelCache(ModelCache):
         causal = n > 1 and start == 0
         return self._lean_layers(ids, start, cos, sin, mask, causal=causal)
 
-    def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool, slots=None, end=None) -> torch.Tensor:
+    def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool, slots=None, end=None,
+                     embeds: torch.Tensor | None = None, head: bool = True) -> torch.Tensor:
         """The layer stack: writes K/V at slots ``start .. start + n - 1`` (or per row at ``slots [B, n]``), attends
-        over ``[:end]`` (default ``start + n``) with ``mask``."""
+        over ``[:end]`` (default ``start + n``) with ``mask``. ``embeds [B, n, H]`` replaces the token embedding (a
+        drafter's stack fed its own inputs, ``ids`` then only gives the shape); ``head=False`` returns the residual
+        stream after the last layer instead of the logits. The hidden states named in :attr:`capture` are kept in
+        :attr:`captured` (see :meth:`features`)."""
         b, n = ids.shape
         end = start + n if end is None else end
         rows = None if slots is None else torch.arange(b, device=ids.device).unsqueeze(1)
@@ -389,7 +416,9 @@ class StaticModelCache(ModelCache):
         nqk = nh + nkv
         half = d // 2
         keys, values = self._cache.keys, self._cache.values
-        x = F.embedding(ids, self._embed)
+        capture = self.capture
+        x = F.embedding(ids, self._embed) if embeds is None else embeds
+        captured = {0: x} if 0 in capture else {}
         for i, lay in enumerate(self._layers):
             eps_in, eps_post = self._eps[i]
             h = self._rms(x, lay.in_norm, eps_in)
@@ -411,8 +440,22 @@ class StaticModelCache(ModelCache):
             h = self._rms(x, lay.post_norm, eps_post)
             gate, up = F.linear(h, lay.wgu, lay.bgu).chunk(2, -1)
             x = x + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
+            if i + 1 in capture:
+                captured[i + 1] = x
+        if not head:
+            self.captured = captured
+            return x
         x = self._rms(x, self._final_norm, self._final_eps)
+        if FINAL in capture:
+            captured[FINAL] = x
+        self.captured = captured
         return F.linear(x, self._lm_w, self._lm_b)
+
+    def features(self) -> dict:
+        """The hidden states named in :attr:`capture` from the last forward, ``{layer: Float[B, n, H]}`` (float32
+        copies): ``0`` the token embeddings, ``l`` the residual stream after layer ``l``, :data:`FINAL` the last one
+        after the final norm (what the lm_head reads)."""
+        return {layer: x.float() if x.dtype != torch.float32 else x.clone() for layer, x in self.captured.items()}
 
 
 def fastest_cache(model: nn.Module, **kwargs) -> ModelCache:

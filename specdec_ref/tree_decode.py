@@ -46,7 +46,8 @@ import torch
 
 from .cache import ModelCache
 from .contract import DecodeResult, RoundHook
-from .decode import _choose, _truncate, _validate_decode_args, end_round, open_caches
+from .decode import _truncate, _validate_decode_args, end_round, open_caches
+from .draws import choose as _choose
 from .models import model_dims
 from .static_cache import fastest_cache
 from .tree import SpecInferTreeVerifier, TreeVerifierBase

@@ -1,0 +1,182 @@
+"""Exact proposal laws of the exactly-known proposers, and the exact acceptance of a round that uses them.
+
+Independent of the reference's proposers (:mod:`specdec_ref.proposers`, :mod:`specdec_ref.heads`): everything is
+float64 numpy on the order-1 tables (:mod:`specdec_ref.exact_models`) and the heads' table descriptions
+(:mod:`specdec_ref.exact_heads`), never their weights or code.
+
+A proposal law answers: at a round that starts from the text ``h`` (prompt and committed tokens, the pending token
+last), after drafts ``d_1 .. d_i-1``, what is the law of ``d_i``? The raw logits come from the tables, the row's
+settings are applied on the hypothetical history ``generated + drafts`` as for a draft model
+(:func:`properties.history_law.history_logits`), then the draft is the argmax of the processed logits (one-hot
+proposers: the law is a point mass) or a sample of the warped law.
+
+* :class:`EagleLaw`: first draft ``alpha T[x] + beta T[y]`` (``x`` the pending token, ``y`` the token before it),
+  then ``L_i = alpha T[d_i-1] + beta L_i-1``;
+* :class:`MedusaLaw`: draft ``i`` (0-based) is head ``i``'s row ``M_i+2[y]``, whatever the earlier drafts;
+* :class:`NgramLaw`: the tokens after the first earlier occurrence of the longest suffix of ``h`` of length in
+  ``[min_n, max_n]`` (vLLM's prompt lookup), point masses; fewer than ``k`` when the text ends sooner, none without a
+  match.
+
+:func:`round_acceptance` gives the law of the accepted count ``m`` of such a round under a declared scheme
+(every draft path enumerated, :func:`properties.exact.outcome_given_drafts`), :func:`round_key` what it depends on
+(so a check computes it once per distinct start).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["EagleLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance", "round_key"]
+
+
+def _target_rows(target_name: str) -> np.ndarray:
+    from specdec_ref.exact_models import exact_model
+
+    m = exact_model(target_name)
+    if m.family != "order1":
+        raise ValueError(f"proposal laws are stated on order-1 targets, not {target_name}")
+    return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class EagleLaw:
+    target: str
+    alpha: float
+    beta: float
+    sample: bool
+    one_hot = property(lambda self: not self.sample)
+    #: the text a round's law depends on: the pending token and the one before it
+    context = 2
+
+    def raw(self, text: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
+        t = _target_rows(self.target)
+        logits = self.alpha * t[text[-1]] + self.beta * t[text[-2]]
+        for d in drafts:
+            logits = self.alpha * t[d] + self.beta * logits
+        return logits
+
+    def count(self, text, k):
+        return k if len(text) >= 2 else 0
+
+
+@dataclass(frozen=True)
+class MedusaLaw:
+    target: str
+    heads: int
+    sample: bool = False
+    one_hot = property(lambda self: not self.sample)
+    context = 2
+
+    def raw(self, text, drafts):
+        from specdec_ref.exact_heads import medusa_table
+
+        return medusa_table(self.target, len(drafts) + 2)[text[-2]]
+
+    def count(self, text, k):
+        return min(k, self.heads) if len(text) >= 2 else 0
+
+
+@dataclass(frozen=True)
+class NgramLaw:
+    min_n: int
+    max_n: int
+    one_hot = True
+    context = None  # the whole text
+
+    def proposal(self, text: Sequence[int], k: int) -> list[int]:
+        """The tokens after the first occurrence of the longest matching suffix (see the module docstring)."""
+        text = list(text)
+        longest = min(self.max_n, len(text) - 1)
+        for n in range(longest, self.min_n - 1, -1):
+            suffix = text[len(text) - n:]
+            hits = [s for s in range(len(text) - n) if text[s:s + n] == suffix]
+            if hits:
+                return text[hits[0] + n:hits[0] + n + k]
+        return []
+
+    def count(self, text, k):
+        return len(self.proposal(text, k))
+
+
+def law_of(spec, target_name: str):
+    """The proposal law of a reference proposer spec built by :mod:`specdec_ref.exact_heads` (or an ``Ngram``)."""
+    kind = getattr(spec, "proposer_kind", None)
+    if kind == "ngram":
+        return NgramLaw(spec.min_n, spec.max_n)
+    table = getattr(spec, "table_spec", None)
+    if table is None:
+        raise ValueError(f"{type(spec).__name__} has no exact proposal law (not built by specdec_ref.exact_heads)")
+    if table[0] == "eagle":
+        return EagleLaw(target_name, table[1], table[2], spec.sample)
+    if table[0] == "medusa":
+        return MedusaLaw(table[1], table[2], spec.sample)
+    raise ValueError(f"unknown exact head {table[0]!r}")
+
+
+def round_key(law, text: Sequence[int], k: int) -> tuple:
+    """What a round's acceptance law depends on: the proposer's context, the pending token (an order-1 target's rows
+    then depend on the drafts only), and the drafts of a one-hot proposer that reads the whole text."""
+    if law.context is None:
+        drafts = tuple(law.proposal(text, k))
+        return (text[-1], drafts)
+    return tuple(text[-law.context:])
+
+
+def _q_rows(law, prompt, generated, prefixes, config, eos_id, k, vocab: int) -> np.ndarray:
+    """``[len(prefixes), V]``: the law of the next draft after each draft prefix."""
+    import torch
+
+    from specdec_ref.warp import warp
+
+    from .history_law import history_logits, history_settings_on
+
+    text = list(prompt) + list(generated)
+    if isinstance(law, NgramLaw):
+        drafts = law.proposal(text, k)
+        rows = np.zeros((len(prefixes), vocab))
+        for i, p in enumerate(prefixes):
+            if len(p) < len(drafts):  # the row after the whole path judges nothing
+                rows[i, drafts[len(p)]] = 1.0
+        return rows
+    raw = np.stack([law.raw(text, p) for p in prefixes])
+    if history_settings_on(config):
+        raw = history_logits(raw, config, list(prompt), [tuple(generated) + tuple(p) for p in prefixes], eos_id)
+    if law.one_hot or config.greedy:
+        return np.eye(raw.shape[-1])[raw.argmax(-1)]
+    return warp(torch.from_numpy(raw), config, dtype=torch.float64).numpy()
+
+
+def round_acceptance(target, law, prompt: Sequence[int], generated: Sequence[int], config, k: int, scheme, *,
+                     eos_id=None) -> np.ndarray:
+    """Law ``[count + 1]`` of the accepted drafts of one round of ``scheme`` from ``prompt + generated`` with at most
+    ``k`` drafts from ``law`` (``count`` = the drafts it proposes there; an exactly-known ``target`` model)."""
+    from .exact import outcome_given_drafts
+    from .sequences import next_token_law
+
+    text = list(prompt) + list(generated)
+    count = law.count(text, k)
+    if count == 0:
+        return np.ones(1)
+    vocab = target.vocab
+    if law.one_hot or config.greedy:
+        path, prefix = [], ()
+        for _ in range(count):  # the single draft path
+            q = _q_rows(law, prompt, generated, [prefix], config, eos_id, count, target.vocab)[0]
+            path.append(int(q.argmax()))
+            prefix = tuple(path)
+        paths = np.array([path], dtype=np.int64)
+    else:
+        paths = np.array(list(itertools.product(range(vocab), repeat=count)), dtype=np.int64)
+    prefixes = sorted({tuple(int(t) for t in path[:i]) for path in paths for i in range(count + 1)})
+    index = {p: i for i, p in enumerate(prefixes)}
+    p_law = next_token_law(target, list(prompt), [tuple(generated) + p for p in prefixes], config, eos_id=eos_id).numpy()
+    q_law = _q_rows(law, prompt, generated, prefixes, config, eos_id, count, vocab)
+    rows = np.array([[index[tuple(int(t) for t in path[:i])] for i in range(count + 1)] for path in paths])
+    p, q = p_law[rows], q_law[rows[:, :count]]
+    weight = np.prod(q[np.arange(len(paths))[:, None], np.arange(count)[None, :], paths], 1)
+    keep = weight > 0
+    stop, _ = outcome_given_drafts(scheme, p[keep], q[keep], paths[keep])
+    return weight[keep] @ stop

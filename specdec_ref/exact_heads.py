@@ -1,0 +1,106 @@
+"""Exactly-known proposer heads on the order-1 targets: their proposals are small tables of what they read.
+
+The order-1 targets (:mod:`specdec_ref.exact_models`) have hidden size 16 and a final hidden state ``4 e_t`` at a
+position holding token ``t`` (before and after the final norm: its mean square is exactly 1), and their lm_head maps
+``4 e_t`` to the table row ``T[t]``. A head built here reads those features through dyadic weights, so its float32
+logits are the table expressions below bit for bit (and :mod:`properties.proposals` computes them in float64 from
+the tables alone):
+
+* :func:`exact_eagle_head`: ``fc`` maps ``[4 e_x, f]`` to ``alpha 4 e_x + beta f`` and the decoder layer's outputs are
+  exactly zero (``o_proj``, ``down_proj`` = 0), so with the target's lm_head the first draft after pending ``x`` whose
+  position's predecessor holds ``y`` has logits ``alpha T[x] + beta T[y]``, and step ``i`` chains on the head's own
+  feature: ``L_i = alpha T[d_i-1] + beta L_i-1``. A feature taken one position early reads the token before ``y``; one
+  left from a rejected draft reads that draft: both move the proposals (``tests/test_exact_heads.py`` states by how
+  much).
+* :func:`exact_medusa_heads`: residual blocks exactly zero, head ``i``'s lm_head is ``M_i``, the log of the target's
+  ``i + 2``-step transition law rounded to eighths: from the feature of ``y`` (the token before the pending one) head
+  ``i`` proposes ``argmax M_i[y]``, the likeliest token ``i + 2`` places after ``y``. A head read at the wrong offset
+  proposes another step's token.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .heads import EagleHead, MedusaHeads
+
+__all__ = ["EAGLE_ALPHA", "EAGLE_BETA", "exact_eagle_head", "exact_medusa_heads", "medusa_table", "order1_table"]
+
+#: EAGLE head's mix of the token's own row and the feature's row (dyadic: products stay exact in float32).
+EAGLE_ALPHA = 1.0
+EAGLE_BETA = 0.5
+_HIDDEN = 16
+_VOCAB = 8
+
+
+def order1_table(target_name: str) -> np.ndarray:
+    """``T [8, 8]`` float64: row ``a`` is the order-1 target's logits after token ``a``."""
+    from .exact_models import exact_model
+
+    m = exact_model(target_name)
+    if m.family != "order1" or getattr(m, "logit_offset", 0):
+        raise ValueError(f"exact heads are built on the plain order-1 targets, not {target_name}")
+    return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
+
+
+def _zero_layer_model(target):
+    """A one-layer Llama of the target's shape whose layer outputs are exactly zero (the head's decoder layer: its
+    attention and MLP run, their K/V fill the head's cache, and they add nothing)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(**{k: v for k, v in target.config.to_dict().items() if k in (
+        "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+        "max_position_embeddings", "rms_norm_eps", "rope_theta")})
+    cfg.num_hidden_layers = 1
+    cfg.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        layer = model.model.layers[0]
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+    return model.to(next(target.parameters()).dtype)
+
+
+def exact_eagle_head(target, *, alpha: float = EAGLE_ALPHA, beta: float = EAGLE_BETA, sample: bool = True,
+                     layer: bool = True) -> EagleHead:
+    """The exact EAGLE head on an order-1 target model (module docstring); ``layer=False``: no decoder layer."""
+    hidden = target.get_input_embeddings().weight.shape[1]
+    if hidden != _HIDDEN:
+        raise ValueError(f"exact heads expect an order-1 target (hidden {_HIDDEN}), got hidden {hidden}")
+    dtype = next(target.parameters()).dtype
+    fc = torch.zeros(_HIDDEN, 2 * _HIDDEN, dtype=dtype)
+    eye = torch.eye(_VOCAB, dtype=dtype)
+    fc[:_VOCAB, :_VOCAB] = alpha * eye
+    fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = beta * eye
+    head = EagleHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle")
+    head.table_spec = ("eagle", alpha, beta)
+    return head
+
+
+@functools.lru_cache(maxsize=None)
+def medusa_table(target_name: str, offset: int) -> np.ndarray:
+    """``M [8, 8]``: row ``y`` is the log of the target's untempered ``offset``-step law from ``y``, in eighths within
+    [-8, 8] (exact in float32 and bfloat16)."""
+    t = order1_table(target_name)
+    p = np.exp(t - t.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    law = np.linalg.matrix_power(p, offset)
+    return np.clip(np.round(np.log(np.maximum(law, 1e-300)) * 8) / 8, -8, 8)
+
+
+def exact_medusa_heads(target, target_name: str, heads: int = 3, *, sample: bool = False) -> MedusaHeads:
+    """The exact Medusa heads on an order-1 target model (module docstring): head ``i`` holds
+    :func:`medusa_table` at offset ``i + 2``."""
+    dtype = next(target.parameters()).dtype
+    lm_heads = []
+    for i in range(heads):
+        w = torch.zeros(_VOCAB, _HIDDEN, dtype=dtype)
+        w[:, :_VOCAB] = torch.from_numpy(medusa_table(target_name, i + 2).T / 4).to(dtype)
+        lm_heads.append(w)
+    zero = (torch.zeros(_HIDDEN, _HIDDEN, dtype=dtype), torch.zeros(_HIDDEN, dtype=dtype))
+    spec = MedusaHeads(blocks=[[zero] for _ in range(heads)], lm_heads=lm_heads, sample=sample, name="exact-medusa")
+    spec.table_spec = ("medusa", target_name, heads)
+    return spec
