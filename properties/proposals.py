@@ -10,8 +10,8 @@ settings are applied on the hypothetical history ``generated + drafts`` as for a
 (:func:`properties.history_law.history_logits`), then the draft is the argmax of the processed logits (one-hot
 proposers: the law is a point mass) or a sample of the warped law.
 
-* :class:`EagleLaw`: first draft ``alpha T[x] + beta T[y]`` (``x`` the pending token, ``y`` the token before it),
-  then ``L_i = alpha T[d_i-1] + beta L_i-1``;
+* :class:`EagleLaw`: the head's hidden ``h_1 = alpha 4 e_x + 4 C[y]`` (``x`` the pending token, ``y`` the token
+  before it, ``C`` the head's mixing table), ``h_i = alpha 4 e_d_i-1 + C^T h_i-1``, logits ``h_i / 4 @ T``;
 * :class:`MedusaLaw`: draft ``i`` (0-based) is head ``i``'s row ``M_i+2[y]``, whatever the earlier drafts;
 * :class:`NgramLaw`: the tokens after the first earlier occurrence of the longest suffix of ``h`` of length in
   ``[min_n, max_n]`` (vLLM's prompt lookup), point masses; fewer than ``k`` when the text ends sooner, none without a
@@ -23,6 +23,7 @@ proposers: the law is a point mass) or a sample of the warped law.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Sequence
@@ -32,6 +33,7 @@ import numpy as np
 __all__ = ["EagleLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance", "round_key"]
 
 
+@functools.lru_cache(maxsize=None)
 def _target_rows(target_name: str) -> np.ndarray:
     from specdec_ref.exact_models import exact_model
 
@@ -45,18 +47,24 @@ def _target_rows(target_name: str) -> np.ndarray:
 class EagleLaw:
     target: str
     alpha: float
-    beta: float
     sample: bool
     one_hot = property(lambda self: not self.sample)
     #: the text a round's law depends on: the pending token and the one before it
     context = 2
+    #: the feature the first draft reads: of the token ``feature_back`` places before the pending one (1: the right
+    #: one; a mutant's law in tests moves it)
+    feature_back: int = 1
 
     def raw(self, text: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
-        t = _target_rows(self.target)
-        logits = self.alpha * t[text[-1]] + self.beta * t[text[-2]]
+        """``h / 4 @ T`` for the head's hidden ``h`` (in units of ``e_t``): ``h_1 = alpha 4 e_x + 4 C[y]``, then
+        ``h_i = alpha 4 e_d + C^T h_i-1``."""
+        from specdec_ref.exact_heads import eagle_mix
+
+        t, c = _target_rows(self.target), eagle_mix(self.target)
+        h = self.alpha * 4 * np.eye(len(t))[text[-1]] + 4 * c[text[-1 - self.feature_back]]
         for d in drafts:
-            logits = self.alpha * t[d] + self.beta * logits
-        return logits
+            h = self.alpha * 4 * np.eye(len(t))[d] + c.T @ h
+        return h / 4 @ t
 
     def count(self, text, k):
         return k if len(text) >= 2 else 0
@@ -110,7 +118,7 @@ def law_of(spec, target_name: str):
     if table is None:
         raise ValueError(f"{type(spec).__name__} has no exact proposal law (not built by specdec_ref.exact_heads)")
     if table[0] == "eagle":
-        return EagleLaw(target_name, table[1], table[2], spec.sample)
+        return EagleLaw(table[1], table[2], spec.sample)
     if table[0] == "medusa":
         return MedusaLaw(table[1], table[2], spec.sample)
     raise ValueError(f"unknown exact head {table[0]!r}")
@@ -180,3 +188,39 @@ def round_acceptance(target, law, prompt: Sequence[int], generated: Sequence[int
     keep = weight > 0
     stop, _ = outcome_given_drafts(scheme, p[keep], q[keep], paths[keep])
     return weight[keep] @ stop
+
+
+#: Processed rows whose top two logits are closer than this are ties: an argmax there is ambiguous.
+TIE = 1e-9
+
+
+def _argmax(row: np.ndarray) -> int | None:
+    """The first-index argmax of ``row``, or None when the top two are tied (within :data:`TIE`)."""
+    top = np.sort(row)[-2:]
+    return None if top[1] - top[0] < TIE else int(row.argmax())
+
+
+def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], int] | None:
+    """``(drafts, accepted)`` of a greedy round from ``text`` (pending token last) with argmax drafts from ``law``
+    judged against the target's argmax (an order-1 exactly-known ``target``): every round's outcome is a function
+    of its text. None when a draft or a target row on the way is tied (the outcome is then ambiguous)."""
+    text = list(text)
+    count = law.count(text, k)
+    if isinstance(law, NgramLaw):
+        drafts = law.proposal(text, k)
+    else:
+        drafts = []
+        for _ in range(count):
+            d = _argmax(law.raw(text, drafts))
+            if d is None:
+                return None
+            drafts.append(d)
+    accepted, last = 0, text[-1]
+    for d in drafts:
+        y = _argmax(np.asarray(target.next_logits([[last]]), dtype=np.float64)[0])
+        if y is None:
+            return None
+        if y != d:
+            break
+        accepted, last = accepted + 1, d
+    return drafts, accepted

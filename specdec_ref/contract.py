@@ -190,6 +190,31 @@ A backend claiming ``batched_decoder`` decodes many requests at once, as engines
   batch-1 cache invariant, per row).
 * ``decode`` stays the one-request case: a backend claiming both must give the same results.
 
+Proposers (``Capabilities.proposers``)
+--------------------------------------
+``draft`` need not be a draft model. A decoder claiming ``proposer:NAME`` accepts these specs
+(:mod:`specdec_ref.proposers`, :mod:`specdec_ref.heads`; plain data: tensors and numbers) and drafts with them:
+
+==============  ==============================================================================
+``draft_model`` a causal LM sharing the target's vocabulary (the default, always claimed)
+``ngram``       :class:`specdec_ref.proposers.Ngram` ``(min_n, max_n)``: prompt lookup, vLLM's rule (the tokens
+                after the first earlier occurrence of the longest suffix of the text of length in
+                ``[min_n, max_n]``; fewer than ``k`` at the text's end, none without a match); one-hot
+``eagle``       :class:`specdec_ref.heads.EagleHead`: ``h = layers(fc([embed(token), feature]))``,
+                ``logits = lm_head(h)``, ``h`` the next step's feature; the feature of the position
+                before each token (the target's last hidden state after its final norm)
+``medusa``      :class:`specdec_ref.heads.MedusaHeads`: head ``i`` reads the feature that produced the
+                pending token and proposes the token ``i + 1`` places after it
+==============  ==============================================================================
+
+Drafts from a spec whose ``sample`` is False are its argmax (one-hot: judged against ``q = one_hot(d)``, exact under
+every scheme); otherwise ``q`` is exactly what they were drawn from (processed like a draft model's). The output
+law and greedy equality are the decoder contract's, whatever the proposer; what a proposer's bugs change is
+*acceptance*: a feature from the wrong position, features not rolled back to the accepted prefix, a head read at the
+wrong offset, a lookup on the wrong text. The suite checks acceptance against the exact expectation on exactly-known
+heads (:mod:`specdec_ref.exact_heads`). A row whose prompt is one token has no feature before the target's first
+forward: its first round proposes nothing (a plain target step), so its draws never depend on its batch.
+
 Phase timings (``phase_timings``, optional)
 --------------------------------------------
 A decoder may report where each round's time went, so that a profile (``specdec-bench profile``) can
@@ -264,7 +289,9 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
 the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, default ``("float32",)``) and ``devices`` (from
 :data:`DEVICE_NAMES`, default ``("cpu",)``) list the dtypes and devices the backend supports;
-checks require them as ``dtype:NAME`` / ``device:NAME``. ``extra`` is free-form notes for the
+checks require them as ``dtype:NAME`` / ``device:NAME``. ``proposers`` (from :data:`PROPOSER_NAMES`,
+default ``("draft_model",)``) lists what a decoder accepts as its ``draft`` (below); checks require
+them as ``proposer:NAME``. ``extra`` is free-form notes for the
 certificate. Unclaimed modes must raise :class:`NotSupportedError`; checks needing an
 unclaimed capability are skipped with the reason (``backend does not claim [...]``).
 """
@@ -289,6 +316,7 @@ __all__ = [
     "LOSSLESS_TREE_SCHEMES",
     "DTYPE_NAMES",
     "DEVICE_NAMES",
+    "PROPOSER_NAMES",
     "check_requirement",
     "NotSupportedError",
     "Capabilities",
@@ -335,16 +363,20 @@ LOSSLESS_TREE_SCHEMES = ("specinfer", "recursive", "deterministic")
 
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_NAMES = ("cpu", "cuda")
+#: Proposer kinds a decoder may accept as its ``draft`` (``Capabilities.proposers``; :mod:`specdec_ref.proposers`).
+PROPOSER_NAMES = ("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp")
 
 
 def check_requirement(flag: str) -> None:
-    """Raise ValueError for a requirement that is neither a capability flag nor ``dtype:``/``device:`` + a known name."""
+    """Raise ValueError for a requirement that is neither a capability flag nor ``dtype:`` / ``device:`` /
+    ``proposer:`` + a known name."""
     kind, sep, name = flag.partition(":")
-    if flag in CAPABILITY_FLAGS or (kind == "dtype" and name in DTYPE_NAMES) or (kind == "device" and name in DEVICE_NAMES):
+    if (flag in CAPABILITY_FLAGS or (kind == "dtype" and name in DTYPE_NAMES) or (kind == "device" and name in DEVICE_NAMES)
+            or (kind == "proposer" and name in PROPOSER_NAMES)):
         return
     raise ValueError(
         f"unknown capability {flag!r}; known: {', '.join(CAPABILITY_FLAGS)}, "
-        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}"
+        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}, proposer:{{{','.join(PROPOSER_NAMES)}}}"
     )
 
 
@@ -378,6 +410,7 @@ class Capabilities:
     phase_timings: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
+    proposers: tuple[str, ...] = ("draft_model",)
     scheme: str = "token"
     bonus: bool = True
     tree_scheme: str = "specinfer"
@@ -390,6 +423,9 @@ class Capabilities:
             raise ValueError(f"unknown tree scheme {self.tree_scheme!r}; known: {', '.join(TREE_SCHEMES)}")
         if not isinstance(self.bonus, bool):
             raise ValueError(f"bonus must be a bool, got {self.bonus!r}")
+        unknown = [p for p in self.proposers if p not in PROPOSER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown proposer(s) {unknown}; known: {', '.join(PROPOSER_NAMES)}")
 
     @property
     def lossless(self) -> bool:
@@ -413,6 +449,8 @@ class Capabilities:
             return name in self.dtypes
         if kind == "device" and name:
             return name in self.devices
+        if kind == "proposer" and name:
+            return name in self.proposers
         return bool(getattr(self, flag))
 
     def as_dict(self) -> dict[str, Any]:

@@ -6,12 +6,14 @@ position holding token ``t`` (before and after the final norm: its mean square i
 logits are the table expressions below bit for bit (and :mod:`properties.proposals` computes them in float64 from
 the tables alone):
 
-* :func:`exact_eagle_head`: ``fc`` maps ``[4 e_x, f]`` to ``alpha 4 e_x + beta f`` and the decoder layer's outputs are
-  exactly zero (``o_proj``, ``down_proj`` = 0), so with the target's lm_head the first draft after pending ``x`` whose
-  position's predecessor holds ``y`` has logits ``alpha T[x] + beta T[y]``, and step ``i`` chains on the head's own
-  feature: ``L_i = alpha T[d_i-1] + beta L_i-1``. A feature taken one position early reads the token before ``y``; one
-  left from a rejected draft reads that draft: both move the proposals (``tests/test_exact_heads.py`` states by how
-  much).
+* :func:`exact_eagle_head`: ``fc`` maps ``[4 e_x, f]`` to ``h = alpha 4 e_x + C^T f`` (``C`` = :func:`eagle_mix`: row
+  ``y`` the target's law after ``y`` in eighths) and the decoder layer's outputs are exactly zero (``o_proj``,
+  ``down_proj`` = 0), so with the target's lm_head (``T^T / 4``) the first draft after the pending ``x``, whose
+  predecessor ``y`` gave the feature ``4 e_y``, has logits ``alpha T[x] + sum_t C[y, t] T[t]``: half the pending
+  token's row plus the feature's guess of it. Step ``i`` chains on the head's own feature,
+  ``h_i = alpha 4 e_d_i-1 + C^T h_i-1``. The feature is informative (the token before the pending one predicts it),
+  so a feature of the wrong position costs acceptance on average, not only per round: ``tests/test_proposers.py``
+  states by how much.
 * :func:`exact_medusa_heads`: residual blocks exactly zero, head ``i``'s lm_head is ``M_i``, the log of the target's
   ``i + 2``-step transition law rounded to eighths: from the feature of ``y`` (the token before the pending one) head
   ``i`` proposes ``argmax M_i[y]``, the likeliest token ``i + 2`` places after ``y``. A head read at the wrong offset
@@ -26,11 +28,10 @@ import torch
 
 from .heads import EagleHead, MedusaHeads
 
-__all__ = ["EAGLE_ALPHA", "EAGLE_BETA", "exact_eagle_head", "exact_medusa_heads", "medusa_table", "order1_table"]
+__all__ = ["EAGLE_ALPHA", "eagle_mix", "exact_eagle_head", "exact_medusa_heads", "medusa_table", "order1_table"]
 
-#: EAGLE head's mix of the token's own row and the feature's row (dyadic: products stay exact in float32).
-EAGLE_ALPHA = 1.0
-EAGLE_BETA = 0.5
+#: EAGLE head's weight on the token's own row (dyadic: products stay exact in float32).
+EAGLE_ALPHA = 0.5
 _HIDDEN = 16
 _VOCAB = 8
 
@@ -64,7 +65,16 @@ def _zero_layer_model(target):
     return model.to(next(target.parameters()).dtype)
 
 
-def exact_eagle_head(target, *, alpha: float = EAGLE_ALPHA, beta: float = EAGLE_BETA, sample: bool = True,
+@functools.lru_cache(maxsize=None)
+def eagle_mix(target_name: str) -> np.ndarray:
+    """``C [8, 8]``: row ``y`` is the target's untempered law after ``y`` rounded to eighths, the weights with which the
+    EAGLE head mixes the target's rows for the feature of ``y`` (its guess of the next row before reading the token)."""
+    t = order1_table(target_name)
+    p = np.exp(t - t.max(1, keepdims=True))
+    return np.round(p / p.sum(1, keepdims=True) * 8) / 8
+
+
+def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = True,
                      layer: bool = True) -> EagleHead:
     """The exact EAGLE head on an order-1 target model (module docstring); ``layer=False``: no decoder layer."""
     hidden = target.get_input_embeddings().weight.shape[1]
@@ -72,11 +82,10 @@ def exact_eagle_head(target, *, alpha: float = EAGLE_ALPHA, beta: float = EAGLE_
         raise ValueError(f"exact heads expect an order-1 target (hidden {_HIDDEN}), got hidden {hidden}")
     dtype = next(target.parameters()).dtype
     fc = torch.zeros(_HIDDEN, 2 * _HIDDEN, dtype=dtype)
-    eye = torch.eye(_VOCAB, dtype=dtype)
-    fc[:_VOCAB, :_VOCAB] = alpha * eye
-    fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = beta * eye
+    fc[:_VOCAB, :_VOCAB] = alpha * torch.eye(_VOCAB, dtype=dtype)
+    fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = torch.from_numpy(eagle_mix(target_name).T).to(dtype)
     head = EagleHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle")
-    head.table_spec = ("eagle", alpha, beta)
+    head.table_spec = ("eagle", target_name, alpha)
     return head
 
 

@@ -86,8 +86,8 @@ class EagleHead:
             needed = max(p.shape[1] + n for p, n in zip(batch.prompts, batch.max_new)) + k
             head_cache = RowCaches(decoder.make_draft_cache(self.layers, batch_size=len(tokens), check_ids=False,
                                                             max_length=needed))
-        return EagleProposer(decoder, self, target, list(target_cache.tentative), tokens, _prefill(target_cache, tokens),
-                             head_cache)
+        return self.proposer_type(decoder, self, target, list(target_cache.tentative), tokens,
+                                  _prefill(target_cache, tokens), head_cache)
 
 
 @dataclass(eq=False)
@@ -116,7 +116,7 @@ class MedusaHeads:
                 raise ValueError(f"{self.name}: lm_heads[{i}] must be [V, H] = {list(head.shape)}, got {list(w.shape)}")
 
     def open(self, decoder, target, batch, k, tokens, target_cache):
-        return MedusaProposer(decoder, self, target, list(target_cache.tentative), tokens, _prefill(target_cache, tokens))
+        return self.proposer_type(decoder, self, target, list(target_cache.tentative), tokens, _prefill(target_cache, tokens))
 
 
 class FeatureProposer(Proposer):
@@ -295,6 +295,11 @@ class MedusaProposer(FeatureProposer):
         # backlog: only the newest feature matters to Medusa; keep the last pair
         self.backlog = [(tokens[-1:], features[-1:] if features is not None else None) for tokens, features in self.backlog]
         return torch.stack(drafts, 1), (None if qs[0] is None else torch.stack(qs, 1)), counts, 0
+
+
+# the proposer class a spec opens (a mutant's copy of a spec names its buggy subclass instead)
+EagleHead.proposer_type = EagleProposer
+MedusaHeads.proposer_type = MedusaProposer
 
 
 def _prefill(target_cache, tokens) -> dict:

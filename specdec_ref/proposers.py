@@ -171,6 +171,9 @@ class Ngram:
         if self.min_n > self.max_n:
             raise ValueError(f"Ngram.min_n ({self.min_n}) exceeds max_n ({self.max_n})")
 
+    def open(self, decoder, target, batch, k, tokens, target_cache):
+        return self.proposer_type(decoder, self, tokens)
+
     def lookup(self, text: Sequence[int], k: int) -> list[int]:
         """The drafts for ``text`` (a list of ids): see the class docstring."""
         text = list(text)
@@ -212,19 +215,20 @@ class NgramProposer(Proposer):
         self.texts = [self.texts[i] for i in rows]
 
 
+Ngram.proposer_type = NgramProposer  # the class a spec opens (a mutant's copy names its buggy subclass)
+
+
 # ----------------------------------------------------------------------------- opening a spec
 
 
 def open_proposer(decoder, target, spec, batch, k: int, tokens: Sequence[list[int]], target_cache, open_cache):
     """The :class:`Proposer` for ``spec`` over the batch's rows (``tokens``: the prompts as host lists;
     ``open_cache(make_cache, model)`` opens a row cache holding the prompts but their last tokens). A spec other than
-    a model or :class:`Ngram` opens itself (``spec.open(decoder, target, batch, k, tokens, target_cache)``)."""
+    a model opens itself (``spec.open(decoder, target, batch, k, tokens, target_cache)``)."""
     kind = proposer_kind(spec)
     if kind == "draft_model":
         cache, _ = open_cache(decoder.make_draft_cache, spec)
         return DraftModelProposer(decoder, cache)
-    if kind == "ngram":
-        return NgramProposer(decoder, spec, tokens)
     opener = getattr(spec, "open", None)
     if opener is None:
         raise NotSupportedError(f"the reference decoder cannot open this {kind} proposer ({type(spec).__name__})")

@@ -26,10 +26,13 @@ def test_every_flag_defaults_to_false():
     assert not any(caps.has(flag) for flag in CAPABILITY_FLAGS)
     assert (caps.dtypes, caps.devices) == (("float32",), ("cpu",))
     assert caps.has("dtype:float32") and not caps.has("dtype:bfloat16") and caps.has("device:cpu")
+    assert caps.has("proposer:draft_model") and not caps.has("proposer:eagle")  # a draft model: what every decoder takes
     assert caps.as_dict() == {
-        **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",), "scheme": "token", "bonus": True,
-        "tree_scheme": "specinfer",
+        **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",),
+        "proposers": ("draft_model",), "scheme": "token", "bonus": True, "tree_scheme": "specinfer",
     }
+    with pytest.raises(ValueError, match="unknown proposer"):
+        Capabilities(proposers=("draft_model", "lookahead"))
 
 
 def test_public_names():

@@ -10,7 +10,7 @@ from conformance.registry import CheckContext, all_cases, run_case
 from conformance.backends import load_backend
 from conformance.replay import FIXTURE_DIR, load_replay
 from fixtures.mutants import MUTANTS as ALL_MUTANTS
-from fixtures.mutants import batch, cache, decoder, sglang, tree, tree_decoder, verifier
+from fixtures.mutants import batch, cache, decoder, proposer, sglang, tree, tree_decoder, verifier
 from specdec_ref.backend import reference_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_registry_names_are_unique_and_every_kind_is_scored():
-    modules = {"verifier": verifier, "decoder": decoder, "cache": cache, "tree": tree, "sglang": sglang, "tree_decoder": tree_decoder, "batch": batch}
+    modules = {"verifier": verifier, "decoder": decoder, "cache": cache, "tree": tree, "sglang": sglang, "tree_decoder": tree_decoder,
+               "batch": batch, "proposer": proposer}
     assert sum(len(m.MUTANTS) for m in modules.values()) == len(ALL_MUTANTS)
     for kind, module in modules.items():
         assert module.MUTANTS and all(ALL_MUTANTS[n] is m and m.kind == kind for n, m in module.MUTANTS.items()), kind

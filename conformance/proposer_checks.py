@@ -1,0 +1,327 @@
+"""Conformance checks of decoders drafting with proposers other than a draft model (capability ``proposer:NAME``).
+
+The proposers (``specdec_ref.contract``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``) and Medusa
+heads (``medusa``), passed as ``draft`` to ``decode`` / ``decode_batch``. On the exactly-known order-1 pair
+``order1-close`` with the exactly-known heads (``specdec_ref.exact_heads``) every proposal is a table of what the
+proposer reads (its pending token, the feature of the position before it, its earlier drafts, the text), so:
+
+* greedy decoding equals the target's greedy continuation (from the table), whatever the proposer;
+* with greedy target rows and argmax drafts, every round's accepted count is a function of its text
+  (``properties.proposals.greedy_round``): checked round by round, no statistics. A proposer that reads a feature of
+  the wrong position, keeps features of rejected drafts, reads a head at the wrong offset or looks up the wrong text
+  proposes other tokens, and the first round where that changes the count is named, with whether it followed a
+  partial or a full acceptance (rollback and bonus-feature bugs show there only);
+* sampled, the continuation law is the target's (q reported must be what the drafts were drawn from), and the
+  accepted drafts at each draft position total their exact expectation (``properties.proposals.round_acceptance``:
+  the per-round law of the accepted count given the round's text, under the declared scheme).
+
+With greedy (one-hot) drafts the output law is the target's whatever the proposer does, which is why the acceptance
+checks exist: they are the detector for proposer bugs, which cost speed, not exactness.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from specdec_ref.contract import Request
+from specdec_ref.warp import GREEDY, SamplingConfig
+
+from .check_helpers import _decode, assert_continuations_follow, decode_batch, sequence_models
+from .registry import CheckContext, NotApplicable, check, exact_scheme
+from . import streams
+
+#: The exactly-known pair the proposers draft for (its target's features are ``4 e_t``, the heads' tables read them).
+PROPOSER_PAIR = "order1-close"
+PROPOSER_TARGET = "order1-target"
+#: Draft length of every check (Medusa: three heads).
+PROPOSER_K = 3
+#: Proposers the checks cover, with the drafts each proposes in the sampled checks: sampled from the head's law
+#: (``q`` reported) or its argmax (one-hot).
+PROPOSERS = ("ngram", "eagle", "medusa")
+
+#: Greedy checks: prompts of 1 to 6 tokens (a one-token prompt's first round drafts nothing), some repetitive (so
+#: prompt lookup finds matches), 24 new tokens, k = 1..3.
+GREEDY_PROMPTS = ((3,), (5, 2), (1, 2, 1, 2), (0, 1, 0, 1, 0, 1), (6, 4, 6), (2, 3, 5, 2, 3), (4, 4, 4), (1, 5, 0, 6, 2, 4),
+                  (0,), (3, 6, 3, 6, 3))
+GREEDY_NEW_TOKENS = 24
+
+
+@functools.lru_cache(maxsize=None)
+def proposer_spec(kind: str, sample: bool):
+    """The exactly-known spec of ``kind`` on :data:`PROPOSER_PAIR`'s target (cached; read-only)."""
+    from specdec_ref.exact_heads import exact_eagle_head, exact_medusa_heads
+    from specdec_ref.proposers import Ngram
+
+    target, _ = sequence_models(PROPOSER_PAIR)
+    if kind == "ngram":
+        return Ngram(1, 3)
+    if kind == "eagle":
+        return exact_eagle_head(target, PROPOSER_TARGET, sample=sample)
+    if kind == "medusa":
+        return exact_medusa_heads(target, PROPOSER_TARGET, heads=PROPOSER_K, sample=sample)
+    raise ValueError(f"unknown proposer kind {kind!r}")
+
+
+def _table_greedy(prompt, n: int) -> list[int]:
+    """The target's greedy continuation of ``prompt`` from its table (first-index argmax)."""
+    from specdec_ref.exact_models import exact_model
+
+    m = exact_model(PROPOSER_TARGET)
+    out, last = [], prompt[-1]
+    for _ in range(n):
+        last = int(np.asarray(m.next_logits([[last]]))[0].argmax())
+        out.append(last)
+    return out
+
+
+def _round_kind(previous) -> str:
+    if previous is None:
+        return "first round"
+    if previous.proposed and previous.accepted == previous.proposed:
+        return f"after a full acceptance ({previous.accepted} of {previous.proposed})"
+    return f"after a partial acceptance ({previous.accepted} of {previous.proposed})"
+
+
+@check(
+    guards="drafts from a proposer corrupting the text: proposals judged against the wrong target rows, a head's or a "
+    "lookup's drafts emitted unverified, tokens dropped or duplicated around a proposer's short or empty proposals",
+    requires=("decoder", "greedy"),
+    cases=[(kind, {"kind": kind}) for kind in PROPOSERS],
+)
+def check_proposer_greedy_equals_ar(backend, ctx: CheckContext, kind: str):
+    """Greedy decoding with each proposer (argmax drafts) equals the target's greedy continuation from its table, for
+    k = 1, 2, 3 and prompts of 1 to 6 tokens."""
+    _require(backend, kind)
+    target, _ = sequence_models(PROPOSER_PAIR)
+    spec = proposer_spec(kind, False)
+    for prompt in GREEDY_PROMPTS:
+        want = _table_greedy(prompt, GREEDY_NEW_TOKENS)
+        for k in (1, 2, 3):
+            got = _decode(backend, target, spec, torch.tensor([prompt]), k=k, max_new_tokens=GREEDY_NEW_TOKENS,
+                          sampling=GREEDY).tokens
+            assert got == want, (
+                f"greedy decoding with the {kind} proposer (k={k}, prompt {list(prompt)}) differs from the target's "
+                f"greedy continuation at position {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}:\n"
+                f"  got:    {got}\n  target: {want}\n  replay: {ctx.replay}"
+            )
+
+
+@check(
+    guards="proposer state not following the committed text: a feature of the previous position, features of rejected "
+    "drafts kept after a rejection, the bonus token paired with the wrong feature, a Medusa head read at the wrong "
+    "offset, prompt lookup matching the wrong occurrence or on a text missing the bonus token (acceptance lost, output "
+    "still exact)",
+    requires=("decoder", "greedy"),
+    cases=[(kind, {"kind": kind}) for kind in PROPOSERS],
+)
+def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
+    """Greedy, with argmax drafts, every drafted round accepts exactly the drafts its text determines
+    (``properties.proposals.greedy_round``: the proposer's table drafts judged against the target's argmax), and
+    proposes as many as the proposer's rule gives; every round checked (rounds with a tied row are skipped, counted),
+    at least :data:`MIN_GREEDY_ROUNDS` of them after a partial acceptance and as many after a full one."""
+    from properties.proposals import greedy_round, law_of
+    from specdec_ref.exact_models import exact_model
+
+    _require(backend, kind)
+    target, _ = sequence_models(PROPOSER_PAIR)
+    spec = proposer_spec(kind, False)
+    law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
+    seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
+    for prompt in GREEDY_PROMPTS:
+        for k in (1, 2, 3):
+            result = _decode(backend, target, spec, torch.tensor([prompt]), k=k, max_new_tokens=GREEDY_NEW_TOKENS,
+                             sampling=GREEDY)
+            full = list(prompt) + list(result.tokens)
+            previous = None
+            for r in result.rounds:
+                text = full[: r.start]
+                expected = greedy_round(table, law, text, k)
+                where = _round_kind(previous)
+                previous = r
+                if expected is None:
+                    seen["skipped"] += 1
+                    continue
+                drafts, accepted = expected
+                last_round = r is result.rounds[-1]
+                if not last_round:  # the last round may be cut by max_new_tokens
+                    assert (r.proposed, r.accepted) == (len(drafts), accepted), (
+                        f"{kind} proposer, greedy, k={k}, prompt {list(prompt)}: round {r.round} ({where}) from the text "
+                        f"{text} proposed {r.proposed} and accepted {r.accepted}; the proposer's rule drafts {drafts} "
+                        f"there, of which the target accepts {accepted} (the exact proposer state is the committed text: "
+                        f"the feature of position {len(text) - 2} for heads, the whole text for lookup)\n"
+                        f"  replay: {ctx.replay}"
+                    )
+                for key in ("after a partial", "after a full"):
+                    seen[key] += where.startswith(key)
+    ctx.findings.append({"kind": "coverage", **seen})
+    assert min(seen["after a partial"], seen["after a full"]) >= MIN_GREEDY_ROUNDS, (
+        f"too few rounds to check rollback ({seen}): the greedy prompts no longer reach partial and full acceptances")
+
+
+#: Rounds after a partial and after a full acceptance the greedy check must see (each at least).
+MIN_GREEDY_ROUNDS = 10
+
+
+def _require(backend, kind: str) -> None:
+    if not backend.capabilities.has(f"proposer:{kind}"):
+        raise NotApplicable(f"backend does not claim capability proposer:{kind}")
+
+
+def _decode_rows(backend, target, spec, requests, k: int, where: str):
+    """Results of ``requests``: rows of ``decode_batch`` when the backend claims it, else one ``decode`` each."""
+    if backend.capabilities.has("batched_decoder") and callable(getattr(backend, "decode_batch", None)):
+        return decode_batch(backend, target, spec, requests, k=k, where=where)
+    return [_decode(backend, target, spec, torch.tensor([r.prompt]), k=k, max_new_tokens=r.max_new_tokens,
+                    sampling=r.sampling, eos_id=r.eos_ids, generator=r.generator) for r in requests]
+
+
+#: The sampled checks' settings: temperature 0.8 (the draft law must be processed like the target's).
+PROPOSER_SAMPLING = SamplingConfig(temperature=0.8)
+#: Sequence law: continuations of 2 tokens after a two-token prompt (so heads have a feature in the first round).
+LAW_PROMPT = (2, 5)
+LAW_LENGTH = 2
+LAW_TV = 0.05
+#: Acceptance: decodes of this many new tokens from random 2-4 token prompts.
+ACCEPT_NEW_TOKENS = 24
+#: The shift of the mean accepted count per round, at a draft position, detected with power 0.99 at alpha 1e-6.
+ACCEPT_SHIFT = 0.05
+ROW_CHUNK = 256
+
+
+@functools.lru_cache(maxsize=None)
+def _law(length: int):
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_pair
+
+    return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), length, PROPOSER_SAMPLING)
+
+
+@check(
+    guards="a sampled proposer reporting another q than its drafts were drawn from (unprocessed head logits, settings "
+    "applied on one side only), drafts emitted unverified, rows' proposals mixed up",
+    requires=("decoder", "sampling"),
+    cases=[(kind, {"kind": kind}) for kind in PROPOSERS],
+    statistical=True,
+)
+def check_proposer_sequence_law(backend, ctx: CheckContext, kind: str):
+    """Sampled decoding with each proposer (heads drawing their drafts from their processed law) follows the target's
+    exact law of the 3 tokens after a two-token prompt, power 0.99 against TV >= :data:`LAW_TV`."""
+    from properties.sample_size import required_samples
+    from properties.sequences import law_to_cells
+
+    _require(backend, kind)
+    target, _ = sequence_models(PROPOSER_PAIR)
+    spec = proposer_spec(kind, True)
+    law = _law(LAW_LENGTH)
+    cells = law_to_cells(law)
+    n = math.ceil(required_samples(np.asarray(list(law.values()), dtype=np.float64), LAW_TV) * ctx.sample_scale)
+    seed = ctx.seed_for("proposer-law", kind)
+
+    def draw(_, index, size):
+        rows = range(index * size, (index + 1) * size)
+        reqs = [Request(prompt=list(LAW_PROMPT), max_new_tokens=LAW_LENGTH, sampling=PROPOSER_SAMPLING, seed=seed + i)
+                for i in rows]
+        return [tuple(r.tokens) for r in _decode_rows(backend, target, spec, reqs, PROPOSER_K, f"{kind}, rows {rows[0]}..")]
+
+    outputs = streams.draws(ctx.streams, ("proposer-law", kind, seed), n, start=lambda: None, draw=draw, chunk=ROW_CHUNK)
+    assert_continuations_follow(
+        cells, outputs, ctx, tv=LAW_TV, seed=seed, sensitive_to="q reported other than the drafts' law, unverified drafts",
+        what=f"{kind} proposer, sampled: continuations of length {LAW_LENGTH} of {list(LAW_PROMPT)} on {PROPOSER_PAIR} "
+        f"({PROPOSER_SAMPLING.label()}, k={PROPOSER_K})",
+    )
+
+
+#: ``{(law, scheme): {round key: law of m}}``: the exact round laws computed so far (a few dozen distinct starts).
+_ROUND_LAWS: dict = {}
+
+
+def _accept_rounds(ctx: CheckContext, shift: float) -> int:
+    """Rounds for power 0.99 against ``shift`` per round at alpha 1e-6 (an accepted indicator's variance <= 1/4)."""
+    from properties.stats import ALPHA, TARGET_POWER
+    from scipy import stats
+
+    z = stats.norm.isf(ALPHA / 2) + stats.norm.isf(1 - TARGET_POWER)
+    return math.ceil((z * 0.5 / shift) ** 2)
+
+
+@check(
+    guards="proposer state not following the committed text, sampled (a feature of the previous position, features of "
+    "rejected drafts kept, the bonus token's feature, a head at the wrong offset, lookup on the wrong text) and a "
+    "sampled proposer's q not the law its drafts came from: acceptance lost or inflated while the output stays exact",
+    requires=("decoder", "sampling"),
+    cases=[(f"{kind}-{mode}", {"kind": kind, "sample": mode == "sampled"})
+           for kind, modes in (("ngram", ("one_hot",)), ("eagle", ("sampled", "one_hot")), ("medusa", ("one_hot",)))
+           for mode in modes],
+    statistical=True,
+)
+def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sample: bool):
+    """Sampled decoding with each proposer: at each draft position ``i``, the rounds whose first ``i`` drafts were
+    accepted total their exact expectation (the sum over rounds of ``P(m >= i)`` given the round's text, the declared
+    scheme's law, ``properties.proposals.round_acceptance``); power 0.99 against a shift of :data:`ACCEPT_SHIFT` per
+    round at any position; the failure report breaks the totals down by rounds after a partial and after a full
+    acceptance (where rollback bugs show)."""
+    from properties.proposals import law_of, round_acceptance, round_key
+    from properties.stats import assert_total
+    from specdec_ref.exact_models import exact_model
+
+    _require(backend, kind)
+    scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")
+    target, _ = sequence_models(PROPOSER_PAIR)
+    spec = proposer_spec(kind, sample)
+    law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
+    need = math.ceil(_accept_rounds(ctx, ACCEPT_SHIFT) * ctx.sample_scale)
+    seed = ctx.seed_for("proposer-accept", f"{kind}-{sample}")
+    prompt_gen = np.random.default_rng(seed)
+    prompts = [list(prompt_gen.integers(0, table.vocab - 1, size=int(prompt_gen.integers(2, 5)))) for _ in range(4096)]
+
+    def draw(_, index, size):
+        rows = range(index * size, (index + 1) * size)
+        reqs = [Request(prompt=prompts[i % len(prompts)], max_new_tokens=ACCEPT_NEW_TOKENS, sampling=PROPOSER_SAMPLING,
+                        seed=seed + i) for i in rows]
+        results = _decode_rows(backend, target, spec, reqs, PROPOSER_K, f"{kind}, rows {rows[0]}..")
+        return [(list(r.prompt), res) for r, res in zip(reqs, results)]
+
+    memo = _ROUND_LAWS.setdefault((law, scheme), {})  # per distinct round start, shared by the looks
+    observed, means, variances, kinds = {}, {}, {}, {}
+    rounds, decoded = 0, 0
+    while rounds < need:
+        batch = streams.draws(ctx.streams, ("proposer-accept", kind, sample, seed), decoded + ROW_CHUNK, start=lambda: None,
+                              draw=draw, chunk=ROW_CHUNK)[decoded:]
+        decoded += len(batch)
+        for prompt, res in batch:
+            full = prompt + list(res.tokens)
+            previous = None
+            for r in res.rounds:
+                where = _round_kind(previous).split(" (")[0]
+                previous = r
+                if r.proposed == 0:
+                    continue
+                text = full[: r.start]
+                key = round_key(law, text, PROPOSER_K)
+                if key not in memo:
+                    memo[key] = round_acceptance(table, law, text, [], PROPOSER_SAMPLING, PROPOSER_K, scheme)
+                dist = memo[key]
+                tail = np.cumsum(dist[::-1])[::-1]  # P(m >= i)
+                for i in range(1, len(dist)):
+                    for bucket in ("all", where):
+                        observed[bucket, i] = observed.get((bucket, i), 0) + (r.accepted >= i)
+                        means.setdefault((bucket, i), []).append(tail[i])
+                        variances.setdefault((bucket, i), []).append(tail[i] * (1 - tail[i]))
+                kinds[where] = kinds.get(where, 0) + 1
+                rounds += 1
+    breakdown = "; ".join(
+        f"{bucket}: " + ", ".join(f"pos {i} {observed[bucket, i]} vs {sum(means[bucket, i]):.1f}"
+                                  for i in range(1, PROPOSER_K + 1) if (bucket, i) in observed)
+        for bucket in sorted({b for b, _ in observed if b != "all"}))
+    for i in range(1, PROPOSER_K + 1):
+        if ("all", i) not in observed:
+            continue
+        ctx.record(assert_total(
+            observed["all", i], means["all", i], variances["all", i], unit="rounds", shift=ACCEPT_SHIFT,
+            what=f"{kind} proposer ({'sampled' if sample else 'argmax'} drafts), {PROPOSER_SAMPLING.label()}, "
+            f"k={PROPOSER_K} on {PROPOSER_PAIR}: rounds accepting at least {i} drafts vs the exact expectation of the "
+            f"declared scheme ({scheme.label}) given each round's text [{rounds} rounds: {breakdown}]",
+        ))

@@ -1,0 +1,9 @@
+"""Conformance of decoders drafting with proposers (prompt lookup, EAGLE and Medusa heads): one test per registered check case."""
+import pytest
+
+from conformance.plugin import case_params, run_case_in_pytest
+
+
+@pytest.mark.parametrize("case", case_params("proposer"))
+def test_proposer(case, request, specdec_backend, specdec_ctx):
+    run_case_in_pytest(request, case, specdec_backend, specdec_ctx)
