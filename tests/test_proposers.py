@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from properties.exact import TOKEN
-from properties.proposals import EagleLaw, MedusaLaw, NgramLaw, greedy_round, law_of, round_acceptance
+from properties.proposals import EagleLaw, NgramLaw, greedy_round, law_of, round_acceptance
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
 from specdec_ref.exact_heads import eagle_mix, exact_eagle_head, exact_medusa_heads, medusa_table, order1_table
 from specdec_ref.exact_models import exact_model, exact_pair
 from specdec_ref.proposers import Ngram
 from specdec_ref.static_cache import FINAL
-from specdec_ref.warp import GREEDY, SamplingConfig
+from specdec_ref.warp import SamplingConfig
 
 TARGET = "order1-target"
 
@@ -161,7 +161,6 @@ def test_each_proposer_bug_changes_the_greedy_rounds(target):
     m = exact_model(TARGET)
     eagle = EagleLaw(TARGET, 0.5, False)
     differs = {"feature of the previous position": 0, "medusa heads shifted": 0}
-    medusa = MedusaLaw(TARGET, 3)
     for prompt in GREEDY_PROMPTS:
         text = list(prompt) + autoregressive_decode(target, torch.tensor([prompt]), max_new_tokens=24).tokens
         for end in range(3, len(text)):
