@@ -18,6 +18,12 @@ Rows (``check | device | dtype | result | seconds | detail``), each PASS or FAIL
   tolerance of the float64 top logit: a near-tie that rounding may break either way) is reported as
   "N flips / M decodes"; any other divergence fails.
 
+* ``proposers`` (float32 and bfloat16): the exactly-known order-1 pair's target on the device with each proposer
+  (prompt lookup, the exact EAGLE head, the exact Medusa heads; :mod:`specdec_ref.exact_heads`): greedy decoding
+  equals AR (the tables are exact in both dtypes, so no flip is tolerated), and sampled rows (seeded, prompts of 1
+  to 4 tokens, heads drawing their drafts) decode bit for bit the same alone and in one batch. The detail gives the
+  greedy acceptance per proposer.
+
 ``--dry-run`` (or ``GPU_CHECK_DRY_RUN=1``): the same rows on the CPU with tiny sizes (a fast subset of
 the verifier checks, a tiny benchmark point, a few short decodes), no CUDA needed, well under a minute.
 Without it and without CUDA: exit 2 with a one-line message. Exit 0 when every row passed, else 1.
@@ -42,7 +48,7 @@ if str(ROOT) not in sys.path:  # `python scripts/gpu_check.py` imports this chec
 COLUMNS = ("check", "device", "dtype", "result", "seconds", "detail")
 PASS, FAIL = "PASS", "FAIL"
 #: Row names, in table order (tests/test_gpu_check.py asserts every one is printed).
-CHECKS = ("conformance verifier", "verifier throughput", "decoder greedy vs AR")
+CHECKS = ("conformance verifier", "verifier throughput", "decoder greedy vs AR", "proposers")
 DRY_RUN_ENV = "GPU_CHECK_DRY_RUN"
 NO_CUDA_MESSAGE = (
     "gpu_check: CUDA is not available (torch.cuda.is_available() is False); run it on a CUDA machine, "
@@ -297,6 +303,75 @@ def compare_decoders(plan: Plan) -> list[Row]:
     return rows
 
 
+def proposer_rows(plan: Plan) -> list[Row]:
+    """Each proposer on the device: greedy equals AR, seeded sampled rows reproduce alone (module docstring)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    if plan.device == "cpu":
+        torch.set_num_threads(1)
+    try:
+        return compare_proposers(plan)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compare_proposers(plan: Plan) -> list[Row]:
+    import copy
+
+    import torch
+
+    from specdec_ref.contract import Request
+    from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
+    from specdec_ref.exact_heads import exact_eagle_head, exact_medusa_heads
+    from specdec_ref.exact_models import exact_model
+    from specdec_ref.proposers import Ngram
+    from specdec_ref.warp import SamplingConfig
+
+    rows = []
+    dec = SpeculativeDecoder()
+    prompts = [[3], [1, 2, 1, 2], [5, 0, 5, 0, 5], [6, 4], [0, 1, 0, 1, 0, 1], [2, 2, 2]][: max(2, plan.prompts // 4)]
+    for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
+        progress(f"proposers: greedy and sampled decodes with prompt lookup, EAGLE and Medusa, {name} on {plan.device}")
+        started = time.perf_counter()
+        row = Row(CHECKS[3], plan.device, name, FAIL, 0.0, "")
+        try:
+            target = copy.deepcopy(exact_model("order1-target").load(dtype)).to(plan.device)
+            specs = {"ngram": Ngram(1, 3), "eagle": exact_eagle_head(target, "order1-target", sample=False),
+                     "medusa": exact_medusa_heads(target, "order1-target", heads=3)}
+            sampled = {"eagle": exact_eagle_head(target, "order1-target", sample=True),
+                       "medusa": exact_medusa_heads(target, "order1-target", heads=3, sample=True), "ngram": specs["ngram"]}
+            problems, rates = [], []
+            with torch.no_grad():
+                for kind, spec in specs.items():
+                    accepted = proposed = 0
+                    for prompt in prompts:
+                        p = torch.tensor([prompt], device=plan.device)
+                        ar = autoregressive_decode(target, p, max_new_tokens=plan.new_tokens)
+                        res = dec.decode(target, spec, p, k=3, max_new_tokens=plan.new_tokens)
+                        accepted += sum(r.accepted for r in res.rounds)
+                        proposed += sum(r.proposed for r in res.rounds)
+                        if res.tokens != ar.tokens:
+                            problems.append(f"{kind} greedy != AR for prompt {prompt}")
+                    rates.append(f"{kind} {accepted}/{proposed}")
+                    reqs = [Request(prompt=prompts[i % len(prompts)][: 1 + i % 4], max_new_tokens=16,
+                                    sampling=SamplingConfig(temperature=1.0), seed=i) for i in range(8)]
+                    together = [r.tokens for r in dec.decode_batch(target, sampled[kind], reqs, k=3)]
+                    alone = [dec.decode_batch(target, sampled[kind], [r], k=3)[0].tokens for r in reqs]
+                    if together != alone:
+                        problems.append(f"{kind} sampled: a seeded row differs alone and in the batch")
+            row.result = PASS if not problems else FAIL
+            row.detail = one_line("; ".join(problems) if problems else
+                                  f"greedy == AR for {len(prompts)} prompts each, rows reproduce alone; accepted drafts: "
+                                  + ", ".join(rates))
+        except Exception as exc:  # a crash is a failed row, never a lost table
+            row.detail = one_line(f"error: {type(exc).__name__}: {exc}")
+        row.seconds = time.perf_counter() - started
+        rows.append(row)
+    return rows
+
+
 # ----------------------------------------------------------------------------- driver
 
 
@@ -331,6 +406,7 @@ def run(plan: Plan) -> list[Row]:
         (f"conformance verifier checks on {plan.device} (pytest, up to {plan.conformance_timeout:g} s)", lambda: [conformance_row(plan)]),
         (f"verifier throughput on {plan.device} (specdec-bench verifier)", lambda: [bench_row(plan)]),
         (f"reference decoder on {plan.device}", lambda: decoder_rows(plan)),
+        (f"proposers on {plan.device}", lambda: proposer_rows(plan)),
     ]
     rows: list[Row] = []
     for (what, step), check in zip(steps, CHECKS):

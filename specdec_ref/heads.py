@@ -129,11 +129,12 @@ class FeatureProposer(Proposer):
         self.layer = spec.feature_layer
         self.target_capture = spec.target_capture
         self.device = next(target.parameters()).device
+        self.dtype = next(target.parameters()).dtype  # features are kept (and heads run) in the target's dtype
         # backlog[b] = (tokens [n], features [n, H]); the prompt's positions 1 .. t-1 with features 0 .. t-2
         self.backlog: list[tuple[list[int], torch.Tensor | None]] = []
         for b, text in enumerate(tokens):
             if len(text) > 1:
-                self.backlog.append((list(text[1:]), prefill[self.layer][b, : len(text) - 1]))
+                self.backlog.append((list(text[1:]), prefill[self.layer][b, : len(text) - 1].to(self.dtype)))
             else:
                 self.backlog.append(([], None))
         self.block: torch.Tensor | None = None
@@ -150,7 +151,7 @@ class FeatureProposer(Proposer):
         return None if all(c == k for c in counts) else counts
 
     def observe(self, features, starts):
-        self.block = features[self.layer]
+        self.block = features[self.layer].to(self.dtype)
         self.block_starts = list(starts)
 
     def commit_tokens(self, b, tokens):
@@ -184,7 +185,7 @@ class FeatureProposer(Proposer):
         """``[B, H]``: each row's feature of the last position the target read (the one that produced its pending token;
         zeros for a row with none yet, which proposes nothing)."""
         hidden = next(f for _, f in self.backlog if f is not None).shape[-1]
-        zero = torch.zeros(hidden, device=self.device)
+        zero = torch.zeros(hidden, device=self.device, dtype=self.dtype)
         return torch.stack([features[-1] if features is not None else zero for _, features in self.backlog])
 
     def warp_draft(self, logits: torch.Tensor, configs, state, drafts: torch.Tensor, generator, counts=None):
@@ -221,7 +222,7 @@ class EagleProposer(FeatureProposer):
         """The head on ``ids [B, n]`` with ``features [B, n, H]``: its hidden states ``[B, n, H]``."""
         x = F.linear(torch.cat([F.embedding(ids, self.embed), features], -1), self.spec.fc, self.spec.fc_bias)
         if self.head_cache is not None:
-            x = self.head_cache.feed(ids, advance, embeds=x, head=False)
+            x = self.head_cache.feed(ids, advance, embeds=x, head=False).to(self.dtype)
         return x
 
     def propose(self, pending, k, configs, state, generator):

@@ -64,6 +64,8 @@ def test_dry_run_passes_and_prints_every_row():
         ("verifier throughput", "float32"),
         ("decoder greedy vs AR", "float32"),
         ("decoder greedy vs AR", "bfloat16"),
+        ("proposers", "float32"),
+        ("proposers", "bfloat16"),
     ]
     assert [(r[0], r[2]) for r in rows] == expected, proc.stdout
     for check, device, dtype, result, seconds, detail in rows:
@@ -73,7 +75,8 @@ def test_dry_run_passes_and_prints_every_row():
     assert "tokens/s" in by_name[("verifier throughput", "float32")]
     assert "identical to AR" in by_name[("decoder greedy vs AR", "float32")]
     assert "flips /" in by_name[("decoder greedy vs AR", "bfloat16")] and "decodes" in by_name[("decoder greedy vs AR", "bfloat16")]
-    assert "4/4 rows passed" in proc.stdout
+    assert "greedy == AR" in by_name[("proposers", "bfloat16")] and "eagle" in by_name[("proposers", "float32")]
+    assert "6/6 rows passed" in proc.stdout
 
 
 @NO_CUDA
