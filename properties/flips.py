@@ -303,7 +303,7 @@ def classify_divergence(
     prefix_list = token_list(prefix)
     if not prefix_list:
         raise ValueError("prefix must hold at least one token (the prompt)")
-    z = high_precision_logits(target_model, [prefix_list])[0, -1]
+    z = high_precision_logits(target_model, [prefix_list])[0, -1].cpu()  # judged on the host (a CUDA model's logits too)
     vocab = z.shape[-1]
     for name, t in (("token_a", token_a), ("token_b", token_b)):
         if t is not None and not 0 <= int(t) < vocab:

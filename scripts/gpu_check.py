@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -296,7 +297,8 @@ def compare_decoders(plan: Plan) -> list[Row]:
                 row.detail = f"{flips} flips / {m} decodes ({plan.new_tokens} tokens, k={plan.k})"
                 if bugs:
                     row.detail += f"; {len(bugs)} non-flip divergences: {one_line(bugs[0].describe(), 120)}"
-        except Exception as exc:  # a crash is a failed row, never a lost table
+        except Exception as exc:  # a crash is a failed row, never a lost table (its traceback goes to stderr)
+            progress(traceback.format_exc())
             row.detail = one_line(f"error: {type(exc).__name__}: {exc}")
         row.seconds = time.perf_counter() - started
         rows.append(row)
@@ -365,7 +367,8 @@ def compare_proposers(plan: Plan) -> list[Row]:
             row.detail = one_line("; ".join(problems) if problems else
                                   f"greedy == AR for {len(prompts)} prompts each, rows reproduce alone; accepted drafts: "
                                   + ", ".join(rates))
-        except Exception as exc:  # a crash is a failed row, never a lost table
+        except Exception as exc:  # a crash is a failed row, never a lost table (its traceback goes to stderr)
+            progress(traceback.format_exc())
             row.detail = one_line(f"error: {type(exc).__name__}: {exc}")
         row.seconds = time.perf_counter() - started
         rows.append(row)

@@ -62,7 +62,8 @@ def _zero_layer_model(target):
         layer = model.model.layers[0]
         layer.self_attn.o_proj.weight.zero_()
         layer.mlp.down_proj.weight.zero_()
-    return model.to(next(target.parameters()).dtype)
+    param = next(target.parameters())
+    return model.to(device=param.device, dtype=param.dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -76,14 +77,16 @@ def eagle_mix(target_name: str) -> np.ndarray:
 
 def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = True,
                      layer: bool = True) -> EagleHead:
-    """The exact EAGLE head on an order-1 target model (module docstring); ``layer=False``: no decoder layer."""
+    """The exact EAGLE head on an order-1 target model (module docstring), on its device and in its dtype;
+    ``layer=False``: no decoder layer."""
     hidden = target.get_input_embeddings().weight.shape[1]
     if hidden != _HIDDEN:
         raise ValueError(f"exact heads expect an order-1 target (hidden {_HIDDEN}), got hidden {hidden}")
-    dtype = next(target.parameters()).dtype
+    dtype, device = next(target.parameters()).dtype, next(target.parameters()).device
     fc = torch.zeros(_HIDDEN, 2 * _HIDDEN, dtype=dtype)
     fc[:_VOCAB, :_VOCAB] = alpha * torch.eye(_VOCAB, dtype=dtype)
     fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = torch.from_numpy(eagle_mix(target_name).T).to(dtype)
+    fc = fc.to(device)
     head = EagleHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle")
     head.table_spec = ("eagle", target_name, alpha)
     return head
@@ -103,13 +106,13 @@ def medusa_table(target_name: str, offset: int) -> np.ndarray:
 def exact_medusa_heads(target, target_name: str, heads: int = 3, *, sample: bool = False) -> MedusaHeads:
     """The exact Medusa heads on an order-1 target model (module docstring): head ``i`` holds
     :func:`medusa_table` at offset ``i + 2``."""
-    dtype = next(target.parameters()).dtype
+    dtype, device = next(target.parameters()).dtype, next(target.parameters()).device
     lm_heads = []
     for i in range(heads):
         w = torch.zeros(_VOCAB, _HIDDEN, dtype=dtype)
         w[:, :_VOCAB] = torch.from_numpy(medusa_table(target_name, i + 2).T / 4).to(dtype)
-        lm_heads.append(w)
-    zero = (torch.zeros(_HIDDEN, _HIDDEN, dtype=dtype), torch.zeros(_HIDDEN, dtype=dtype))
+        lm_heads.append(w.to(device))
+    zero = (torch.zeros(_HIDDEN, _HIDDEN, dtype=dtype, device=device), torch.zeros(_HIDDEN, dtype=dtype, device=device))
     spec = MedusaHeads(blocks=[[zero] for _ in range(heads)], lm_heads=lm_heads, sample=sample, name="exact-medusa")
     spec.table_spec = ("medusa", target_name, heads)
     return spec
