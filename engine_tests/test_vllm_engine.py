@@ -2,7 +2,8 @@
 
 A reduced matrix (``--scale``: a few hundred completions per case, one draft-model configuration and the
 control), or the full matrices the vLLM stage has just run (``SPECDEC_VLLM_ENGINE_RUNS=DIR`` holding the runner's
-``engine-unpatched`` and ``engine-patch-A`` outputs: the same assertions, without running vLLM twice), checks the
+``engine-unpatched``, ``engine-patch-A`` and ``engine-patch-AC`` outputs: the same assertions, without running vLLM
+twice), checks the
 runner end to end: the worker writes valid black-box files, the control is never NOT
 CERTIFIED, the efficiency counters are read, defect A shows in the counters unpatched (acceptance far below the
 exact expectation) and the patch restores it, and ``--check-expected`` refuses reduced runs. The full matrix
@@ -37,9 +38,9 @@ def _finished(name: str):
     return json.loads(path.read_text()), out
 
 
-def _run(tmp_path, *extra):
+def _run(tmp_path, *extra, configs="control,draft-prob"):
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "conformance.engines", "vllm", "--out", str(out), "--configs", "control,draft-prob",
+    cmd = [sys.executable, "-m", "conformance.engines", "vllm", "--out", str(out), "--configs", configs,
            "--scale", SCALE, *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -54,6 +55,22 @@ def unpatched(tmp_path_factory):
 @pytest.fixture(scope="module")
 def patched(tmp_path_factory):
     return _finished("engine-patch-A") if RUNS else _run(tmp_path_factory.mktemp("patched"), "--patch", "A,B")
+
+
+@pytest.fixture(scope="module")
+def heads_patched(tmp_path_factory):
+    return _finished("engine-patch-AC") if RUNS else _run(tmp_path_factory.mktemp("heads"), "--patch", "A,C",
+                                                          configs="eagle,medusa")
+
+
+def test_proposer_heads_rounds_equal_the_counters_and_defect_a_breaks_them(unpatched, heads_patched):
+    """The EAGLE and Medusa heads with A and C patched: every round the completions show is the one vLLM counted;
+    unpatched (the stage's full run) the rounds differ (a rejected one-hot draft comes back as its replacement)."""
+    for cfg in ("eagle", "medusa"):
+        rounds = heads_patched[0]["configs"][cfg]["rounds"]
+        assert rounds["passed"] is True and rounds["per_request"], rounds["text"]
+        if RUNS:
+            assert unpatched[0]["configs"][cfg]["rounds"]["passed"] is False
 
 
 def test_control_is_never_rejected(unpatched):

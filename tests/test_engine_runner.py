@@ -196,9 +196,20 @@ def test_recorded_expectations_cover_the_matrix():
         for key, section in data["expected"].items():
             for cfg in ad.configurations:
                 row = section.get(cfg.name)
-                assert row is not None, (name, key, cfg.name)
-                for c in ad.cases_for(cfg):
-                    assert c.name in row, (name, key, cfg.name, c.name)
+                # unpatched: every configuration; a patch: those its stage runs with it (a superset for the older
+                # sections, recorded when the whole matrix ran; vLLM's "patch A,C": the proposer heads only)
+                if key == "unpatched" or (key, cfg.name) not in _PATCH_SUBSETS:
+                    assert row is not None, (name, key, cfg.name)
+                if row is not None:
+                    for c in ad.cases_for(cfg):
+                        assert c.name in row, (name, key, cfg.name, c.name)
+
+
+#: (patch key, configuration) pairs a patched section does not record: the stage runs that patch on other configurations
+_PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("eagle", "medusa", "eagle3", "mtp", "dflash"),
+                                                  "patch A,C": ("control", "draft-prob", "draft-greedy", "block", "ngram",
+                                                                "eagle3", "mtp", "dflash", "suffix", "synthetic")}.items()
+                  for cfg in configs}
 
 
 def test_markdown_table_rows():

@@ -138,3 +138,22 @@ def test_parallel_workers_give_the_same_verdicts(fake_run, tmp_path):
 
     for cfg in configs:
         assert summary(parallel, cfg) == summary(sequential, cfg), cfg
+
+
+def test_argmax_draft_rounds_are_rebuilt_from_the_completions_and_a_misaligned_drafter_is_named(tmp_path):
+    """Any adapter whose configuration declares its argmax proposer gets the rounds check: the engine's counters and
+    each request's rounds against the rounds rebuilt from the efficiency set's completions. The fake vLLM-like EAGLE
+    engine passes it exactly; the one whose drafter reads the feature one position early keeps the exact law of its
+    completions (CERTIFIED) and is named at its first differing request and round."""
+    from conformance.engines.report import expectation_entries
+
+    assert runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE,
+                        "--configs", "eagle,eagle-early"]) == 0
+    results = json.loads((tmp_path / "verdicts.json").read_text())
+    good, early = results["configs"]["eagle"], results["configs"]["eagle-early"]
+    assert good["rounds"]["passed"] is True and good["rounds"]["per_request"], good["rounds"]["text"]
+    assert good["efficiency"]["passed"] is True and "given the rounds' texts" in good["efficiency"]["verdict"]
+    assert early["cases"]["warp"]["level"] in ("certified", "reduced")
+    assert early["rounds"]["passed"] is False and "request 0 (seed 5000000)" in early["rounds"]["text"]
+    assert expectation_entries(results)["eagle-early"]["rounds"] == "fail"
+    assert "| eagle-early | exact-eagle | FAIL: DIFFERS" in (tmp_path / "verdicts.md").read_text()

@@ -116,7 +116,10 @@ class Configuration:
     under the same seeds (checked per seed: stronger than the law test); ``k``: drafts per round (None: the
     adapter's default); ``scale``: the fraction of every case's requests this configuration runs (below 1 only with
     ``identical_to``: per-seed identity on the first requests of each case is then the evidence, and their law is
-    tested at the reduced power it has)."""
+    tested at the reduced power it has); ``proposer``: the exact law of the configuration's argmax drafts
+    (:func:`conformance.engines.rounds.proposal_law`: ``draft``, ``exact-eagle``, ``exact-medusa:H``,
+    ``ngram:MIN:MAX``): its rounds are rebuilt from the efficiency set's completions and compared with the engine's
+    counters, and (other than ``draft``) its efficiency expectation is the exact one given those rounds."""
 
     name: str
     method: str | None
@@ -128,14 +131,17 @@ class Configuration:
     identical_to: str | None = None
     k: int | None = None
     scale: float = 1.0
+    proposer: str | None = None
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
             raise ValueError(f"configuration {self.name!r}: unknown scheme {self.scheme!r}; known: {SCHEMES}")
         if not 0 < self.scale <= 1 or (self.scale < 1 and self.identical_to is None):
             raise ValueError(f"configuration {self.name!r}: scale must be in (0, 1], and below 1 only with identical_to")
-        if self.method is None and self.scheme is not None:
-            raise ValueError(f"configuration {self.name!r}: a scheme needs a speculative method")
+        if self.method is None and (self.scheme is not None or self.proposer is not None):
+            raise ValueError(f"configuration {self.name!r}: a scheme or a proposer needs a speculative method")
+        if self.proposer is not None and self.scheme != "one_hot":
+            raise ValueError(f"configuration {self.name!r}: a declared proposer drafts its argmax (scheme one_hot)")
 
     @property
     def speculative(self) -> bool:

@@ -29,14 +29,16 @@ def patch_key(patch: str) -> str:
 
 
 def expectation_entries(results: dict) -> dict:
-    """``{config: {case: level}}`` (plus ``efficiency``, and ``identity:<case>`` where a configuration claims per-seed
-    identity) from a run's ``verdicts.json`` data."""
+    """``{config: {case: level}}`` (plus ``efficiency``, ``rounds`` where a configuration declares its argmax proposer,
+    and ``identity:<case>`` where it claims per-seed identity) from a run's ``verdicts.json`` data."""
     out = {}
     for cfg, r in results["configs"].items():
         row = {case: c["level"] for case, c in r["cases"].items()}
         eff = r.get("efficiency") or {}
         if eff.get("passed") is not None:
             row["efficiency"] = "pass" if eff["passed"] else "fail"
+        if (r.get("rounds") or {}).get("passed") is not None:
+            row["rounds"] = "pass" if r["rounds"]["passed"] else "fail"
         for case, c in r["cases"].items():
             if (c.get("identity") or {}).get("passed") is not None:
                 row[f"identity:{case}"] = "pass" if c["identity"]["passed"] else "fail"
@@ -127,6 +129,12 @@ def markdown(results: dict) -> str:
             for p in eff.get("positions", []))
         lines.append(f"| {cfg} | {eff.get('scheme') or '-'} | {eff.get('drafts', '-')} ({_fmt(eff.get('expected_drafts'), '.0f')}) | "
                      f"{pos or '-'} | {eff.get('verdict', '-')} |")
+    rounds = [(cfg, r["rounds"]) for cfg, r in results["configs"].items() if r.get("rounds")]
+    if rounds:
+        lines += ["", "## Rounds (argmax drafts: the counters vs the rounds rebuilt from the efficiency set's completions)",
+                  "", "| configuration | proposer | verdict |", "|---|---|---|"]
+        lines += [f"| {cfg} | {x.get('proposer', '-')} | {'PASS' if x.get('passed') else 'FAIL' if x.get('passed') is False else '-'}: "
+                  f"{x.get('text', '')[:600]} |" for cfg, x in rounds]
     failures = [(cfg, r["failure"]) for cfg, r in results["configs"].items() if r.get("failure")]
     if failures:
         lines += ["", "## Configuration failures", ""] + [f"* {cfg}: {f}" for cfg, f in failures]

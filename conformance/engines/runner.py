@@ -17,6 +17,8 @@ then, the same for every engine:
   drafted tokens for the case's batch); one that drafted nothing is ``not_speculating``, never a pass;
 * compares the acceptance counters with the exact expectation of the declared scheme
   (:mod:`conformance.engines.efficiency`);
+* for a configuration that declares its argmax proposer, rebuilds every round of the efficiency set from the
+  completions and compares them with the engine's counters, exactly (:mod:`conformance.engines.rounds`);
 * checks per-seed identity where a configuration claims it (``identical_to``): request by request, naming the
   first request and position that differ;
 * writes ``DIR/verdicts.json``, ``DIR/verdicts.md`` and, per failing case, a replay (the adapter's standalone
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .matrix import EFFICIENCY
+from .rounds import rounds_of
 from .report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
     patch_key, write_json
 
@@ -293,7 +296,7 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     k = ad.k_of(cfg)
     rates = cfg.options.get("synthetic_acceptance_rates") if cfg.scheme == "synthetic" else None
     exp = None
-    if cfg.scheme in ("token", "one_hot", "block", "sample_match"):
+    if cfg.scheme in ("token", "one_hot", "block", "sample_match") and (cfg.proposer or "draft") == "draft":
         exp = expectation_for(ad.families[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, k,
                               tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens,
                               prefill=ad.conventions.first_token_at_prefill)
@@ -401,6 +404,11 @@ def run(args) -> dict:
                   (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
                   (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else ""), flush=True)
         entry["efficiency"] = efficiency_of(ad, cfg, state)
+        rounds = rounds_of(ad, cfg, state)  # argmax drafts: the rounds rebuilt from the completions vs the counters
+        if rounds is not None:
+            entry["rounds"] = rounds["check"]
+            entry["efficiency"] = rounds["efficiency"] or entry["efficiency"]
+            print(f"    rounds: {rounds['check']['text'][:300]}", flush=True)
         if entry["efficiency"]:
             print(f"    efficiency: {entry['efficiency']['verdict']}", flush=True)
         results["configs"][n] = entry

@@ -79,7 +79,8 @@ def rows_of(results: dict) -> list[dict]:
                      "patch": results.get("patch_key", "unpatched"), "configuration": cfg, "note": r.get("note", ""),
                      "scheme": r.get("scheme") or "-", "verdicts": _verdict_cell(r["cases"]),
                      "acceptance": _acceptance_cell(r.get("efficiency")), "failure": r.get("failure"),
-                     "findings": _findings(cfg, r["cases"])})
+                     "findings": _findings(cfg, r["cases"]) + (
+                         [f"rounds: {r['rounds']['text'][:300]}"] if (r.get("rounds") or {}).get("passed") is False else [])})
     return rows
 
 

@@ -9,8 +9,11 @@ reaches the model runner; float32, eager, ``max_model_len`` 32) and generates ev
 ``LLM.generate`` call. Conventions: top-k keeps every token tied with the k-th; the first token is a plain target
 sample at prefill, rounds of exactly ``k`` drafts follow; a request's ``seed`` fixes its output. Counters:
 ``LLM.get_metrics()`` (``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
-``..._num_accepted_tokens_per_pos``), cumulative over the process. Patches: :mod:`conformance.engines.vllm_patch`
-(defects A, B, C). Importing this module never imports vLLM.
+``..._num_accepted_tokens_per_pos``), cumulative over the process, and, for configurations that declare their argmax
+proposer, each request's rounds (``per_request_spec_decode_metrics="detailed"``): the runner rebuilds the rounds from
+the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE and Medusa configurations load the
+exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`). Patches:
+:mod:`conformance.engines.vllm_patch` (defects A, B, C). Importing this module never imports vLLM.
 """
 from __future__ import annotations
 
@@ -32,19 +35,31 @@ ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=32, seed=E
 INSTALL = "bash scripts/vllm_env.sh"
 K = 3
 
+#: The cases the proposer-head configurations run (order-1 family: the heads are built on order1-target).
+HEAD_CASES = ("temperature", "warp-1tok", "eos", "greedy-1tok")  # warp-1tok: the law of warp, and defect C
+
 CONFIGS: tuple[Configuration, ...] = (
     Configuration("control", None, note="no speculation: the engine's plain sampler"),
     Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
                   note="draft model sampled from softmax(draft / T); standard rejection sampling"),
     Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
                   cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok"),
-                  note="draft model argmax, treated as one-hot in rejection sampling"),
+                  proposer="draft", note="draft model argmax, treated as one-hot in rejection sampling"),
     Configuration("block", "draft_model", {"draft_sample_method": "probabilistic", "rejection_sample_method": "block"},
                   "block", cases=("warp-1tok", "warp", "position", "greedy"),
                   note="block verification (Sun et al.) as configured"),
-    Configuration("ngram", "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 2}, None,
-                  cases=("temperature", "warp-1tok", "warp", "penalty", "position"),
+    Configuration("ngram", "ngram", {"prompt_lookup_min": 1, "prompt_lookup_max": 2}, "one_hot",
+                  cases=("temperature", "warp-1tok", "warp", "penalty", "position"), proposer="ngram:1:2",
                   note="prompt lookup (n-gram) drafts, one-hot"),
+    Configuration("eagle", "eagle", {"head": "eagle"}, "one_hot", cases=HEAD_CASES, proposer="exact-eagle",
+                  note="EAGLE-1 drafter: the exactly-known head on the order-1 target, argmax drafts (one-hot)"),
+    Configuration("medusa", "medusa", {"head": "medusa"}, "one_hot", cases=HEAD_CASES, proposer="exact-medusa:3",
+                  note="Medusa: the exactly-known heads on the order-1 target, argmax drafts (one-hot)"),
+    Configuration("eagle3", "eagle3", {"head": "eagle3-default-aux"}, cases=("greedy-1tok",),
+                  note="EAGLE-3 head with vLLM's default auxiliary layers (three) on the one-layer target"),
+    Configuration("mtp", "mtp", {}, cases=("greedy-1tok",), note="MTP on a Llama target (it has no MTP layers)"),
+    Configuration("dflash", "dflash", {"head": "eagle"}, cases=("greedy-1tok",),
+                  note="DFlash given a Llama-architecture head (the EAGLE head's folder)"),
     Configuration("suffix", "suffix", {}, None, cases=("warp",), note="suffix decoding (needs Arctic Inference)"),
     Configuration("synthetic", "draft_model", {"rejection_sample_method": "synthetic",
                                                "synthetic_acceptance_rates": [0.8, 0.6, 0.4]}, "synthetic",
@@ -76,13 +91,18 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
     return kw
 
 
-def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K) -> dict | None:
-    """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control)."""
+def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K, target: str = "order1-target") -> dict | None:
+    """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control). The option ``head`` names an
+    exactly-known head (:mod:`specdec_ref.exact_head_files`) written for ``target`` and passed as ``model``."""
     if cfg.method is None:
         return None
-    spec = {"method": cfg.method, "num_speculative_tokens": k, **cfg.options}
+    spec = {"method": cfg.method, "num_speculative_tokens": k, **{o: v for o, v in cfg.options.items() if o != "head"}}
     if cfg.method == "draft_model":
         spec["model"] = draft_path
+    if "head" in cfg.options:
+        from specdec_ref.exact_head_files import head_folder
+
+        spec["model"] = str(head_folder(cfg.options["head"], target, heads=k))
     return spec
 
 
@@ -101,6 +121,15 @@ def spec_counters(llm) -> dict:
     return out
 
 
+def _rounds(completion) -> dict:
+    """``{"rounds": [[drafted, accepted], ...]}`` from vLLM's per-request metrics (``per_request_spec_decode_metrics=
+    "detailed"``: ``per_step_drafted`` / ``per_step_accepted``, accepted counted before the ``max_tokens`` cut), or {}."""
+    m = getattr(completion, "spec_decode_metrics", None)
+    if m is None:
+        return {}
+    return {"rounds": [[int(d), int(a)] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]}
+
+
 def _env() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -114,8 +143,10 @@ class VLLMSession:
         from vllm import LLM
 
         self.cfg = cfg
-        self.llm = LLM(model=str(pair.target.path), speculative_config=speculative_config(cfg, str(pair.draft.path), k),
-                       **ENGINE_ARGS)
+        extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer else {}  # each request's rounds
+        self.llm = LLM(model=str(pair.target.path),
+                       speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
+                       **ENGINE_ARGS, **extra)
 
     @staticmethod
     def _params(r):
@@ -127,8 +158,8 @@ class VLLMSession:
     def generate(self, requests) -> list[dict]:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
                                  [self._params(r) for r in requests], use_tqdm=False)
-        return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason}
-                for o in outs]
+        return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason,
+                 **_rounds(o.outputs[0])} for o in outs]
 
     def counters(self) -> dict | None:
         return spec_counters(self.llm) if self.cfg.speculative else None
@@ -186,7 +217,8 @@ class VLLMAdapter(EngineAdapter):
         command = f".venv-vllm/bin/python {path}"
         Path(path).write_text(replay_script(
             title=f"vLLM {cfg.name} ({cfg.note}), case {case.name} ({case.settings()}): {departure}", command=command,
-            target=str(pair.target.path), spec=speculative_config(cfg, str(pair.draft.path), self.k_of(cfg)),
+            target=str(pair.target.path), spec=speculative_config(cfg, str(pair.draft.path), self.k_of(cfg),
+                                                                  pair.target.name),
             prompt=case.prompt, params=params, n=n, length=length, eos=eos, law=law, critical=critical, patch=patch))
         return command
 

@@ -8,7 +8,8 @@ adapter (:meth:`EngineAdapter.open`), runs the efficiency request set (speculati
 drops the cases the engine refuses at submission, then generates every case of the family in ONE batch (the
 requests of all cases interleaved by a fixed permutation: continuous batching mixes settings in every step);
 ``--split`` runs one batch per case instead (used after a crash, to attribute it). Writes ``DIR/<case>.jsonl``
-(black-box format, plus the engine's per-request counters where it reports them) and ``DIR/worker.json`` (status
+(black-box format, plus the engine's per-request counters where it reports them), ``DIR/efficiency.jsonl`` (the
+efficiency set's completions: argmax-draft rounds are rebuilt from them) and ``DIR/worker.json`` (status
 per case, counters, timings) after every step, so a killed worker still leaves what it finished. Invariant: a
 case's file is written only when its batch returned, and its records are in request order with their seeds.
 """
@@ -156,8 +157,14 @@ class Worker:
             return False
         emitted = sum(len(o["completion_ids"]) for o in outs)
         per_request = _per_request_sums(outs)
+        path = self.raw / "efficiency.jsonl"  # the completions: the runner rebuilds argmax-draft rounds from them
+        with open(path, "w") as fh:
+            fh.writelines(json.dumps({"prompt_ids": list(req.prompt), "seed": req.seed,
+                                      "completion_ids": [int(t) for t in out["completion_ids"]],
+                                      **{k: v for k, v in out.items() if k != "completion_ids"}}) + "\n"
+                          for req, out in zip(reqs, outs))
         self.state["efficiency"] = {"status": "ok", "n": len(reqs), "prompts_last": [r.prompt[-1] for r in reqs],
-                                    "emitted": emitted, "seconds": round(time.time() - t0, 2),
+                                    "emitted": emitted, "seconds": round(time.time() - t0, 2), "file": str(path),
                                     **(counters or per_request or {"drafts": 0, "draft_tokens": 0, "accepted": 0,
                                                                   "accepted_per_pos": None}),
                                     "counters_source": "engine" if counters else

@@ -1,0 +1,340 @@
+"""An engine's argmax-draft rounds, reconstructed from its completions, against its own counters (engine-neutral).
+
+With argmax drafts (a one-hot draft: vLLM's default for EAGLE, Medusa, n-gram and ``draft_sample_method="greedy"``)
+a round's drafts are a function of its text, and a draft is accepted exactly when it equals the next token of the
+completion (a rejected one-hot draft is never the token emitted in its place: the residual ``p - q`` has no mass on
+it, and greedy emits the target's argmax, which then differs from it). So from a completion alone every round can
+be rebuilt (:func:`reconstruct`): from the text ``h`` (pending token last) the proposer's exact law
+(:mod:`properties.proposals`) gives the drafts ``D``; the round accepts the leading drafts that equal the next
+tokens and emits one token more. An engine whose drafter reads the wrong feature, the wrong position or a stale
+cache proposes other drafts, and its counters then differ from the reconstruction: :func:`check_rounds` compares
+them, in total (``drafts``, ``draft_tokens``, ``accepted_per_pos``) and, where the engine reports each request's
+rounds, round by round, naming the first request and round that differ.
+
+Conventions an adapter declares (:class:`~conformance.engines.adapter.Conventions`): ``first_token_at_prefill``
+(vLLM: the first token is a plain target sample and rounds start after it), and a configuration's ``proposer``
+(:func:`proposal_law`). vLLM always proposes the law's full count near ``max_tokens`` and counts the accepted drafts
+before the completion is cut, so the last round of a request is *censored* when the text ends before a draft was
+rejected: its accepted count is then only bounded, ``[visible, drafts]`` (greedy requests: settled by the target's
+argmax chain). The totals must lie within the bounds and equal them where no round is censored.
+
+:func:`conditional_acceptance` is the statistical half: given every reconstructed round's text, the engine's
+``accepted_per_pos[i]`` has the exact mean ``sum_rounds P(m >= i | text)``
+(:func:`properties.proposals.round_acceptance` under the declared scheme) and, the rounds being a martingale
+sequence, the variance ``sum P (1 - P)``; a position more than :data:`TOLERANCE_SE` standard errors away (either way:
+given the texts the law is exact) fails.
+
+Invariant: nothing here imports an engine; the reconstruction reads the exact tables only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["DraftArgmaxLaw", "Round", "proposal_law", "argmax_drafts", "reconstruct", "check_rounds",
+           "conditional_acceptance", "rounds_of", "TOLERANCE_SE", "greedy_next"]
+
+TOLERANCE_SE = 5.0
+
+
+@dataclass(frozen=True)
+class DraftArgmaxLaw:
+    """The argmax of an order-1 draft model (a ``draft_model`` configuration with greedy drafting): draft ``i`` reads
+    the row of the token before it."""
+
+    draft: str
+    one_hot = True
+    context = 1
+    sample = False
+
+    def raw(self, text: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
+        return _target_rows_any(self.draft)[(list(drafts) or list(text))[-1]]
+
+    def count(self, text, k):
+        return k if len(text) >= 1 else 0
+
+
+def _target_rows_any(name: str) -> np.ndarray:
+    from specdec_ref.exact_models import exact_model
+
+    m = exact_model(name)
+    return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
+
+
+def proposal_law(spec: str, pair_name: str):
+    """The exact proposal law a configuration declares (``Configuration.proposer``), on the pair its efficiency set
+    runs: ``draft`` (the pair's draft model, argmax), ``exact-eagle`` / ``exact-medusa:H`` (the exactly-known heads
+    on the pair's order-1 target, argmax, :mod:`specdec_ref.exact_heads`), ``ngram:MIN:MAX`` (prompt lookup)."""
+    from properties.proposals import EagleLaw, MedusaLaw, NgramLaw
+    from specdec_ref.exact_heads import EAGLE_ALPHA
+    from specdec_ref.exact_models import exact_pair
+
+    pair = exact_pair(pair_name)
+    kind, _, rest = spec.partition(":")
+    if kind == "draft":
+        return DraftArgmaxLaw(pair.draft.name)
+    if kind == "exact-eagle":
+        return EagleLaw(pair.target.name, EAGLE_ALPHA, False)
+    if kind == "exact-medusa":
+        return MedusaLaw(pair.target.name, int(rest or 3), False)
+    if kind == "ngram":
+        lo, _, hi = rest.partition(":")
+        return NgramLaw(int(lo), int(hi or lo))
+    raise ValueError(f"unknown proposer {spec!r} (draft, exact-eagle, exact-medusa:H, ngram:MIN:MAX)")
+
+
+def argmax_drafts(law, text: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:
+    """``(drafts, ties)``: the law's argmax chain from ``text`` (the first maximal index, as ``torch.argmax`` and
+    ``numpy.argmax`` take it) and how many of its steps had a tied maximum (their draft is a tie-break)."""
+    if hasattr(law, "proposal"):
+        return tuple(law.proposal(list(text), k)), 0
+    drafts, ties = [], 0
+    for _ in range(law.count(list(text), k)):
+        row = law.raw(list(text), drafts)
+        top = np.sort(row)[-2:]
+        ties += int(top[1] - top[0] < 1e-9)
+        drafts.append(int(np.argmax(row)))
+    return tuple(drafts), ties
+
+
+@dataclass(frozen=True)
+class Round:
+    """One reconstructed round: ``request`` (index in the batch), ``start`` (index in ``prompt + completion`` of the
+    round's first new token: ``text[:start]`` is its history), its ``drafts``, ``accepted`` (exact, or the visible
+    lower bound when ``censored``: the completion ended before a draft was rejected), ``ties`` (tied argmax steps)."""
+
+    request: int
+    start: int
+    drafts: tuple[int, ...]
+    accepted: int
+    censored: bool
+    ties: int = 0
+
+    @property
+    def upper(self) -> int:
+        return len(self.drafts) if self.censored else self.accepted
+
+
+def greedy_next(target_name: str) -> Callable[[int], int]:
+    """The order-1 target's argmax after a token (extends a greedy completion past its cut)."""
+    rows = _target_rows_any(target_name)
+    return lambda last: int(np.argmax(rows[last]))
+
+
+def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *, prefill: bool = True,
+                request: int = 0, extend: Callable[[int], int] | None = None) -> list[Round]:
+    """The rounds of one request (module docstring). ``prefill``: the first token is a plain target sample (no
+    round); a text on which the law proposes nothing is a plain target step (no round counted, as vLLM's n-gram
+    without a match). ``extend(last) -> next``: the deterministic continuation past the completion's end (greedy
+    requests), which settles a censored round; None leaves it censored."""
+    text = list(prompt) + list(completion)
+    pos = len(prompt) + (1 if prefill and completion else 0)
+    rounds = []
+    while pos < len(text):
+        drafts, ties = argmax_drafts(law, text[:pos], k)
+        if not drafts:
+            pos += 1
+            continue
+        m = 0
+        while m < len(drafts) and pos + m < len(text) and text[pos + m] == drafts[m]:
+            m += 1
+        censored = m < len(drafts) and pos + m >= len(text)
+        if censored and extend is not None:
+            last = text[-1]
+            while m < len(drafts):
+                last = extend(last)
+                if last != drafts[m]:
+                    break
+                m += 1
+            censored = False
+        rounds.append(Round(request, pos, drafts, m, censored, ties))
+        pos += m + 1
+    return rounds
+
+
+def _totals(rounds: Sequence[Round], k: int) -> dict:
+    lo, hi = np.zeros(k, dtype=int), np.zeros(k, dtype=int)
+    for r in rounds:
+        lo[:min(r.accepted, k)] += 1
+        hi[:min(r.upper, k)] += 1
+    return {"drafts": len(rounds), "draft_tokens": sum(len(r.drafts) for r in rounds),
+            "accepted_per_pos": lo.tolist(), "accepted_per_pos_upper": hi.tolist(),
+            "censored": sum(r.censored for r in rounds), "tied": sum(r.ties > 0 for r in rounds)}
+
+
+def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counters: dict | None,
+                 extend: Callable[[int], int] | None = None) -> dict:
+    """The engine's counters (and per-request rounds where each record has ``rounds``: ``[[drafted, accepted], ...]``
+    in order) against the rounds rebuilt from the records' ``prompt_ids`` / ``completion_ids``. ``passed`` False on
+    the first difference, with ``text`` naming it; None when the engine reports nothing to compare."""
+    rounds: list[Round] = []
+    first = None
+    per_request = all("rounds" in r for r in records) and bool(records)
+    for i, rec in enumerate(records):
+        mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend)
+        rounds.extend(mine)
+        if per_request and first is None:
+            engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
+            bad = _first_difference(mine, engine)
+            if bad is not None:
+                first = _describe(i, rec, mine, engine, bad)
+    total = _totals(rounds, k)
+    out = {"reconstructed": total, "rounds": rounds, "per_request": per_request, "requests": len(records)}
+    problems = []
+    if counters is not None:
+        out["engine"] = {key: counters.get(key) for key in ("drafts", "draft_tokens", "accepted", "accepted_per_pos")}
+        for key in ("drafts", "draft_tokens"):
+            if counters.get(key) is not None and int(counters[key]) != total[key]:
+                problems.append(f"{key}: engine {counters.get(key)}, reconstructed {total[key]}")
+        pos = counters.get("accepted_per_pos")
+        if pos is None and counters.get("accepted") is not None:
+            lo, hi = sum(total["accepted_per_pos"]), sum(total["accepted_per_pos_upper"])
+            if not lo <= int(counters["accepted"]) <= hi:
+                problems.append(f"accepted: engine {counters['accepted']}, reconstructed "
+                                + (f"{lo}" if lo == hi else f"{lo}..{hi}"))
+        if pos is not None:
+            for j in range(k):
+                lo, hi = total["accepted_per_pos"][j], total["accepted_per_pos_upper"][j]
+                if not lo <= int(pos[j]) <= hi:
+                    problems.append(f"accepted at position {j + 1}: engine {pos[j]}, reconstructed "
+                                    + (f"{lo}" if lo == hi else f"{lo}..{hi}"))
+    elif not per_request:
+        out.update(passed=None, text="the engine reports no counters to compare with the reconstruction")
+        return out
+    if first is not None:
+        problems.insert(0, first)
+    where = "totals" + (" and every request's rounds" if per_request else "")
+    bounds = (f"; {total['censored']} rounds cut by max_tokens before a rejection, counted within their bounds"
+              if total["censored"] else "")
+    if problems:
+        out.update(passed=False, text="DIFFERS from the rounds rebuilt from the completions: " + "; ".join(problems))
+    else:
+        out.update(passed=True, text=f"{where} equal the {total['drafts']} rounds rebuilt from {len(records)} "
+                                     f"completions ({total['draft_tokens']} drafts){bounds}")
+    out["problems"] = problems
+    return out
+
+
+def _first_difference(mine: Sequence[Round], engine: Sequence[tuple[int, int]]) -> int | None:
+    for j in range(max(len(mine), len(engine))):
+        if j >= len(mine) or j >= len(engine):
+            return j
+        r, (drafted, accepted) = mine[j], engine[j]
+        if drafted != len(r.drafts) or not r.accepted <= accepted <= r.upper:
+            return j
+    return None
+
+
+def _describe(i: int, rec: dict, mine, engine, j: int) -> str:
+    seed = rec.get("seed")
+    head = f"request {i}" + (f" (seed {seed})" if seed is not None else "") + \
+        f", prompt {list(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: round {j + 1}"
+    if j >= len(mine):
+        return f"{head}: the engine counts {len(engine)} rounds, the completion has {len(mine)}"
+    r = mine[j]
+    text = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[:r.start]
+    want = f"{r.accepted}" if not r.censored else f"{r.accepted}..{r.upper}"
+    got = "none" if j >= len(engine) else f"{engine[j][1]} of {engine[j][0]}"
+    after = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[r.start:r.start + len(r.drafts) + 1]
+    return (f"{head} from text {text}: the law drafts {list(r.drafts)}, the completion continues {after}, so "
+            f"{want} accepted; the engine accepted {got}")
+
+
+def conditional_acceptance(target_name: str, law, records: Sequence[dict], rounds: Sequence[Round], config, k: int,
+                           observed_per_pos: Sequence[int] | None, *, scheme=None,
+                           tolerance: float = TOLERANCE_SE) -> dict:
+    """Per position ``i``: the exact ``E = sum_rounds P(m >= i | text)`` over the reconstructed rounds (the law of one
+    round, :func:`properties.proposals.round_acceptance`, under ``config`` and ``scheme``, default token-wise rejection
+    with the one-hot draft), the standard error ``sqrt(sum P (1 - P))``, the engine's count and z. In the layout of
+    :func:`conformance.engines.efficiency.compare` (``positions``, ``passed``, ``verdict``)."""
+    from properties.exact import SchemeSpec
+    from properties.proposals import round_acceptance, round_key
+    from specdec_ref.exact_models import exact_model
+
+    target = exact_model(target_name)
+    scheme = scheme or SchemeSpec(name="token")
+    memo: dict = {}
+    mean, var = np.zeros(k), np.zeros(k)
+    for r in rounds:
+        rec = records[r.request]
+        text = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[:r.start]
+        key = round_key(law, text, k)
+        if key not in memo:
+            law_m = round_acceptance(target, law, text, [], config, k, scheme)
+            tail = np.cumsum(law_m[::-1])[::-1]  # P(m >= j)
+            memo[key] = np.array([tail[j] if j < len(tail) else 0.0 for j in range(1, k + 1)])
+        p = memo[key]
+        mean += p
+        var += p * (1 - p)
+    drafts = len(rounds)
+    rows, failing = [], []
+    obs = list(observed_per_pos) if observed_per_pos is not None else None
+    for j in range(k):
+        se = math.sqrt(var[j])
+        row = {"position": j + 1, "expected": float(mean[j] / drafts) if drafts else 0.0,
+               "se": se / drafts if drafts else 0.0, "expected_count": float(mean[j])}
+        if obs is not None:
+            row.update(accepted=int(obs[j]), observed=int(obs[j]) / drafts if drafts else 0.0,
+                       z=(int(obs[j]) - mean[j]) / se if se > 0 else (0.0 if int(obs[j]) == mean[j] else float("inf")))
+            if abs(row["z"]) > tolerance:
+                failing.append(row)
+        rows.append(row)
+    out = {"drafts": drafts, "positions": rows, "tolerance_se": tolerance, "failing": failing,
+           "expectation": "conditional on the reconstructed rounds' texts", "distinct_round_starts": len(memo)}
+    if obs is None:
+        out.update(passed=None, verdict="no per-position counters: the exact expectation is stated, not tested")
+    elif failing:
+        out.update(passed=False, verdict="FAILS efficiency: " + "; ".join(
+            f"position {r['position']}: {r['observed']:.4f} vs exact {r['expected']:.4f} ({r['z']:+.1f} SE)"
+            for r in failing))
+    else:
+        out.update(passed=True, verdict="matches the exact expectation given the rounds' texts")
+    if drafts:
+        total = sum(int(x) for x in obs) if obs is not None else None
+        out["acceptance_per_token"] = None if total is None else total / max(sum(len(r.drafts) for r in rounds), 1)
+        out["expected_acceptance_per_token"] = float(mean.sum() / max(sum(len(r.drafts) for r in rounds), 1))
+    return out
+
+
+def rounds_of(ad, cfg, state: dict) -> dict | None:
+    """The runner's half (any adapter): for a configuration that declares its ``proposer``, the rounds check on the
+    efficiency set's completions (``{"check": ...}``) and, for proposers other than the pair's draft model, the
+    efficiency verdict given those rounds (``{"efficiency": ...}``; the draft model keeps the unconditional
+    expectation of :mod:`conformance.engines.efficiency`). None when there is nothing to rebuild from."""
+    import json
+    from pathlib import Path
+
+    from specdec_ref.exact_models import exact_pair
+
+    from .matrix import EFFICIENCY
+
+    eff = state.get("efficiency")
+    if cfg.proposer is None or not cfg.speculative or not eff or eff.get("status") != "ok" or not eff.get("file"):
+        return None
+    records = [json.loads(line) for line in Path(eff["file"]).read_text().splitlines()]
+    pair_name = ad.families[EFFICIENCY.family]
+    target = exact_pair(pair_name).target.name
+    law, k = proposal_law(cfg.proposer, pair_name), ad.k_of(cfg)
+    engine_counters = eff.get("counters_source") == "engine"
+    counters = {key: eff.get(key) for key in ("drafts", "draft_tokens", "accepted", "accepted_per_pos")}
+    if not engine_counters:  # per-request totals count requests, not rounds: only the draft and accepted totals
+        counters = {"draft_tokens": eff.get("draft_tokens"), "accepted": eff.get("accepted")} \
+            if eff.get("counters_source") == "per-request" else None
+    extend = greedy_next(target) if EFFICIENCY.sampling.greedy else None
+    check = check_rounds(law, records, k, prefill=ad.conventions.first_token_at_prefill, counters=counters,
+                         extend=extend)
+    rounds = check.pop("rounds")
+    out = {"check": {**check, "proposer": cfg.proposer}, "efficiency": None}
+    if cfg.proposer.partition(":")[0] != "draft" and rounds:
+        e = conditional_acceptance(target, law, records, rounds, EFFICIENCY.sampling, k,
+                                   (counters or {}).get("accepted_per_pos"))
+        e.update(scheme=cfg.scheme, n_requests=eff["n"], seconds=eff.get("seconds"),
+                 counters_source=eff.get("counters_source"), draft_tokens=eff.get("draft_tokens"),
+                 accepted=eff.get("accepted"))
+        if engine_counters:
+            e["drafts"] = eff.get("drafts")
+        out["efficiency"] = e
+    return out

@@ -1,0 +1,90 @@
+"""vLLM (CPU, 0.32) loads the exactly-known EAGLE-1 and Medusa heads and drafts exactly what their laws say.
+
+Run in the vLLM stage only (``.venv-vllm/bin/python -m pytest engine_tests/test_vllm_heads.py``). The heads are
+written at run time (:mod:`specdec_ref.exact_head_files`, under a temporary cache) and loaded as vLLM's
+``speculative_config["model"]`` on the order-1 target, float32, k = 3, argmax drafts (vLLM's default):
+
+* greedy outputs equal the target's greedy continuation (from the tables) for every two-token prompt ``[y, x]`` and
+  every one-token prompt: a head changes how fast tokens come, never which;
+* speculation happened (drafts accepted), and the counters equal, exactly, the rounds rebuilt from the greedy
+  completions (:mod:`conformance.engines.rounds`: drafts are the law's argmax chain from each round's text; greedy
+  settles the rounds cut by ``max_tokens``), in total and request by request (vLLM's per-request metrics).
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
+
+from conformance.engines import rounds as R  # noqa: E402
+from conformance.engines.vllm import ENGINE_ARGS, spec_counters  # noqa: E402
+from specdec_ref.exact_heads import order1_table  # noqa: E402
+from specdec_ref.exact_models import exact_model  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("vllm_heads")
+K, MAX_TOKENS = 3, 12
+TARGET = "order1-target"
+HEADS = {"eagle": "exact-eagle", "medusa": "exact-medusa:3"}
+
+
+@pytest.fixture(scope="module", params=sorted(HEADS))
+def engine(request, tmp_path_factory):
+    from specdec_ref.exact_head_files import head_folder
+
+    folder = head_folder(request.param, TARGET, heads=K, root=tmp_path_factory.mktemp("heads"))
+    llm = LLM(model=str(exact_model(TARGET).path), per_request_spec_decode_metrics="detailed",
+              speculative_config={"method": request.param, "model": str(folder), "num_speculative_tokens": K},
+              **ENGINE_ARGS)
+    yield request.param, llm
+    llm.llm_engine.engine_core.shutdown()
+
+
+def _greedy(prompt, n):
+    t = order1_table(TARGET)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(t[(list(prompt) + out)[-1]])))
+    return out
+
+
+def _generate(llm, prompts):
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, detokenize=False)
+    before = spec_counters(llm)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [params] * len(prompts), use_tqdm=False)
+    after = spec_counters(llm)
+    counters = {k: after[k] - before[k] for k in ("drafts", "draft_tokens", "accepted")}
+    counters["accepted_per_pos"] = [a - b for a, b in zip(after["accepted_per_pos"], before["accepted_per_pos"] or [0] * K)]
+    return outs, counters
+
+
+def test_greedy_equals_the_targets_greedy_continuation_and_the_rounds_equal_the_counters(engine):
+    name, llm = engine
+    prompts = [[y, x] for y in range(8) for x in range(8)]
+    outs, counters = _generate(llm, prompts)
+    records = []
+    for p, o in zip(prompts, outs):
+        ids = [int(t) for t in o.outputs[0].token_ids]
+        assert ids == _greedy(p, MAX_TOKENS), (name, p, ids)
+        m = o.outputs[0].spec_decode_metrics
+        records.append({"prompt_ids": p, "completion_ids": ids,
+                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
+    assert counters["accepted"] > 0, counters
+    out = R.check_rounds(R.proposal_law(HEADS[name], "order1-close"), records, K, prefill=True, counters=counters,
+                         extend=R.greedy_next(TARGET))
+    assert out["passed"] is True and out["per_request"], out["text"]
+    assert out["reconstructed"]["censored"] == 0 and out["reconstructed"]["accepted_per_pos"] == counters["accepted_per_pos"]
+    print(f"{name}: {out['text']}; counters {counters}")
+
+
+def test_one_token_prompts_keep_the_greedy_continuation(engine):
+    """One-token prompts, alone in their batch (defect C's padding needs running requests in the step)."""
+    name, llm = engine
+    prompts = [[t] for t in range(7)]
+    outs, _ = _generate(llm, prompts)
+    for p, o in zip(prompts, outs):
+        assert [int(t) for t in o.outputs[0].token_ids] == _greedy(p, MAX_TOKENS), (name, p)

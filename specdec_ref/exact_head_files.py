@@ -1,0 +1,174 @@
+"""Checkpoint folders of the exactly-known proposer heads in the layouts engines load (vLLM 0.32's EAGLE-1 and Medusa).
+
+    python -m specdec_ref.exact_head_files [--root DIR]      # write them (default: the cache) and print the folders
+
+The heads are :mod:`specdec_ref.exact_heads`'s, written as ``config.json`` + ``model.safetensors`` (float32) at run
+time, never committed: the bytes are a function of the tables (:func:`~specdec_ref.exact_heads.eagle_mix`,
+:func:`~specdec_ref.exact_heads.medusa_table`) and of this writer, so a folder is named by its digest and written once
+(atomically: two workers may ask at the same time).
+
+* ``eagle`` (vLLM ``method="eagle"``, ``EagleLlamaForCausalLM``): the target's ``config.json`` (a one-layer Llama,
+  hidden 16) and ``fc.weight [16, 32]`` = ``[alpha I | C^T]`` on dims 0..7 over ``cat(embed(token), feature)`` (vLLM's
+  order: the token's embedding first), one decoder layer whose attention and MLP run on deterministic dyadic weights
+  and add exactly zero (``o_proj`` and ``down_proj`` zero; layer 0 has no ``input_layernorm`` in vLLM's EAGLE-1),
+  no ``embed_tokens`` and no ``lm_head`` (vLLM shares the target's; a checkpoint ``lm_head`` fails to load). So the
+  drafter's hidden is ``alpha 4 e_x + C^T f`` and its logits ``hidden / 4 @ T``, as
+  :class:`properties.proposals.EagleLaw` states.
+* ``medusa`` (``MedusaModel``): ``heads`` residual blocks of one zero layer (``x + SiLU(0) = x``) and lm_heads
+  ``M_{i+2}^T / 4`` on dims 0..7 (:func:`~specdec_ref.exact_heads.medusa_table`); ``medusa_fc_bias`` off. vLLM builds
+  exactly ``num_speculative_tokens`` heads, so ``heads`` must be at least the engine's k.
+* ``eagle3-default-aux`` (``Eagle3LlamaForCausalLM``): an EAGLE-3 head with vLLM's default auxiliary layers (three:
+  ``fc [16, 48]``), used only to record that a one-layer target cannot feed it (its error), not an exact law.
+
+Invariant: every weight is a multiple of 1/64 of magnitude below 8, so the engine's float32 drafter computes the
+tables' expressions exactly (no rounding can break or make an argmax tie).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["KINDS", "WRITER_VERSION", "head_files", "head_folder", "heads_root", "write_head"]
+
+WRITER_VERSION = "1"
+KINDS = ("eagle", "medusa", "eagle3-default-aux")
+_H, _V, _HEADS, _HEAD_DIM, _INTER = 16, 8, 2, 32, 32
+
+
+def heads_root() -> Path:
+    """``$SPECDEC_CACHE/heads`` (default ``~/.cache/specdec-ref/heads``): outside the clone, beside the GGUF files."""
+    return Path(os.environ.get("SPECDEC_CACHE") or str(Path.home() / ".cache" / "specdec-ref")) / "heads"
+
+
+def _pattern(rows: int, cols: int, salt: int) -> np.ndarray:
+    """Deterministic dyadic weights in [-1/4, 1/4] (multiples of 1/32): the layer's attention and MLP run on them."""
+    i, j = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    return (((i * 7 + j * 3 + salt) % 17) - 8) / 32.0
+
+
+def _target_config(target_name: str) -> dict:
+    from .exact_models import exact_model
+
+    return json.loads((Path(exact_model(target_name).path) / "config.json").read_text())
+
+
+def _llama_layer(prefix: str, qkv_in: int, *, input_norm: bool) -> dict:
+    qkv = _HEADS * _HEAD_DIM
+    w = {prefix + "self_attn.q_proj.weight": _pattern(qkv, qkv_in, 1),
+         prefix + "self_attn.k_proj.weight": _pattern(qkv, qkv_in, 2),
+         prefix + "self_attn.v_proj.weight": _pattern(qkv, qkv_in, 3),
+         prefix + "self_attn.o_proj.weight": np.zeros((_H, qkv)),
+         prefix + "post_attention_layernorm.weight": np.ones(_H),
+         prefix + "mlp.gate_proj.weight": _pattern(_INTER, _H, 4),
+         prefix + "mlp.up_proj.weight": _pattern(_INTER, _H, 5),
+         prefix + "mlp.down_proj.weight": np.zeros((_H, _INTER))}
+    if input_norm:
+        w[prefix + "input_layernorm.weight"] = np.ones(_H)
+    return w
+
+
+def head_files(kind: str, target_name: str = "order1-target", *, heads: int = 3) -> dict[str, bytes]:
+    """The folder's files as bytes (``config.json``, ``model.safetensors``): deterministic."""
+    from .exact_heads import EAGLE_ALPHA, eagle_mix, medusa_table, order1_table
+
+    order1_table(target_name)  # raises unless a plain order-1 target
+    if kind == "eagle":
+        config = _target_config(target_name)
+        fc = np.zeros((_H, 2 * _H))
+        fc[:_V, :_V] = EAGLE_ALPHA * np.eye(_V)
+        fc[:_V, _H:_H + _V] = eagle_mix(target_name).T
+        weights = {"fc.weight": fc, **_llama_layer("layers.0.", _H, input_norm=False)}
+    elif kind == "medusa":
+        config = {"architectures": ["MedusaModel"], "model_type": "medusa", "hidden_size": _H, "vocab_size": _V,
+                  "num_heads": heads, "num_hidden_layers": 1, "medusa_fc_bias": False}
+        weights = {}
+        for i in range(heads):
+            lm = np.zeros((_V, _H))
+            lm[:, :_V] = medusa_table(target_name, i + 2).T / 4
+            weights[f"blocks.{i}.layers.0.weight"] = np.zeros((_H, _H))
+            weights[f"lm_heads.{i}.weight"] = lm
+    elif kind == "eagle3-default-aux":
+        config = dict(_target_config(target_name), draft_vocab_size=_V)
+        head = np.zeros((_V, _H))
+        head[:, :_V] = order1_table(target_name).T / 4
+        fc = np.zeros((_H, 3 * _H))
+        fc[:, :_H] = np.eye(_H)
+        weights = {"fc.weight": fc, "norm.weight": np.ones(_H), "lm_head.weight": head,
+                   "midlayer.input_layernorm.weight": np.ones(_H), "midlayer.hidden_norm.weight": np.ones(_H),
+                   **_llama_layer("midlayer.", 2 * _H, input_norm=False)}
+    else:
+        raise ValueError(f"unknown head kind {kind!r}; known: {KINDS}")
+    for name, w in weights.items():
+        if not np.all(np.abs(w) < 8) or not np.all(w * 64 == np.round(w * 64)):
+            raise AssertionError(f"{kind}: {name} is not dyadic within 1/64")
+    meta = {"format": "pt", "specdec_head": f"{kind} on {target_name}, writer {WRITER_VERSION}"}
+    return {"config.json": (json.dumps(config, indent=2, sort_keys=True) + "\n").encode(),
+            "model.safetensors": _safetensors(weights, meta)}
+
+
+def _safetensors(weights: dict, metadata: dict) -> bytes:
+    """The safetensors serialisation of float32 ``weights`` with keys in sorted order (the library's own writer orders
+    the metadata by a hash map: bytes would differ run to run)."""
+    header, blobs, offset = {"__metadata__": metadata}, [], 0
+    for name in sorted(weights):
+        blob = np.ascontiguousarray(weights[name], dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(np.shape(weights[name])), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(blobs)
+
+
+def head_folder(kind: str, target_name: str = "order1-target", *, heads: int = 3, root: Path | None = None) -> Path:
+    """The head's folder under ``root`` (default :func:`heads_root`), written if absent; its name carries the digest
+    of its bytes, so a changed table or writer gives a new folder."""
+    files = head_files(kind, target_name, heads=heads)
+    digest = hashlib.sha256(b"".join(files[n] for n in sorted(files))).hexdigest()[:12]
+    base = Path(root) if root is not None else heads_root()
+    folder = base / (f"{kind}-{target_name}" + (f"-{heads}h" if kind == "medusa" else "") + f"-{digest}")
+    if all((folder / n).is_file() and (folder / n).read_bytes() == b for n, b in files.items()):
+        return folder
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=base))
+    for n, b in files.items():
+        (tmp / n).write_bytes(b)
+    try:
+        os.rename(tmp, folder)
+    except OSError:  # written meanwhile by another process (same bytes: same digest), or a stale partial folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not all((folder / n).is_file() and (folder / n).read_bytes() == b for n, b in files.items()):
+            shutil.rmtree(folder, ignore_errors=True)
+            return head_folder(kind, target_name, heads=heads, root=root)
+    return folder
+
+
+def write_head(kind: str, folder: Path, target_name: str = "order1-target", *, heads: int = 3) -> Path:
+    """Write the head into ``folder`` (created; files overwritten)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, b in head_files(kind, target_name, heads=heads).items():
+        (folder / n).write_bytes(b)
+    return folder
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m specdec_ref.exact_head_files", description=__doc__.split("\n")[0])
+    ap.add_argument("--root", default=None, help="parent folder (default: the cache)")
+    ap.add_argument("--target", default="order1-target")
+    args = ap.parse_args(argv)
+    for kind in KINDS:
+        print(kind, head_folder(kind, args.target, root=Path(args.root) if args.root else None))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Argmax-draft rounds rebuilt from completions (conformance.engines.rounds) and the head folders engines load
+(specdec_ref.exact_head_files). No engine: the vLLM side is engine_tests/test_vllm_heads.py and the matrix."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conformance.engines import rounds as R
+from conformance.engines.matrix import Configuration
+from properties.proposals import EagleLaw, MedusaLaw, NgramLaw
+from specdec_ref.exact_heads import EAGLE_ALPHA
+from specdec_ref.warp import SamplingConfig
+
+EAGLE = EagleLaw("order1-target", EAGLE_ALPHA, False)
+
+
+def _greedy_chain(law, text, k):
+    return list(R.argmax_drafts(law, text, k)[0])
+
+
+def test_a_round_accepts_the_leading_drafts_that_equal_the_next_tokens():
+    prompt = [5, 0]
+    first = 3
+    drafts = _greedy_chain(EAGLE, prompt + [first], 3)
+    # the engine accepted the first draft, then emitted another token than the second one
+    other = (drafts[1] + 1) % 8
+    completion = [first, drafts[0], other]
+    rounds = R.reconstruct(EAGLE, prompt, completion, 3)
+    assert rounds[0].drafts == tuple(drafts) and rounds[0].accepted == 1 and not rounds[0].censored
+    assert rounds[0].start == 3
+
+
+def test_a_round_cut_by_max_tokens_is_censored_and_greedy_requests_settle_it():
+    prompt = [5, 0]
+    first = 3
+    drafts = _greedy_chain(EAGLE, prompt + [first], 3)
+    completion = [first, drafts[0]]  # max_tokens 2: the round was cut after one visible draft
+    (r,) = R.reconstruct(EAGLE, prompt, completion, 3)
+    assert r.censored and r.accepted == 1 and r.upper == 3
+    settled = R.reconstruct(EAGLE, prompt, completion, 3, extend=R.greedy_next("order1-target"))[0]
+    assert not settled.censored and 1 <= settled.accepted <= 3
+    # no prefill convention: the first round starts from the prompt itself
+    assert R.reconstruct(EAGLE, prompt, completion, 3, prefill=False)[0].start == 2
+
+
+def test_ngram_without_a_match_is_a_plain_step_and_proposals_may_be_short():
+    law = NgramLaw(1, 2)
+    rounds = R.reconstruct(law, [1, 2], [3, 1, 2, 3], 3)
+    # [1,2,3]: no earlier 3 -> plain step; [1,2,3,1]: '1' at 0 -> drafts [2,3,1]
+    assert rounds[0].start == 4 and rounds[0].drafts == (2, 3, 1)
+    assert R.reconstruct(law, [7, 7], [7, 7], 3)[0].drafts == (7,)  # the tokens until the end of the context
+
+
+def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7):
+    """A vLLM-like engine: the first token at prefill, rounds of argmax drafts from ``engine_law``, a draft accepted
+    when the target's sample equals it, acceptance counted past the cut."""
+    from specdec_ref.exact_heads import order1_table
+
+    t = order1_table("order1-target") / temperature
+    p = np.exp(t - t.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    rng = np.random.default_rng(seed)
+    records, counters = [], {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": [0] * k}
+    for i in range(n):
+        prompt = [5, i % 7]
+        text = list(prompt)
+        for _ in range(max_new + k + 1):
+            text.append(int(rng.choice(8, p=p[text[-1]])))
+        pos, end, steps = len(prompt) + 1, len(prompt) + max_new, []
+        while pos < end:
+            drafts = list(R.argmax_drafts(engine_law, text[:pos], k)[0])
+            if not drafts:  # n-gram without a match: a plain step, not counted
+                pos += 1
+                continue
+            m = 0
+            while m < len(drafts) and text[pos + m] == drafts[m]:
+                m += 1
+            steps.append([len(drafts), m])
+            counters["drafts"] += 1
+            counters["draft_tokens"] += len(drafts)
+            counters["accepted"] += m
+            for j in range(m):
+                counters["accepted_per_pos"][j] += 1
+            pos += m + 1
+        records.append({"prompt_ids": prompt, "completion_ids": text[len(prompt):end], "seed": i, "rounds": steps})
+    return records, counters
+
+
+@pytest.mark.parametrize("law", [EAGLE, MedusaLaw("order1-target", 3), NgramLaw(1, 2)], ids=["eagle", "medusa", "ngram"])
+def test_an_engine_with_the_declared_drafter_matches_its_rounds_exactly_and_in_expectation(law):
+    records, counters = _simulate(law, law, 400)
+    out = R.check_rounds(law, records, 3, prefill=True, counters=counters)
+    assert out["passed"] is True and out["per_request"], out["text"]
+    assert out["reconstructed"]["censored"] > 0  # the bounds were needed
+    eff = R.conditional_acceptance("order1-target", law, records, out["rounds"], SamplingConfig(temperature=0.7), 3,
+                                   counters["accepted_per_pos"])
+    assert eff["passed"] is True, eff["verdict"]
+
+
+def test_a_drafter_reading_the_feature_one_position_early_is_named_at_its_first_round():
+    early = EagleLaw("order1-target", EAGLE_ALPHA, False, feature_back=2)
+    records, counters = _simulate(EAGLE, early, 200, seed=1)
+    out = R.check_rounds(EAGLE, records, 3, prefill=True, counters=counters)
+    assert out["passed"] is False and out["text"].startswith("DIFFERS") and "request " in out["problems"][0]
+    # without per-request rounds, the totals alone still differ
+    bare = [{k: v for k, v in r.items() if k != "rounds"} for r in records]
+    assert R.check_rounds(EAGLE, bare, 3, prefill=True, counters=counters)["passed"] is False
+
+
+def test_the_draft_model_law_and_configuration_declarations():
+    law = R.proposal_law("draft", "order1-close")
+    assert isinstance(law, R.DraftArgmaxLaw) and law.count([3], 3) == 3
+    assert R.proposal_law("exact-medusa:3", "order1-close") == MedusaLaw("order1-target", 3, False)
+    with pytest.raises(ValueError):
+        R.proposal_law("suffix", "order1-close")
+    with pytest.raises(ValueError):
+        Configuration("x", "eagle", {}, None, proposer="exact-eagle")  # a proposer drafts its argmax: one_hot
+    with pytest.raises(ValueError):
+        Configuration("x", None, proposer="exact-eagle")
+
+
+def _read_safetensors(blob: bytes) -> dict[str, np.ndarray]:
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8:8 + n])
+    data = blob[8 + n:]
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], "<f4").reshape(v["shape"])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def test_head_files_are_deterministic_and_compute_the_laws_they_stand_for(tmp_path):
+    from specdec_ref import exact_head_files as F
+    from specdec_ref.exact_heads import order1_table
+
+    a, b = F.head_folder("eagle", root=tmp_path), F.head_folder("eagle", root=tmp_path / "again")
+    assert a.name == b.name and (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
+    t = order1_table("order1-target")
+    lm_head = np.zeros((8, 16))
+    lm_head[:, :8] = t.T / 4  # the target's lm_head: logits(4 e_t) = T[t]
+    w = _read_safetensors(F.head_files("eagle")["model.safetensors"])
+    assert "lm_head.weight" not in w and "layers.0.input_layernorm.weight" not in w  # vLLM refuses both
+    assert not w["layers.0.self_attn.o_proj.weight"].any() and not w["layers.0.mlp.down_proj.weight"].any()
+    eye = np.eye(16) * 4
+    for y in range(8):
+        for x in range(8):
+            h = w["fc.weight"] @ np.concatenate([eye[x], eye[y]])  # cat(embed(token), feature), vLLM's order
+            assert np.array_equal(lm_head @ h, EAGLE.raw([y, x], []))
+    m = _read_safetensors(F.head_files("medusa", heads=3)["model.safetensors"])
+    law = MedusaLaw("order1-target", 3)
+    for i in range(3):
+        assert not m[f"blocks.{i}.layers.0.weight"].any()
+        for y in range(8):
+            assert np.array_equal(m[f"lm_heads.{i}.weight"] @ eye[y], law.raw([y, 0], [0] * i))
+    assert json.loads(F.head_files("medusa")["config.json"])["num_heads"] == 3
