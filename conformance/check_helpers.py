@@ -342,13 +342,18 @@ def decode_batch(backend, target, draft, requests: list[Request], *, k: int, whe
         f"{where}: decode_batch must return one result per request ({len(requests)}), got {type(results).__name__} "
         f"of length {len(results) if hasattr(results, '__len__') else '?'}"
     )
+    bonus = backend.capabilities.bonus
     for i, (res, req) in enumerate(zip(results, requests)):
         tokens = getattr(res, "tokens", None)
         assert isinstance(tokens, list) and all(isinstance(x, int) for x in tokens), (
             f"{where}, request {i}: .tokens must be a list of ints, got {type(tokens).__name__}"
         )
-        assert_stops(res, max_new_tokens=req.max_new_tokens, eos_ids=req.eos_ids, min_new_tokens=req.sampling.min_new_tokens,
-                     bonus=backend.capabilities.bonus, where=f"{where}, request {i} (prompt {_ids(req.prompt)})")
+        stops = dict(max_new_tokens=req.max_new_tokens, eos_ids=req.eos_ids, min_new_tokens=req.sampling.min_new_tokens, bonus=bonus)
+        try:  # the row's name is formatted only when its stops fail (thousands of rows per call)
+            assert_stops(res, **stops, where="")
+        except AssertionError:
+            assert_stops(res, **stops, where=f"{where}, request {i} (prompt {_ids(req.prompt)})")
+            raise
     return results
 
 
