@@ -121,8 +121,12 @@ def validate_tree_inputs(
         raise ValueError(
             f"parents must be topologically ordered (-1 <= parents[b, i] < i): parents[{b}, {i}] = {int(parents[b, i])}"
         )
+    padded = not bool(real.all())  # unpadded trees (the usual case) are checked in place, without gathering the real rows
     real_rows = torch.cat([torch.ones_like(real[:, :1]), real], 1)
-    check_probs("target_probs", target_probs[real_rows], (int(real_rows.sum()), vocab))
+    if padded:
+        check_probs("target_probs", target_probs[real_rows], (int(real_rows.sum()), vocab))
+    else:
+        check_probs("target_probs", target_probs.reshape(-1, vocab), (batch * (n + 1), vocab))
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor):
             raise ValueError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__}")
@@ -132,7 +136,10 @@ def validate_tree_inputs(
             raise ValueError(f"draft_probs must have shape [B, n, V] = {(batch, n, vocab)}, got {tuple(draft_probs.shape)}")
         if draft_probs.device != target_probs.device:
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
-        check_probs("draft_probs", draft_probs[real], (int(real.sum()), vocab))
+        if padded:
+            check_probs("draft_probs", draft_probs[real], (int(real.sum()), vocab))
+        else:
+            check_probs("draft_probs", draft_probs.reshape(-1, vocab), (batch * n, vocab))
 
 
 class TreeVerifierBase:
