@@ -93,6 +93,7 @@ def base_seed(config) -> int:
     return _profiles.DEFAULT_SEED if seed is None else seed
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's own plugin has loaded --hypothesis-profile (the profile read below)
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): backend capabilities the check needs")
     config.addinivalue_line("markers", "xdist_group(name): checks sharing a sample run on one xdist worker")
