@@ -147,13 +147,15 @@ def check_batch_cache_matches_prefill_every_round(backend, ctx: CheckContext, mo
     first = decode_batch(backend, target, draft, requests, k=3, where=f"{mode} batch")
     full = [_ids(r.prompt) + res.tokens for r, res in zip(requests, first)]
     seen: list[set] = [set() for _ in requests]
+    row_hooks = [_cache_hook(target, draft, full[i], f"{mode} batch, request {i} (seed {requests[i].seed})")
+                 for i in range(len(requests))]  # one per row: its oracle is prefilled once, at its first round
 
     def hook(record, target_cache, draft_cache):
         __tracebackhide__ = True
         i = record.row
         assert 0 <= i < len(requests), f"on_round: record.row={i} is not a request index"
         seen[i].add(record.round)
-        _cache_hook(target, draft, full[i], f"{mode} batch, request {i} (seed {requests[i].seed})")(record, target_cache, draft_cache)
+        row_hooks[i](record, target_cache, draft_cache)
 
     again = decode_batch(backend, target, draft, [replace(r) for r in requests], k=3, where=f"{mode} batch, replayed", on_round=hook)
     for i, (a, b) in enumerate(zip(first, again)):

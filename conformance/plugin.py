@@ -93,6 +93,7 @@ def base_seed(config) -> int:
     return _profiles.DEFAULT_SEED if seed is None else seed
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's own plugin has loaded --hypothesis-profile (the profile read below)
 def pytest_configure(config):
     config.addinivalue_line("markers", "requires(*capabilities): backend capabilities the check needs")
     config.addinivalue_line("markers", "xdist_group(name): checks sharing a sample run on one xdist worker")
@@ -144,11 +145,11 @@ def device_case(case, device: str):
 
 def load_xfails(config) -> list[tuple[str, str]]:
     """Parse --specdec-xfails: a missing file, a line without a reason or (ci/thorough) an unknown id is a UsageError."""
-    from .xfails import XfailsError, parse_xfails, unknown_ids
-
     path = config.getoption("specdec_xfails", None)
     if not path:
-        return []
+        return []  # without importing the xfails module (its registry imports torch: seconds in the xdist controller)
+    from .xfails import XfailsError, parse_xfails, unknown_ids
+
     path = os.path.join(str(config.invocation_params.dir), path)
     try:
         with open(path, encoding="utf-8") as fh:
@@ -173,11 +174,11 @@ def load_xfails(config) -> list[tuple[str, str]]:
 
 def load_replay_option(config):
     """Parse --specdec-replay: the Replay, or None; a bad file is a UsageError. The file's seed and profile win."""
-    from .replay import load_replay
-
     path = config.getoption("specdec_replay", None)
     if not path:
-        return None
+        return None  # without importing the replay module (its registry imports torch: seconds in the xdist controller)
+    from .replay import load_replay
+
     try:
         replay = load_replay(os.path.join(str(config.invocation_params.dir), path))
     except (OSError, ValueError) as exc:
@@ -276,16 +277,60 @@ class StopAcrossWorkers:
                 open(self.flag, "w").close()
 
 
+#: Typical seconds of the costliest cases (the reference backend under ``-n 2``, issue 30), by case id pattern, first
+#: match; unlisted cases count 0. Only the order of the run depends on them: the costliest cases go first, statistical
+#: or not, so the xdist workers end together on short cases (xdist hands a worker its next case while it still runs
+#: two, so costly cases sent late pile up on one worker: simulated on two recorded runs' durations, the run ends 3.3
+#: and 3.4 s sooner than with every statistical case first). The checks' own workload (samples, decodes) makes the
+#: same cases the costly ones for any backend.
+COST_HINTS: tuple[tuple[str, float], ...] = (
+    ("tree_decoder_sequence_law-position", 14.0),
+    ("batch_sequence_law-penalties", 9.0),
+    ("batch_sequence_law-min_new_tokens", 7.0),
+    ("tree_decoder_greedy_equals_ar_fp32-*", 5.0),
+    ("batch_sequence_law-constraint", 4.0),
+    ("decoder_acceptance_under_filters-cold", 4.0),
+    ("tree_sampling_batch_invariance-*", 3.0),
+    ("decoder_acceptance_under_filters-*", 3.0),
+    ("sampling_exact_on_generated_distributions", 3.0),
+    ("sampling_batch_invariance-*", 3.0),
+    ("tree_decoder_greedy_bf16_divergences_are_flips-*", 2.7),
+    ("decoder_sequence_law-position_limit", 2.5),
+    ("batch_sequence_law-*", 2.2),
+    ("sampling_sequence_law_over_rounds", 2.2),
+    ("batch_position_limit_law", 2.0),
+    ("*acceptance_is_ideal", 2.0),
+    ("tree_decoder_sequence_law-*", 2.0),
+    ("tree_decoder_acceptance_under_filters-*", 1.7),
+    ("decoder_eos_anywhere_in_block", 1.8),
+    ("decoder_greedy_bf16_divergences_are_flips-*", 1.7),
+    ("decoder_sequence_law-*", 1.5),
+    ("decoder_greedy_equals_ar_fp32-*", 1.4),
+    ("tree_sampling_*", 1.3),
+    ("tree_decoder_cache_matches_prefill_every_round-*", 1.2),
+)
+
+
+def cost_hint(case) -> float:
+    """The case's typical seconds from :data:`COST_HINTS` (0 when unlisted)."""
+    from fnmatch import fnmatchcase
+
+    return next((cost for pattern, cost in COST_HINTS if fnmatchcase(case.id, pattern)), 0.0)
+
+
 def _statistical_first(items) -> None:
-    """The conformance cases in place, statistical ones first (stable; other items keep their places).
+    """The conformance cases in place, costliest first (:data:`COST_HINTS`), then the other statistical ones, then the
+    other deterministic ones (stable; other items keep their places).
 
     A statistical case looks at 5% of its sample first, so a broken backend is rejected in seconds by nearly any of
-    them, while a deterministic case runs in full; under ``-x`` every xdist worker runs the items it was sent before
-    the stop (about an eighth of the suite each), so those should be the cases that stop it soonest. A correct backend
-    then also runs its longest cases first and the short deterministic ones fill the end of the run."""
+    them, while a deterministic case runs in full; under ``-x`` a worker that fails stops the others
+    (:class:`StopAcrossWorkers`), so the first cases should be ones that stop a broken backend soon: the costliest cases
+    are mostly statistical, and the costly deterministic ones (greedy equality with AR) fail at their first wrong
+    decode. A correct backend runs its longest cases first and the short ones fill the end of the run. (``--dist
+    loadgroup`` sends the groups of several cases, the verifier's shared samples, before the single cases.)"""
     slots = [i for i, item in enumerate(items) if item_case(item) is not None]
     cases = [items[i] for i in slots]
-    ordered = sorted(cases, key=lambda item: not item_case(item).check.statistical)
+    ordered = sorted(cases, key=lambda item: (-cost_hint(item_case(item)), not item_case(item).check.statistical))
     for i, item in zip(slots, ordered):
         items[i] = item
 
@@ -365,6 +410,11 @@ def run_case_in_pytest(request, case, backend, ctx) -> None:
 
 
 def pytest_report_header(config):
+    profile = f"specdec profile: {config._specdec_profile}, base seed: {base_seed(config)}"
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        # the xdist controller runs no check: loading the backend here (torch, transformers: seconds of CPU while the
+        # workers start) would only print what the workers load and the verdict names
+        return [f"specdec backend: {backend_spec(config)} (loaded by the xdist workers; the verdict names it)", profile]
     try:
         backend = load_backend(backend_spec(config))
     except BackendLoadError as exc:
@@ -372,7 +422,7 @@ def pytest_report_header(config):
     return [
         f"specdec backend: {backend.name} {getattr(backend, 'version', '?')} ({backend_spec(config)})",
         f"specdec capabilities: {backend.capabilities.as_dict()}",
-        f"specdec profile: {config._specdec_profile}, base seed: {base_seed(config)}",
+        profile,
     ] + ([f"specdec device: {config._specdec_device} (verifier and tree checks)"] if config._specdec_device != "cpu" else [])
 
 

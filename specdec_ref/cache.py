@@ -39,6 +39,7 @@ attention implementations honour it, others (flash / flex) raise :class:`NotSupp
 
 from __future__ import annotations
 
+import functools
 import operator
 
 import torch
@@ -59,8 +60,21 @@ def tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
     ``ancestors[i, j]`` is True when ``j`` is ``i`` or one of its ancestors; ``depth[i]`` counts ``i``'s
     strict ancestors (0 for a node under the root). Computed on ``parents``' device by pointer doubling
-    (``ceil(log2 N)`` row gathers), without reading anything back to the host.
+    (``ceil(log2 N)`` row gathers), without reading anything back to the host; on the CPU, where reading
+    ``parents`` costs nothing, the layout of each distinct tree is computed once (fresh copies are returned).
     """
+    if parents.device.type == "cpu":
+        depth, ancestors = _cpu_tree_layout(tuple(parents.tolist()))
+        return depth.clone(), ancestors.clone()
+    return _tree_layout_on_device(parents)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cpu_tree_layout(parents: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _tree_layout_on_device(torch.tensor(parents, dtype=torch.long))
+
+
+def _tree_layout_on_device(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     n = parents.shape[0]
     device = parents.device
     sink = n  # an extra all-False row / column that roots point to

@@ -217,8 +217,19 @@ def process_logits(logits: torch.Tensor, configs: Sequence[SamplingConfig], stat
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _all_rows(n: int, device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """``(list(range(n)), arange(n) on device)``, made once per size (read-only, like :func:`constant`)."""
+    return list(range(n)), torch.arange(n, device=device)
+
+
 def _groups(values: Sequence, device):
     """``(rows as a list, rows as a Long tensor on device, value)`` for each distinct value, in first-seen order."""
+    n = len(values)
+    if n and isinstance(values, (list, tuple)) and values.count(values[0]) == n:  # one value for every row (the usual
+        rows, index = _all_rows(n, torch.device(device))  # batch): no per-row grouping (count compares by identity first)
+        yield rows, index, values[0]
+        return
     groups: dict = {}
     for i, v in enumerate(values):
         groups.setdefault(v, []).append(i)

@@ -13,7 +13,7 @@ Invariant (checked by the decoder checks through :meth:`RowCaches.row`): row ``b
   :class:`~specdec_ref.cache.ModelCache` works, transformers' ``DynamicCache`` included; the batch-1
   decoder is this case.
 * ``B > 1``: the cache must run ragged rows (:meth:`~specdec_ref.static_cache.StaticModelCache.ragged_forward`,
-  the lean Llama / Qwen2 forward); others raise :class:`~specdec_ref.contract.NotSupportedError`.
+  the lean Llama / Qwen2 / GPT-2 forward); others raise :class:`~specdec_ref.contract.NotSupportedError`.
 """
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ class RowCaches:
         b = cache.batch_size
         if b > 1 and not hasattr(cache, "ragged_forward"):
             raise NotSupportedError(
-                f"batched decoding (B={b}) needs a cache with per-row lengths (StaticModelCache: llama / qwen2); "
+                f"batched decoding (B={b}) needs a cache with per-row lengths (StaticModelCache: llama / qwen2 / gpt2); "
                 f"{type(cache).__name__} on model_type={getattr(getattr(cache.model, 'config', None), 'model_type', '?')} "
                 "runs one request at a time"
             )

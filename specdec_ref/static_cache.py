@@ -1,8 +1,10 @@
-"""A lean static-KV-cache forward for Llama / Qwen2 models (gpt-fast style), ``ModelCache``'s interface.
+"""A lean static-KV-cache forward for Llama / Qwen2 and GPT-2 models (gpt-fast style), ``ModelCache``'s interface.
 
 ``StaticModelCache`` runs the *same weights* as the transformers model through a hand-written
 forward (embedding -> [RMSNorm -> fused QKV -> RoPE -> SDPA over the cache -> o_proj -> RMSNorm ->
-fused gate/up -> SiLU -> down] x layers -> RMSNorm -> lm_head) with K/V written into
+fused gate/up -> SiLU -> down] x layers -> RMSNorm -> lm_head; for GPT-2: token + learned position
+embeddings -> [LayerNorm -> c_attn -> SDPA -> c_proj -> LayerNorm -> c_fc -> tanh GELU -> c_proj] x
+layers -> LayerNorm -> lm_head, the ``Conv1D`` projections as ``addmm`` like transformers) with K/V written into
 preallocated buffers ``(B, kv_heads, max_length, head_dim)`` per layer. Rollback (``trim`` /
 ``commit``) only moves the Python-int length: entries past it are stale and never read, because
 attention reads ``[:, :, :tentative_length]`` only. On a CPU with tiny models the transformers
@@ -19,10 +21,11 @@ orders only (fused QKV / gate-up GEMMs, SDPA kernel vs eager attention).
 Differences from ``ModelCache``:
 
 * Supported: ``model.config.model_type in {"llama", "qwen2"}`` with full attention only (no
-  sliding-window layers), SiLU MLP, non-dynamic RoPE. Anything else raises ``ValueError``
-  (check with :func:`supports` first).
+  sliding-window layers), SiLU MLP, non-dynamic RoPE; ``"gpt2"`` with the tanh GELU
+  (``gelu_new``), no cross-attention and no reordered upcast attention. Anything else raises
+  ``ValueError`` (check with :func:`supports` first).
 * Weights are *snapshotted* at construction (fused QKV and gate/up copies; norms, embedding and
-  lm_head by reference). If you change the model's weights afterwards, call
+  lm_head by reference; GPT-2's weights all by reference). If you change the model's weights afterwards, call
   :meth:`StaticModelCache.refresh_weights`.
 * ``max_length`` (default: the model's ``max_position_embeddings``) bounds the positions;
   ``feed`` raises the same ``ValueError`` as ``ModelCache`` beyond it (``max_positions`` is
@@ -37,6 +40,7 @@ Differences from ``ModelCache``:
 
 from __future__ import annotations
 
+import math
 import operator
 import weakref
 
@@ -50,7 +54,9 @@ from specdec_ref.forward import WeightsWatch
 
 __all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "FINAL", "ATOL", "RTOL"]
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "gpt2")
+#: GPT-2 activations the lean forward runs: both are the tanh approximation of GELU (transformers' ``NewGELU``).
+GPT2_ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")
 #: The :attr:`StaticModelCache.capture` key of the last hidden state after the model's final norm.
 FINAL = "final"
 
@@ -68,7 +74,9 @@ def _unsupported_reason(model) -> str | None:
     cfg = _text_config(model)
     model_type = getattr(cfg, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
-        return f"StaticModelCache supports llama and qwen2 configs, got model_type={model_type!r}"
+        return f"StaticModelCache supports llama, qwen2 and gpt2 configs, got model_type={model_type!r}"
+    if model_type == "gpt2":
+        return _gpt2_unsupported_reason(model, cfg)
     layer_types = getattr(cfg, "layer_types", None) or []
     odd = sorted({t for t in layer_types if t != "full_attention"})
     if odd:
@@ -87,6 +95,19 @@ def _unsupported_reason(model) -> str | None:
     return None
 
 
+def _gpt2_unsupported_reason(model, cfg) -> str | None:
+    act = getattr(cfg, "activation_function", None)
+    if act not in GPT2_ACTIVATIONS:
+        return f"StaticModelCache runs GPT-2 with the tanh GELU only ({', '.join(GPT2_ACTIVATIONS)}), got {act!r}"
+    for flag in ("add_cross_attention", "reorder_and_upcast_attn"):
+        if getattr(cfg, flag, False):
+            return f"StaticModelCache does not run GPT-2 with {flag}=True"
+    inner = getattr(model, "transformer", None)
+    if inner is None or not all(hasattr(inner, name) for name in ("h", "wte", "wpe", "ln_f")) or not hasattr(model, "lm_head"):
+        return "StaticModelCache needs model.transformer.{h, wte, wpe, ln_f} and model.lm_head (a GPT2LMHeadModel module tree)"
+    return None
+
+
 #: ``model -> (stamp, reason)``: the support verdict per model, re-decided when its config object or the config fields
 #: it reads change, or its inner model, rotary module or lm_head is replaced (each cache a decode opens asks;
 #: transformers' config lookups are slow).
@@ -97,8 +118,10 @@ def _support_stamp(model) -> tuple:
     inner = getattr(model, "model", None)
     cfg = getattr(model, "config", None)
     raw = instance_dict(cfg) or {}  # the config fields the verdict reads, past transformers' slow attribute lookup
-    fields = tuple(repr(raw.get(name)) for name in ("model_type", "layer_types", "hidden_act", "text_config"))
-    return (id(cfg), type(cfg), fields, id(inner), id(getattr(inner, "rotary_emb", None)), id(getattr(model, "lm_head", None)))
+    fields = tuple(repr(raw.get(name)) for name in ("model_type", "layer_types", "hidden_act", "text_config",
+                                                    "activation_function", "add_cross_attention", "reorder_and_upcast_attn"))
+    return (id(cfg), type(cfg), fields, id(inner), id(getattr(inner, "rotary_emb", None)), id(getattr(model, "lm_head", None)),
+            id(getattr(model, "transformer", None)))
 
 
 def _support_reason(model) -> str | None:
@@ -116,7 +139,8 @@ def _support_reason(model) -> str | None:
 
 
 def supports(model) -> bool:
-    """True when :class:`StaticModelCache` can run ``model`` (Llama / Qwen2, full attention, SiLU, static RoPE)."""
+    """True when :class:`StaticModelCache` can run ``model`` (Llama / Qwen2: full attention, SiLU, static RoPE; GPT-2:
+    tanh GELU, no cross-attention)."""
     return _support_reason(model) is None
 
 
@@ -139,7 +163,7 @@ class StaticKV:
 
 
 class _Layer:
-    __slots__ = ("in_norm", "wqkv", "bqkv", "wo", "bo", "post_norm", "wgu", "bgu", "wd", "bd")
+    __slots__ = ("in_norm", "wqkv", "bqkv", "wo", "bo", "post_norm", "wgu", "bgu", "wd", "bd", "in_bias", "post_bias", "scale")
 
 
 def _cat_bias(linears, device, dtype):
@@ -160,7 +184,7 @@ _TABLES: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionar
 
 
 class StaticModelCache(ModelCache):
-    """``ModelCache`` semantics on a lean forward with a preallocated K/V cache (Llama / Qwen2 only).
+    """``ModelCache`` semantics on a lean forward with a preallocated K/V cache (Llama / Qwen2 / GPT-2 only).
 
     Args:
         model: a ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` (full attention, float32 or bfloat16).
@@ -200,7 +224,7 @@ class StaticModelCache(ModelCache):
         self.max_length: int = int(max_length)
         self.max_positions = self.max_length  # ModelCache._validate_ids rejects feeds beyond the buffers
         self.num_heads: int = int(cfg.num_attention_heads)
-        self.eps: float = float(cfg.rms_norm_eps)
+        self.gpt2: bool = cfg.model_type == "gpt2"  # learned positions and LayerNorm (else RoPE and RMSNorm)
         if self.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
             raise ValueError(f"StaticModelCache supports floating-point models, got dtype {self.dtype}")
         self._load_weights()
@@ -209,10 +233,9 @@ class StaticModelCache(ModelCache):
     def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """RoPE cos / signed sin and the causal mask for ``max_length`` positions, shared by the caches of a model
         (read-only) while its rotary module's ``inv_freq`` buffer is the same tensor, unmodified."""
-        rotary = self.model.model.rotary_emb
-        inv = getattr(rotary, "inv_freq", None)
+        inv = None if self.gpt2 else getattr(self.model.model.rotary_emb, "inv_freq", None)
         key = (self.max_length, self.device, self.dtype)
-        stamp = None if inv is None else (inv.data_ptr(), inv._version)
+        stamp = "gpt2" if self.gpt2 else None if inv is None else (inv.data_ptr(), inv._version)
         per_model = _TABLES.setdefault(self.model, {})
         hit = per_model.get(key)
         if hit is not None and stamp is not None and hit[0] == stamp:
@@ -223,6 +246,9 @@ class StaticModelCache(ModelCache):
 
     def _build_tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         model = self.model
+        causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool, device=self.device).tril_()
+        if self.gpt2:  # learned positions: no RoPE tables (cos and sin None)
+            return None, None, causal
         # RoPE tables from the model's own rotary module (transformers' exact cos/sin, cast to the
         # model dtype as transformers does), for positions 0..max_length-1.
         with torch.no_grad():
@@ -235,13 +261,12 @@ class StaticModelCache(ModelCache):
         signed_sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         cos_t = cos[None, :, None, :].contiguous()  # (1, L, 1, D) for the (B, n, heads, D) layout
         sin_t = signed_sin[None, :, None, :].contiguous()
-        causal = torch.ones(self.max_length, self.max_length, dtype=torch.bool, device=self.device).tril_()
         return cos_t, sin_t, causal
 
     def refresh_weights(self) -> None:
         """Re-read the weights from the transformers module tree (after changing the model's parameters)."""
         self._fuse_weights()
-        names = ("_layers", "_embed", "_final_norm", "_lm_w", "_lm_b", "_eps", "_final_eps")
+        names = ("_layers", "_embed", "_pos_embed", "_final_norm", "_final_bias", "_lm_w", "_lm_b", "_eps", "_final_eps")
         _FUSED[self.model] = (WeightsWatch(self.model), {name: self.__dict__[name] for name in names})
 
     def _load_weights(self) -> None:
@@ -256,6 +281,8 @@ class StaticModelCache(ModelCache):
             self.refresh_weights()
 
     def _fuse_weights(self) -> None:
+        if self.gpt2:
+            return self._gpt2_weights()
         model = self.model
         inner = model.model
         dev, dt = self.device, self.dtype
@@ -277,6 +304,7 @@ class StaticModelCache(ModelCache):
                 layers.append(lay)
         self._layers = layers
         self._embed = inner.embed_tokens.weight.detach()
+        self._pos_embed = self._final_bias = None
         self._final_norm = inner.norm.weight.detach()
         self._lm_w = model.lm_head.weight.detach()
         self._lm_b = model.lm_head.bias.detach() if model.lm_head.bias is not None else None
@@ -285,6 +313,32 @@ class StaticModelCache(ModelCache):
             for b in inner.layers
         ]
         self._final_eps = float(inner.norm.variance_epsilon)
+
+    def _gpt2_weights(self) -> None:
+        """GPT-2's weights by reference: its ``Conv1D`` projections keep their ``(in, out)`` layout (``torch.addmm``, as
+        transformers computes them), LayerNorm weights and biases, the attention scale of each layer."""
+        model = self.model
+        inner = model.transformer
+        layers = []
+        for block in inner.h:
+            attn, mlp = block.attn, block.mlp
+            lay = _Layer()
+            lay.in_norm, lay.in_bias = block.ln_1.weight.detach(), block.ln_1.bias.detach()
+            lay.wqkv, lay.bqkv = attn.c_attn.weight.detach(), attn.c_attn.bias.detach()
+            lay.wo, lay.bo = attn.c_proj.weight.detach(), attn.c_proj.bias.detach()
+            lay.post_norm, lay.post_bias = block.ln_2.weight.detach(), block.ln_2.bias.detach()
+            lay.wgu, lay.bgu = mlp.c_fc.weight.detach(), mlp.c_fc.bias.detach()
+            lay.wd, lay.bd = mlp.c_proj.weight.detach(), mlp.c_proj.bias.detach()
+            lay.scale = float(attn.scaling)
+            layers.append(lay)
+        self._layers = layers
+        self._embed = inner.wte.weight.detach()
+        self._pos_embed = inner.wpe.weight.detach()
+        self._final_norm, self._final_bias = inner.ln_f.weight.detach(), inner.ln_f.bias.detach()
+        self._lm_w = model.lm_head.weight.detach()
+        self._lm_b = model.lm_head.bias.detach() if model.lm_head.bias is not None else None
+        self._eps = [(float(b.ln_1.eps), float(b.ln_2.eps)) for b in inner.h]
+        self._final_eps = float(inner.ln_f.eps)
 
     # ------------------------------------------------------------------ ModelCache hooks
     def _new_cache(self) -> StaticKV:
@@ -336,6 +390,8 @@ class StaticModelCache(ModelCache):
 
     def _lean_tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """:meth:`_lean_forward` with explicit position ids (``positions[n]``) and a boolean mask ``[n, start + n]``."""
+        if self.gpt2:
+            return self._gpt2_layers(ids, start, self._pos_embed.index_select(0, positions), mask, causal=False)
         cos = self._cos.index_select(1, positions)
         sin = self._sin.index_select(1, positions)
         return self._lean_layers(ids, start, cos, sin, mask, causal=False)
@@ -353,14 +409,20 @@ class StaticModelCache(ModelCache):
         slots = starts.unsqueeze(1) + torch.arange(n, device=self.device)  # [B, n]
         mask = (torch.arange(end, device=self.device) <= slots.unsqueeze(-1)).unsqueeze(1)  # [B, 1, n, end]
         with torch.inference_mode():
-            logits = self._lean_layers(ids, 0, self._cos[0][slots], self._sin[0][slots], mask,
-                                       causal=False, slots=slots, end=end, embeds=embeds, head=head)
+            if self.gpt2:
+                self._llama_only(embeds, head)
+                logits = self._gpt2_layers(ids, 0, self._pos_embed[slots], mask, causal=False, slots=slots, end=end)
+            else:
+                logits = self._lean_layers(ids, 0, self._cos[0][slots], self._sin[0][slots], mask,
+                                           causal=False, slots=slots, end=end, embeds=embeds, head=head)
         return logits.float() if logits.dtype != torch.float32 else logits.clone()
 
     def feed_embeds(self, ids: torch.Tensor, embeds: torch.Tensor, *, head: bool = False) -> torch.Tensor:
         """:meth:`feed` with the inputs ``embeds [B, n, H]`` in place of the token embeddings (``ids [B, n]`` gives the
         shape; a drafter's decoder layers fed their own inputs); ``head=False`` returns the residual stream after the
         last layer (float32), else the logits."""
+        if self.gpt2:
+            self._llama_only(embeds, head)
         ids = self._validate_ids(ids)
         n = ids.shape[1]
         start = self._feed_start()
@@ -393,13 +455,16 @@ class StaticModelCache(ModelCache):
     def _lean_forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         n = ids.shape[1]
         end = start + n
-        cos = self._cos[:, start:end]
-        sin = self._sin[:, start:end]
         if n == 1 or start == 0:
             mask = None  # one query sees everything; a block from 0 is plain causal
         else:
             mask = self._causal[start:end, :end]
         causal = n > 1 and start == 0
+        if self.gpt2:
+            self._llama_only(None, True)
+            return self._gpt2_layers(ids, start, self._pos_embed[start:end], mask, causal=causal)
+        cos = self._cos[:, start:end]
+        sin = self._sin[:, start:end]
         return self._lean_layers(ids, start, cos, sin, mask, causal=causal)
 
     def _lean_layers(self, ids: torch.Tensor, start: int, cos, sin, mask, *, causal: bool, slots=None, end=None,
@@ -456,6 +521,51 @@ class StaticModelCache(ModelCache):
         copies): ``0`` the token embeddings, ``l`` the residual stream after layer ``l``, :data:`FINAL` the last one
         after the final norm (what the lm_head reads)."""
         return {layer: x.float() if x.dtype != torch.float32 else x.clone() for layer, x in self.captured.items()}
+
+    def _llama_only(self, embeds, head: bool) -> None:
+        """The drafter inputs and hidden-state capture run on the Llama / Qwen2 forward only (NotSupportedError)."""
+        if embeds is not None or not head or self.capture:
+            from specdec_ref.contract import NotSupportedError
+
+            raise NotSupportedError("drafter inputs (embeds), head=False and hidden-state capture need a Llama / Qwen2 "
+                                    "model; the lean GPT-2 forward has neither")
+
+    def _gpt2_layers(self, ids: torch.Tensor, start: int, pe, mask, *, causal: bool, slots=None, end=None) -> torch.Tensor:
+        """:meth:`_lean_layers` for GPT-2: token plus learned position embeddings ``pe`` (``[n, H]`` or ``[B, n, H]``),
+        LayerNorm, the ``Conv1D`` projections as ``addmm`` (transformers' own op), SDPA at each layer's scale, the tanh
+        GELU (fused in float32; op for op as transformers' ``NewGELU`` in other dtypes)."""
+        b, n = ids.shape
+        end = start + n if end is None else end
+        rows = None if slots is None else torch.arange(b, device=ids.device).unsqueeze(1)
+        nh, d = self.num_heads, self.head_dim
+        hidden = nh * d
+        keys, values = self._cache.keys, self._cache.values
+        x = F.embedding(ids, self._embed) + pe
+        for i, lay in enumerate(self._layers):
+            eps_in, eps_post = self._eps[i]
+            h = F.layer_norm(x, (hidden,), lay.in_norm, lay.in_bias, eps_in)
+            qkv = torch.addmm(lay.bqkv, h.view(b * n, hidden), lay.wqkv).view(b, n, 3 * nh, d)
+            kbuf, vbuf = keys[i], values[i]
+            if slots is None:
+                kbuf[:, :, start:end] = qkv[:, :, nh : 2 * nh].transpose(1, 2)
+                vbuf[:, :, start:end] = qkv[:, :, 2 * nh :].transpose(1, 2)
+            else:
+                kbuf[rows, :, slots] = qkv[:, :, nh : 2 * nh]
+                vbuf[rows, :, slots] = qkv[:, :, 2 * nh :]
+            o = F.scaled_dot_product_attention(
+                qkv[:, :, :nh].transpose(1, 2), kbuf[:, :, :end], vbuf[:, :, :end], attn_mask=mask, is_causal=causal,
+                scale=lay.scale,
+            )
+            x = x + torch.addmm(lay.bo, o.transpose(1, 2).reshape(b * n, hidden), lay.wo).view(b, n, hidden)
+            h = F.layer_norm(x, (hidden,), lay.post_norm, lay.post_bias, eps_post)
+            h = torch.addmm(lay.bgu, h.view(b * n, hidden), lay.wgu)
+            if h.dtype == torch.float32:
+                h = F.gelu(h, approximate="tanh")
+            else:
+                h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
+            x = x + torch.addmm(lay.bd, h, lay.wd).view(b, n, hidden)
+        x = F.layer_norm(x, (hidden,), self._final_norm, self._final_bias, self._final_eps)
+        return F.linear(x, self._lm_w, self._lm_b)
 
 
 def fastest_cache(model: nn.Module, **kwargs) -> ModelCache:

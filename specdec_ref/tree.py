@@ -121,8 +121,12 @@ def validate_tree_inputs(
         raise ValueError(
             f"parents must be topologically ordered (-1 <= parents[b, i] < i): parents[{b}, {i}] = {int(parents[b, i])}"
         )
+    padded = not bool(real.all())  # unpadded trees (the usual case) are checked in place, without gathering the real rows
     real_rows = torch.cat([torch.ones_like(real[:, :1]), real], 1)
-    check_probs("target_probs", target_probs[real_rows], (int(real_rows.sum()), vocab))
+    if padded:
+        check_probs("target_probs", target_probs[real_rows], (int(real_rows.sum()), vocab))
+    else:
+        check_probs("target_probs", target_probs.reshape(-1, vocab), (batch * (n + 1), vocab))
     if draft_probs is not None:
         if not isinstance(draft_probs, torch.Tensor):
             raise ValueError(f"draft_probs must be a torch.Tensor or None, got {type(draft_probs).__name__}")
@@ -132,7 +136,10 @@ def validate_tree_inputs(
             raise ValueError(f"draft_probs must have shape [B, n, V] = {(batch, n, vocab)}, got {tuple(draft_probs.shape)}")
         if draft_probs.device != target_probs.device:
             raise ValueError(f"draft_probs is on {draft_probs.device}, target_probs on {target_probs.device}")
-        check_probs("draft_probs", draft_probs[real], (int(real.sum()), vocab))
+        if padded:
+            check_probs("draft_probs", draft_probs[real], (int(real.sum()), vocab))
+        else:
+            check_probs("draft_probs", draft_probs.reshape(-1, vocab), (batch * n, vocab))
 
 
 class TreeVerifierBase:
@@ -197,34 +204,35 @@ class TreeVerifierBase:
         real = draft_tokens >= 0
         tokens = draft_tokens.clamp_min(0)
         current = torch.full((batch,), -1, dtype=torch.long, device=device)
-        m = torch.zeros(batch, dtype=torch.long, device=device)
-        path = torch.full((batch, n), PAD_TOKEN, dtype=torch.long, device=device)
         r = p[:, 0]
         drawn = torch.zeros_like(r)
-        slots = torch.arange(n, device=device)
         # Per-row generators: each row's final-sample draws come first, then its coins, so the trailing coins of
         # padding never shift a row's draws: a row reproduces alone or padded in any ragged batch.
         race = exponential_like(r, generator) if not greedy and is_per_row(generator) else None
         u = None if greedy else self.coins(parents, generator)
+        # every node's columns as views, split once (the loop then issues only the walk's own ops)
+        xs, x_index, parent_of, real_at = tokens.unbind(1), tokens.split(1, 1), parents.unbind(1), real.unbind(1)
+        u_at, q_at = (None, None) if greedy else (u.unbind(1), q.unbind(1))
+        accepted_at = []
         for i in range(n):
-            x = tokens[:, i]
-            tried = self.tried(parents[:, i], current, real[:, i])
+            x = xs[i]
+            tried = self.tried(parent_of[i], current, real_at[i])
             if greedy:
                 accepted = tried & (x == self.greedy_choice(r))
             else:
-                q_j = self.sibling_row(q[:, i], x, drawn)
-                r_x = r.gather(1, x[:, None]).squeeze(1)
-                q_x = q_j.gather(1, x[:, None]).squeeze(1)
-                accepted = tried & self.accept(u[:, i], r_x, q_x)
+                q_j = self.sibling_row(q_at[i], x, drawn)
+                r_x = r.gather(1, x_index[i]).squeeze(1)
+                q_x = q_j.gather(1, x_index[i]).squeeze(1)
+                accepted = tried & self.accept(u_at[i], r_x, q_x)
                 rejected = tried & ~accepted
                 r = torch.where(rejected[:, None], self.after_rejection(r, q_j, x), r)
                 if self.uses_drawn:
                     seen = torch.nn.functional.one_hot(x, r.shape[-1]).to(drawn.dtype)
                     drawn = torch.where(accepted[:, None], 0.0, torch.where(rejected[:, None], drawn + seen, drawn))
             r = torch.where(accepted[:, None], self.node_row(p, i, parents), r)
-            path = torch.where(accepted[:, None] & (slots == m[:, None]), i, path)
-            m = m + accepted.long()
             current = torch.where(accepted, i, current)
+            accepted_at.append(accepted)
+        m, path = _accepted_path(accepted_at, batch, n, device)
         final = self.greedy_choice(r) if greedy else self.sample(r, generator, race)
         return self.assemble(draft_tokens.long(), path, m, final)
 
@@ -246,6 +254,16 @@ class TreeVerifierBase:
         if validate:
             validate_tree_inputs(draft_tokens, parents, draft_probs, target_probs)
         return self.walk(draft_tokens.long(), parents.long(), draft_probs, target_probs, generator)
+
+
+def _accepted_path(accepted_at: list[torch.Tensor], batch: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m [B], path [B, n])`` from each node's acceptance flags (``accepted_at[i]``: Bool ``[B]``): the accepted nodes
+    in index order (the walk accepts at most one node per depth, parents first), ``PAD_TOKEN`` after the ``m``-th."""
+    if not n:
+        return torch.zeros(batch, dtype=torch.long, device=device), torch.full((batch, 0), PAD_TOKEN, dtype=torch.long, device=device)
+    accepted = torch.stack(accepted_at, 1)
+    order = torch.where(accepted, torch.arange(n, device=device), n).sort(1).values
+    return accepted.sum(1), order.masked_fill_(order == n, PAD_TOKEN)
 
 
 class SpecInferTreeVerifier(TreeVerifierBase):

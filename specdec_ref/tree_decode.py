@@ -82,7 +82,7 @@ class TreeSpeculativeDecoder:
 
     ``tree_verifier`` (default :class:`~specdec_ref.tree.SpecInferTreeVerifier`) decides how children
     are drafted (its ``tree_scheme``) and judges the tree. Caches default to
-    :func:`~specdec_ref.static_cache.fastest_cache` (lean static cache for Llama / Qwen2, the
+    :func:`~specdec_ref.static_cache.fastest_cache` (lean static cache for Llama / Qwen2 / GPT-2, the
     transformers ``DynamicCache`` with a 4D tree mask otherwise).
     """
 

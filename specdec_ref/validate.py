@@ -21,11 +21,20 @@ SUM_TOLERANCE = {
 _FLOAT_DTYPES = tuple(SUM_TOLERANCE)
 
 
+def distinct_values(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with every broadcast dimension (stride 0, e.g. from ``expand``) cut to size 1: the same values, each read
+    once; the first index of any value in row-major order is the same in both (it is 0 along those dimensions)."""
+    if 0 not in t.stride():
+        return t
+    return t[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None) for stride, size in zip(t.stride(), t.shape))]
+
+
 def check_probs(name: str, probs: torch.Tensor, shape: tuple[int, ...]) -> None:
     if probs.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"{name} must be a floating tensor (float64/32/16, bfloat16), got dtype {probs.dtype}")
     if tuple(probs.shape) != shape:
         raise ValueError(f"{name} must have shape {shape}, got {tuple(probs.shape)}")
+    probs = distinct_values(probs)  # an expanded batch of one row is checked once
     tol = SUM_TOLERANCE[probs.dtype]
     acc = torch.float64 if probs.dtype == torch.float64 else torch.float32
     sums = probs.sum(-1, dtype=acc)

@@ -41,6 +41,14 @@ def race_winner(weights: torch.Tensor, race: torch.Tensor) -> torch.Tensor:
     return (weights / race.clamp_min(1e-30)).argmax(-1)
 
 
+def rows_at(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[b, index[b]]`` for every row ``b`` of ``x [B, n, V]`` (``[B, V]``); a batch expanded from one block (stride
+    0) is read as that block's rows, the same values without indexing the broadcast batch."""
+    if x.stride(0) == 0 and x.shape[0]:
+        return x[0].index_select(0, index)
+    return x[torch.arange(x.shape[0], device=x.device), index]
+
+
 def _first_false(flags: torch.Tensor) -> torch.Tensor:
     """Index of the first False in each row of ``flags[B, k]``, or k if none."""
     stop = torch.zeros(flags.shape[0], 1, dtype=torch.uint8, device=flags.device)
@@ -87,10 +95,9 @@ class BlockVerifier:
 
     def final_rows(self, p: torch.Tensor, q: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Target and draft rows at the stopping position; row k has no draft (all zero)."""
-        batch, k, _ = q.shape
-        rows = torch.arange(batch, device=p.device)
-        p_m = p[rows, m]
-        q_m = q[rows, m.clamp(max=k - 1)] * (m < k)[:, None]
+        k = q.shape[1]
+        p_m = rows_at(p, m)
+        q_m = rows_at(q, m.clamp(max=k - 1)) * (m < k)[:, None]
         return p_m, q_m
 
     def residual(self, p_m: torch.Tensor, q_m: torch.Tensor) -> torch.Tensor:

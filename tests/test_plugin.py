@@ -436,14 +436,17 @@ def test_x_makes_the_other_workers_skip_what_they_were_sent(tmp_path):
     assert not os.path.exists(os.path.dirname(controller.flag))
 
 
-def test_statistical_cases_are_collected_first():
-    """A broken backend fails a statistical case at its 5% look, a deterministic one runs in full: under -x the
-    workers' first items are the statistical cases."""
+def test_costliest_then_statistical_cases_are_collected_first():
+    """The cases with a cost hint come first, costliest first (the workers end together on short cases); of the
+    others, every statistical case (a broken backend fails it at its 5% look) comes before every deterministic one."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "conformance/", "--collect-only", "-q", "-p", "no:cacheprovider"],
                           cwd=ROOT, capture_output=True, text=True, timeout=180)
-    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    ids = [line.rsplit("[", 1)[1].rstrip("]") for line in proc.stdout.splitlines() if "::" in line]
+    from conformance.plugin import cost_hint
     from conformance.registry import all_cases
 
-    statistical = {c.id for c in all_cases() if c.check.statistical}
-    kinds = [any(f"[{case}]" in line for case in statistical) for line in ids]
-    assert kinds and kinds.index(False) == sum(kinds), "every statistical case comes before every deterministic one"
+    cases = {c.id: c for c in all_cases()}
+    costs = [cost_hint(cases[i]) for i in ids]
+    assert costs and costs == sorted(costs, reverse=True) and costs[0] > 0, "costliest first"
+    rest = [cases[i].check.statistical for i, cost in zip(ids, costs) if cost == 0]
+    assert rest and rest.index(False) == sum(rest), "then every statistical case before every deterministic one"

@@ -23,7 +23,7 @@ def pair():
     return load_trained_pair()
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "target", "draft"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2", "target", "draft"])
 def model(request, pair):
     if request.param == "target":
         return pair[0]
@@ -123,8 +123,9 @@ def test_commit_reset_and_validation_like_model_cache(model):
         StaticModelCache(model, max_length=0)
 
 
-def test_batch_rows_match_model_cache():
-    model = tiny_lm("qwen2", vocab_size=16, init_scale=2.0)
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_batch_rows_match_model_cache(arch):
+    model = tiny_lm(arch, vocab_size=16, init_scale=2.0)
     ref, static = ModelCache(model, batch_size=2), StaticModelCache(model, batch_size=2)
     x = torch.tensor([TOKENS[:6], TOKENS[6:12]])
     assert_close(static.feed(x), ref.feed(x))
@@ -134,8 +135,9 @@ def test_batch_rows_match_model_cache():
     compare_kv(static.layer_kv(), ref.layer_kv())
 
 
-def test_bfloat16_close_to_model_cache():
-    model = tiny_lm("llama", vocab_size=16, init_scale=2.0, dtype=torch.bfloat16)
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_bfloat16_close_to_model_cache(arch):
+    model = tiny_lm(arch, vocab_size=16, init_scale=2.0, dtype=torch.bfloat16)
     ref, static = ModelCache(model), StaticModelCache(model)
     a = torch.cat([ref.feed(ids(TOKENS[:8])), ref.feed(ids(TOKENS[8:9]))], 1)
     b = torch.cat([static.feed(ids(TOKENS[:8])), static.feed(ids(TOKENS[8:9]))], 1)
@@ -154,7 +156,7 @@ def test_logits_are_ordinary_tensors(model):
 # ---------------------------------------------------------------------- the stateful property
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_stateful_machine(arch):
     model = tiny_lm(arch, vocab_size=16, init_scale=2.0)
     run_cache_machine(lambda: StaticModelCache(model), model)
@@ -168,16 +170,29 @@ def test_stateful_machine_batch2_short_buffers():
 # ---------------------------------------------------------------------- unsupported archs
 
 
-def test_gpt2_raises_clear_error():
+def test_unsupported_gpt2_variants_raise_clear_errors():
+    """GPT-2 runs lean with the tanh GELU and no cross-attention; another activation or the reordered upcast attention
+    gets a named error (the verdict follows a config changed after a cache was opened)."""
     model = tiny_lm("gpt2", vocab_size=16)
+    assert supports(model)
+    StaticModelCache(model)
+    model.config.activation_function = "relu"
     assert not supports(model)
-    with pytest.raises(ValueError, match=r"StaticModelCache supports llama and qwen2 configs, got .*gpt2"):
+    with pytest.raises(ValueError, match=r"GPT-2 with the tanh GELU only .*'relu'"):
+        StaticModelCache(model)
+    model.config.activation_function = "gelu_new"
+    model.config.reorder_and_upcast_attn = True
+    with pytest.raises(ValueError, match=r"reorder_and_upcast_attn=True"):
+        StaticModelCache(model)
+    model.config.reorder_and_upcast_attn = False
+    model.config.model_type = "opt"
+    with pytest.raises(ValueError, match=r"StaticModelCache supports llama, qwen2 and gpt2 configs, got .*opt"):
         StaticModelCache(model)
 
 
 def test_supports(pair):
     assert supports(pair[0]) and supports(pair[1])
-    assert supports(tiny_lm("llama")) and supports(tiny_lm("qwen2"))
+    assert supports(tiny_lm("llama")) and supports(tiny_lm("qwen2")) and supports(tiny_lm("gpt2"))
 
 
 # ---------------------------------------------------------------------- end to end

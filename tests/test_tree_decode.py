@@ -46,15 +46,18 @@ def test_greedy_tree_decoding_equals_ar_and_caches_equal_prefill_every_round(arc
                 assert all(r.target_len == r.draft_len == r.committed_len - 1 for r in result.rounds)
 
 
-def test_gpt2_runs_trees_through_the_transformers_4d_mask():
-    """GPT-2 (no lean path): the transformers DynamicCache adapter takes the tree mask and position ids."""
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_gpt2_trees_on_the_lean_cache_and_through_the_transformers_4d_mask(cache):
+    """GPT-2: the lean cache (learned positions gathered at the nodes' depths) and the transformers DynamicCache
+    adapter (the tree mask and position ids given to the model) both decode AR's tokens with caches equal to a prefill."""
     target, draft = model_pair("gpt2", "noisy", 0.2)
-    assert type(fastest_cache(target)) is ModelCache
+    assert type(fastest_cache(target)) is StaticModelCache
+    decoder = TreeSpeculativeDecoder(make_cache=CACHES[cache])
     for prompt in prompts(8, 2):
         ar = autoregressive_decode(target, prompt, max_new_tokens=16)
         for depth, width in ((3, 2), (2, 3)):
-            hook = _full_tokens_hook(target, draft, prompt, ar.tokens, f"gpt2 depth={depth} width={width}")
-            result = TreeSpeculativeDecoder().decode(target, draft, prompt, depth=depth, width=width, max_new_tokens=16, on_round=hook)
+            hook = _full_tokens_hook(target, draft, prompt, ar.tokens, f"gpt2 {cache} depth={depth} width={width}")
+            result = decoder.decode(target, draft, prompt, depth=depth, width=width, max_new_tokens=16, on_round=hook)
             assert result.tokens == ar.tokens
 
 
@@ -228,7 +231,8 @@ def _path(tokens, parents, j):
     return out[::-1]
 
 
-CACHE_KINDS = [("llama", StaticModelCache), ("qwen2", StaticModelCache), ("llama", ModelCache), ("qwen2", ModelCache), ("gpt2", ModelCache)]
+CACHE_KINDS = [("llama", StaticModelCache), ("qwen2", StaticModelCache), ("gpt2", StaticModelCache), ("llama", ModelCache),
+               ("qwen2", ModelCache), ("gpt2", ModelCache)]
 
 
 @pytest.mark.parametrize("arch,cls", CACHE_KINDS, ids=[f"{a}-{c.__name__}" for a, c in CACHE_KINDS])
