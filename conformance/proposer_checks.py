@@ -1,9 +1,11 @@
 """Conformance checks of decoders drafting with proposers other than a draft model (capability ``proposer:NAME``).
 
-The proposers (``specdec_ref.contract``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``) and Medusa
-heads (``medusa``), passed as ``draft`` to ``decode`` / ``decode_batch``. On the exactly-known order-1 pair
-``order1-close`` with the exactly-known heads (``specdec_ref.exact_heads``) every proposal is a table of what the
-proposer reads (its pending token, the feature of the position before it, its earlier drafts, the text), so:
+The proposers (``specdec_ref.contract``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``), EAGLE-3
+heads (``eagle3``), MTP modules (``mtp``) and Medusa heads (``medusa``), passed as ``draft`` to ``decode`` /
+``decode_batch``. On the exactly-known order-1 pair ``order1-close`` with the exactly-known heads
+(``specdec_ref.exact_heads``; EAGLE-3 on the three-layer target of the same table, ``specdec_ref.exact_deep``, whose
+layers' hidden states differ) every proposal is a table of what the proposer reads (its pending token, the feature
+of the position before it, its earlier drafts, the text), so:
 
 * greedy decoding equals the target's greedy continuation (from the table), whatever the proposer;
 * with greedy target rows and argmax drafts, every round's accepted count is a function of its text
@@ -40,7 +42,7 @@ PROPOSER_TARGET = "order1-target"
 PROPOSER_K = 3
 #: Proposers the checks cover, with the drafts each proposes in the sampled checks: sampled from the head's law
 #: (``q`` reported) or its argmax (one-hot).
-PROPOSERS = ("ngram", "eagle", "medusa")
+PROPOSERS = ("ngram", "eagle", "eagle3", "mtp", "medusa")
 
 #: Greedy checks: prompts of 1 to 6 tokens (a one-token prompt's first round drafts nothing), some repetitive (so
 #: prompt lookup finds matches), 24 new tokens, k = 1..3.
@@ -49,17 +51,31 @@ GREEDY_PROMPTS = ((3,), (5, 2), (1, 2, 1, 2), (0, 1, 0, 1, 0, 1), (6, 4, 6), (2,
 GREEDY_NEW_TOKENS = 24
 
 
+def proposer_target(kind: str):
+    """The target model ``kind`` drafts for: :data:`PROPOSER_PAIR`'s float32 target, or for EAGLE-3 (which fuses
+    several layers) the deep target of the same table (``specdec_ref.exact_deep``: the same law, layers that differ)."""
+    if kind == "eagle3":
+        from specdec_ref.exact_deep import deep_target
+
+        return deep_target(PROPOSER_TARGET, layers=3)
+    return sequence_models(PROPOSER_PAIR)[0]
+
+
 @functools.lru_cache(maxsize=None)
 def proposer_spec(kind: str, sample: bool):
-    """The exactly-known spec of ``kind`` on :data:`PROPOSER_PAIR`'s target (cached; read-only)."""
-    from specdec_ref.exact_heads import exact_eagle_head, exact_medusa_heads
+    """The exactly-known spec of ``kind`` on :func:`proposer_target` (cached; read-only)."""
+    from specdec_ref.exact_heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
     from specdec_ref.proposers import Ngram
 
-    target, _ = sequence_models(PROPOSER_PAIR)
+    target = proposer_target(kind)
     if kind == "ngram":
         return Ngram(1, 3)
     if kind == "eagle":
         return exact_eagle_head(target, PROPOSER_TARGET, sample=sample)
+    if kind == "eagle3":
+        return exact_eagle3_head(target, PROPOSER_TARGET, sample=sample)
+    if kind == "mtp":
+        return exact_mtp_head(target, PROPOSER_TARGET, sample=sample)
     if kind == "medusa":
         return exact_medusa_heads(target, PROPOSER_TARGET, heads=PROPOSER_K, sample=sample)
     raise ValueError(f"unknown proposer kind {kind!r}")
@@ -80,6 +96,8 @@ def _table_greedy(prompt, n: int) -> list[int]:
 def _round_kind(previous) -> str:
     if previous is None:
         return "first round"
+    if not previous.proposed:
+        return "after a round without drafts"
     if previous.proposed and previous.accepted == previous.proposed:
         return f"after a full acceptance ({previous.accepted} of {previous.proposed})"
     return f"after a partial acceptance ({previous.accepted} of {previous.proposed})"
@@ -95,7 +113,7 @@ def check_proposer_greedy_equals_ar(backend, ctx: CheckContext, kind: str):
     """Greedy decoding with each proposer (argmax drafts) equals the target's greedy continuation from its table, for
     k = 1, 2, 3 and prompts of 1 to 6 tokens."""
     _require(backend, kind)
-    target, _ = sequence_models(PROPOSER_PAIR)
+    target = proposer_target(kind)
     spec = proposer_spec(kind, False)
     for prompt in GREEDY_PROMPTS:
         want = _table_greedy(prompt, GREEDY_NEW_TOKENS)
@@ -111,9 +129,10 @@ def check_proposer_greedy_equals_ar(backend, ctx: CheckContext, kind: str):
 
 @check(
     guards="proposer state not following the committed text: a feature of the previous position, features of rejected "
-    "drafts kept after a rejection, the bonus token paired with the wrong feature, a Medusa head read at the wrong "
-    "offset, prompt lookup matching the wrong occurrence or on a text missing the bonus token (acceptance lost, output "
-    "still exact)",
+    "drafts kept after a rejection, the bonus token paired with the wrong feature, an EAGLE-3 feature fused from the "
+    "wrong target layers, a draft-vocabulary map (d2t) off by one, an MTP module's position-0 mask, a Medusa head read "
+    "at the wrong offset, prompt lookup matching the wrong occurrence or on a text missing the bonus token (acceptance "
+    "lost, output still exact)",
     requires=("decoder", "greedy"),
     cases=[(kind, {"kind": kind}) for kind in PROPOSERS],
 )
@@ -126,7 +145,7 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
     from specdec_ref.exact_models import exact_model
 
     _require(backend, kind)
-    target, _ = sequence_models(PROPOSER_PAIR)
+    target = proposer_target(kind)
     spec = proposer_spec(kind, False)
     law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
     seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
@@ -213,7 +232,7 @@ def check_proposer_sequence_law(backend, ctx: CheckContext, kind: str):
     from properties.sequences import law_to_cells
 
     _require(backend, kind)
-    target, _ = sequence_models(PROPOSER_PAIR)
+    target = proposer_target(kind)
     spec = proposer_spec(kind, True)
     law = _law(LAW_LENGTH)
     cells = law_to_cells(law)
@@ -249,11 +268,13 @@ def _accept_rounds(ctx: CheckContext, shift: float) -> int:
 
 @check(
     guards="proposer state not following the committed text, sampled (a feature of the previous position, features of "
-    "rejected drafts kept, the bonus token's feature, a head at the wrong offset, lookup on the wrong text) and a "
+    "rejected drafts kept, the bonus token's feature, EAGLE-3 layers or d2t wrong, a head at the wrong offset, lookup "
+    "on the wrong text) and a "
     "sampled proposer's q not the law its drafts came from: acceptance lost or inflated while the output stays exact",
     requires=("decoder", "sampling"),
     cases=[(f"{kind}-{mode}", {"kind": kind, "sample": mode == "sampled"})
-           for kind, modes in (("ngram", ("one_hot",)), ("eagle", ("sampled", "one_hot")), ("medusa", ("one_hot",)))
+           for kind, modes in (("ngram", ("one_hot",)), ("eagle", ("sampled", "one_hot")), ("eagle3", ("one_hot",)),
+                               ("mtp", ("one_hot",)), ("medusa", ("one_hot",)))
            for mode in modes],
     statistical=True,
 )
@@ -269,7 +290,7 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
 
     _require(backend, kind)
     scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")
-    target, _ = sequence_models(PROPOSER_PAIR)
+    target = proposer_target(kind)
     spec = proposer_spec(kind, sample)
     law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
     need = math.ceil(_accept_rounds(ctx, ACCEPT_SHIFT) * ctx.sample_scale)

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["EagleLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance", "round_key"]
+__all__ = ["EagleLaw", "Eagle3Law", "MtpLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance", "round_key"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -65,6 +65,67 @@ class EagleLaw:
         for d in drafts:
             h = self.alpha * 4 * np.eye(len(t))[d] + c.T @ h
         return h / 4 @ t
+
+    def count(self, text, k):
+        return k if len(text) >= 2 else 0
+
+
+@dataclass(frozen=True)
+class Eagle3Law(EagleLaw):
+    """The exact EAGLE-3 head: the EAGLE law (its fused feature is ``4 e_y`` when every aux layer is right) restricted
+    to the draft vocabulary ``vocab`` (target ids; every other id has logit ``-inf``)."""
+
+    vocab: tuple = ()
+    #: a mutant's law in tests: the fused feature's share ``wrong[1]`` is the feature of token ``y + wrong[0]``
+    wrong: tuple = (0, 0.0)
+
+    def raw(self, text, drafts):
+        from specdec_ref.exact_heads import eagle_mix
+
+        t, c = _target_rows(self.target), eagle_mix(self.target)
+        y = text[-1 - self.feature_back]
+        share, other = self.wrong[1], (y + self.wrong[0]) % len(t)
+        h = self.alpha * 4 * np.eye(len(t))[text[-1]] + 4 * ((1 - share) * c[y] + share * c[other])
+        for d in drafts:
+            h = self.alpha * 4 * np.eye(len(t))[d] + c.T @ h
+        out = np.full(len(t), -np.inf)
+        out[list(self.vocab)] = (h / 4 @ t)[list(self.vocab)]
+        return out
+
+
+@dataclass(frozen=True)
+class MtpLaw:
+    """The exact MTP module: ``u_1 = alpha 4 e_x + 4 C[y]`` (the token term zeroed when the pair sits at position 0,
+    a two-token text), ``h_i = n(u_i)`` with ``n(v) = v / rms(v)`` over the 16 hidden channels, ``u_i = alpha 4 e_d +
+    C^T h_i-1``; logits ``h_i / 4 @ T``. The float32 norm rounds (the law is float64): argmaxes within :attr:`tie`
+    are treated as ties."""
+
+    target: str
+    alpha: float
+    sample: bool = False
+    mask_position0: bool = True
+    one_hot = property(lambda self: not self.sample)
+    context = 2
+    tie = 1e-5
+    hidden = 16
+    #: a mutant's law in tests: the next step reads the un-normed ``u`` instead of ``h``
+    recycle_pre_norm: bool = False
+
+    def raw(self, text, drafts):
+        from specdec_ref.exact_heads import eagle_mix
+
+        t, c = _target_rows(self.target), eagle_mix(self.target)
+        eye = np.eye(len(t))
+        token = 0.0 if (self.mask_position0 and len(text) == 2) else self.alpha * 4
+        u = token * eye[text[-1]] + 4 * c[text[-2]]
+        h = self._norm(u)
+        for d in drafts:
+            u = self.alpha * 4 * eye[d] + c.T @ (u if self.recycle_pre_norm else h)
+            h = self._norm(u)
+        return h / 4 @ t
+
+    def _norm(self, v):
+        return v / np.sqrt((v ** 2).sum() / self.hidden)
 
     def count(self, text, k):
         return k if len(text) >= 2 else 0
@@ -119,6 +180,10 @@ def law_of(spec, target_name: str):
         raise ValueError(f"{type(spec).__name__} has no exact proposal law (not built by specdec_ref.exact_heads)")
     if table[0] == "eagle":
         return EagleLaw(table[1], table[2], spec.sample)
+    if table[0] == "eagle3":
+        return Eagle3Law(table[1], table[2], spec.sample, vocab=table[3])
+    if table[0] == "mtp":
+        return MtpLaw(table[1], table[2], spec.sample, spec.mask_position0)
     if table[0] == "medusa":
         return MedusaLaw(table[1], table[2], spec.sample)
     raise ValueError(f"unknown exact head {table[0]!r}")
@@ -130,6 +195,8 @@ def round_key(law, text: Sequence[int], k: int) -> tuple:
     if law.context is None:
         drafts = tuple(law.proposal(text, k))
         return (text[-1], drafts)
+    if getattr(law, "mask_position0", False):  # the first pair's token is masked: a two-token text is its own case
+        return (len(text) == 2, *text[-law.context:])
     return tuple(text[-law.context:])
 
 
@@ -194,10 +261,10 @@ def round_acceptance(target, law, prompt: Sequence[int], generated: Sequence[int
 TIE = 1e-9
 
 
-def _argmax(row: np.ndarray) -> int | None:
-    """The first-index argmax of ``row``, or None when the top two are tied (within :data:`TIE`)."""
+def _argmax(row: np.ndarray, tie: float = TIE) -> int | None:
+    """The first-index argmax of ``row``, or None when the top two are tied (within ``tie``)."""
     top = np.sort(row)[-2:]
-    return None if top[1] - top[0] < TIE else int(row.argmax())
+    return None if top[1] - top[0] < tie else int(row.argmax())
 
 
 def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], int] | None:
@@ -211,7 +278,7 @@ def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], i
     else:
         drafts = []
         for _ in range(count):
-            d = _argmax(law.raw(text, drafts))
+            d = _argmax(law.raw(text, drafts), getattr(law, "tie", TIE))
             if d is None:
                 return None
             drafts.append(d)

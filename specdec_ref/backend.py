@@ -42,7 +42,7 @@ class ReferenceBackend:
         phase_timings=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
-        proposers=("draft_model", "ngram", "eagle", "medusa"),
+        proposers=("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp"),
     )
 
     def __init__(

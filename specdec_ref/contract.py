@@ -203,6 +203,11 @@ Proposers (``Capabilities.proposers``)
 ``eagle``       :class:`specdec_ref.heads.EagleHead`: ``h = layers(fc([embed(token), feature]))``,
                 ``logits = lm_head(h)``, ``h`` the next step's feature; the feature of the position
                 before each token (the target's last hidden state after its final norm)
+``eagle3``      :class:`specdec_ref.heads.Eagle3Head`: EAGLE on the residual streams entering the target
+                layers ``aux_layers`` (ascending), fused by ``fuse`` in the catch-up; a draft vocabulary
+                (``lm_head [Vd, H]``, target id ``d + d2t[d]``, other ids ``-inf``)
+``mtp``         :class:`specdec_ref.heads.MtpHead`: ``out = norm(layers(fc([enorm(embed), hnorm(feature)])))``,
+                the target's embedding and lm_head, ``out`` recycled, the embedding zeroed at position 0
 ``medusa``      :class:`specdec_ref.heads.MedusaHeads`: head ``i`` reads the feature that produced the
                 pending token and proposes the token ``i + 1`` places after it
 ==============  ==============================================================================

@@ -26,9 +26,10 @@ import functools
 import numpy as np
 import torch
 
-from .heads import EagleHead, MedusaHeads
+from .heads import Eagle3Head, EagleHead, MedusaHeads, MtpHead
 
-__all__ = ["EAGLE_ALPHA", "eagle_mix", "exact_eagle_head", "exact_medusa_heads", "medusa_table", "order1_table"]
+__all__ = ["EAGLE_ALPHA", "EAGLE3_AUX", "EAGLE3_WEIGHTS", "EAGLE3_VOCAB", "eagle_mix", "exact_eagle_head",
+           "exact_eagle3_head", "exact_mtp_head", "exact_medusa_heads", "medusa_table", "order1_table"]
 
 #: EAGLE head's weight on the token's own row (dyadic: products stay exact in float32).
 EAGLE_ALPHA = 0.5
@@ -56,6 +57,10 @@ def _zero_layer_model(target):
         "max_position_embeddings", "rms_norm_eps", "rope_theta")})
     cfg.num_hidden_layers = 1
     cfg.tie_word_embeddings = False
+    # a positive eps (the outputs stay exactly zero whatever it is): the catch-up pads shorter rows, and an MTP
+    # module's padding at a masked position 0 is a zero vector, whose RMSNorm at eps 0 is NaN; a NaN left in a
+    # masked slot of the head's cache still multiplies its zero attention weight
+    cfg.rms_norm_eps = 2.0**-40
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -75,10 +80,8 @@ def eagle_mix(target_name: str) -> np.ndarray:
     return np.round(p / p.sum(1, keepdims=True) * 8) / 8
 
 
-def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = True,
-                     layer: bool = True) -> EagleHead:
-    """The exact EAGLE head on an order-1 target model (module docstring), on its device and in its dtype;
-    ``layer=False``: no decoder layer."""
+def _eagle_fc(target, target_name: str, alpha: float) -> torch.Tensor:
+    """``fc [16, 32] = [alpha I | C^T]`` on the token channels, in the target's dtype, on its device."""
     hidden = target.get_input_embeddings().weight.shape[1]
     if hidden != _HIDDEN:
         raise ValueError(f"exact heads expect an order-1 target (hidden {_HIDDEN}), got hidden {hidden}")
@@ -86,9 +89,66 @@ def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sa
     fc = torch.zeros(_HIDDEN, 2 * _HIDDEN, dtype=dtype)
     fc[:_VOCAB, :_VOCAB] = alpha * torch.eye(_VOCAB, dtype=dtype)
     fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = torch.from_numpy(eagle_mix(target_name).T).to(dtype)
-    fc = fc.to(device)
+    return fc.to(device)
+
+
+def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = True,
+                     layer: bool = True) -> EagleHead:
+    """The exact EAGLE head on an order-1 target model (module docstring), on its device and in its dtype;
+    ``layer=False``: no decoder layer."""
+    fc = _eagle_fc(target, target_name, alpha)
     head = EagleHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle")
     head.table_spec = ("eagle", target_name, alpha)
+    return head
+
+
+#: The exact EAGLE-3 head's auxiliary layers (vLLM's default ``(2, N // 2, N - 3)`` for the 3-layer deep target, in
+#: ascending order), the weight of each in the fused feature, and its draft vocabulary (target ids, ascending).
+EAGLE3_AUX = (0, 1, 2)
+EAGLE3_WEIGHTS = (0.5, 0.25, 0.25)
+EAGLE3_VOCAB = (0, 1, 2, 3, 5, 7)
+
+
+def exact_eagle3_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = False,
+                      layer: bool = True, vocab: tuple = EAGLE3_VOCAB) -> Eagle3Head:
+    """The exact EAGLE-3 head on the deep target of ``target_name``'s table (:func:`specdec_ref.exact_deep.deep_target`,
+    on its device and in its dtype): ``fuse`` reads aux layer ``a_j``'s one-hot ``4 e_c`` (``c = deep_channel(y,
+    a_j)``) back to ``y`` with weight ``EAGLE3_WEIGHTS[j]``, so the fused feature is ``4 e_y``, that of the EAGLE head,
+    exactly when every layer is the right one (a wrong layer adds a third or more of another token's feature); then
+    the EAGLE head's ``fc`` and zeroed layer; its own lm_head scores the draft vocabulary ``vocab`` (``d2t[d] =
+    vocab[d] - d``) with the table's columns."""
+    from .exact_deep import deep_channel
+
+    deep = getattr(target.config, "exact_deep", None)
+    if deep is None or deep[0] != target_name or deep[1] < max(EAGLE3_AUX) + 1:
+        raise ValueError(f"the exact EAGLE-3 head reads the deep target of {target_name} with at least "
+                         f"{max(EAGLE3_AUX) + 1} layers (specdec_ref.exact_deep.deep_target), got {deep}")
+    fc = _eagle_fc(target, target_name, alpha)
+    dtype, device = fc.dtype, fc.device
+    fuse = torch.zeros(_HIDDEN, len(EAGLE3_AUX) * _HIDDEN, dtype=dtype)
+    for j, (aux, w) in enumerate(zip(EAGLE3_AUX, EAGLE3_WEIGHTS)):
+        for y in range(_VOCAB):
+            fuse[y, j * _HIDDEN + deep_channel(y, aux)] = w
+    table = order1_table(target_name)
+    lm_head = torch.zeros(len(vocab), _HIDDEN, dtype=dtype)
+    lm_head[:, :_VOCAB] = torch.from_numpy(table[:, list(vocab)].T / 4).to(dtype)
+    d2t = torch.tensor([t - d for d, t in enumerate(vocab)], dtype=torch.long)
+    head = Eagle3Head(fc=fc, fuse=fuse.to(device), aux_layers=EAGLE3_AUX, lm_head=lm_head.to(device), d2t=d2t.to(device),
+                      layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle3")
+    head.table_spec = ("eagle3", target_name, alpha, tuple(vocab))
+    return head
+
+
+def exact_mtp_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = False,
+                   layer: bool = True) -> MtpHead:
+    """The exact MTP module on an order-1 target model: the EAGLE head's ``fc`` between the norms (weights one, eps
+    0: the inputs ``4 e_x`` and ``4 e_y`` pass unchanged) and the zeroed layer, then the output norm, which rescales
+    the mixture to a mean square of 1 (not exact in float32: ``properties.proposals.MtpLaw`` states the law in float64
+    and its tie margin). The token embedding at position 0 is zeroed (the first draft of a two-token prompt reads the
+    feature alone)."""
+    fc = _eagle_fc(target, target_name, alpha)
+    head = MtpHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-mtp")
+    head.table_spec = ("mtp", target_name, alpha)
     return head
 
 

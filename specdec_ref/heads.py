@@ -1,4 +1,4 @@
-"""Proposers that read the target's hidden states: EAGLE, Medusa (and the feature bookkeeping they share).
+"""Proposers that read the target's hidden states: EAGLE, EAGLE-3, MTP, Medusa (and the feature bookkeeping they share).
 
 A *feature* is a target hidden state at one position (``StaticModelCache.capture``: by default :data:`FINAL`, the
 last hidden state after the final norm, what the target's lm_head reads). Alignment, in the decoder's terms (a row's
@@ -21,6 +21,13 @@ are re-run with the *target's* features, never the head's own). :class:`MedusaHe
 produced the pending token through its residual blocks and lm_head to the token ``i + 1`` places after the pending
 one; all heads read the same feature (no chaining). Drafts are sampled from the head's processed logits (``q``
 reported) when ``sample`` is set, else its argmax (one-hot, as vLLM drafts).
+
+:class:`Eagle3Head` (EAGLE-3): the feature is the concatenation of the residual streams *entering* the target layers
+``aux_layers`` (``0`` the embeddings, ``N`` the last layer's output; before any norm; ascending, as vLLM's ids), mapped
+to the head's width by ``fuse`` in the catch-up only; then EAGLE's ``fc``, layers and chaining on the head's own
+hidden; its lm_head scores a draft vocabulary mapped to target ids by ``d2t`` (``d + d2t[d]``; other ids ``-inf``).
+:class:`MtpHead` (DeepSeek-style MTP): EAGLE with RMS norms on both inputs and on the output (the normed output is the
+next step's feature), the target's embedding and lm_head, and the token embedding zeroed at position 0.
 """
 from __future__ import annotations
 
@@ -36,7 +43,8 @@ from .proposers import Proposer
 from .row_cache import RowCaches
 from .static_cache import FINAL
 
-__all__ = ["EagleHead", "MedusaHeads", "FeatureProposer", "EagleProposer", "MedusaProposer"]
+__all__ = ["EagleHead", "Eagle3Head", "MtpHead", "MedusaHeads", "FeatureProposer", "EagleProposer", "Eagle3Proposer",
+           "MtpProposer", "MedusaProposer"]
 
 
 def _target_parts(target):
@@ -62,7 +70,8 @@ class EagleHead:
 
     @property
     def target_capture(self) -> tuple:
-        return (self.feature_layer,)
+        """The target hidden states the decoder keeps for this head (the proposer class's reading rule)."""
+        return self.proposer_type.capture_for(self)
 
     def check_target(self, target) -> None:
         embed, head = _target_parts(target)
@@ -105,7 +114,7 @@ class MedusaHeads:
 
     @property
     def target_capture(self) -> tuple:
-        return (self.feature_layer,)
+        return self.proposer_type.capture_for(self)
 
     def check_target(self, target) -> None:
         _, head = _target_parts(target)
@@ -126,20 +135,31 @@ class FeatureProposer(Proposer):
     def __init__(self, decoder, spec, target, lengths, tokens, prefill: dict | None):
         super().__init__(decoder, lengths)
         self.spec = spec
-        self.layer = spec.feature_layer
-        self.target_capture = spec.target_capture
+        self.target_capture = type(self).capture_for(spec)
         self.device = next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype  # features are kept (and heads run) in the target's dtype
         # backlog[b] = (tokens [n], features [n, H]); the prompt's positions 1 .. t-1 with features 0 .. t-2
         self.backlog: list[tuple[list[int], torch.Tensor | None]] = []
         for b, text in enumerate(tokens):
             if len(text) > 1:
-                self.backlog.append((list(text[1:]), prefill[self.layer][b, : len(text) - 1].to(self.dtype)))
+                self.backlog.append((list(text[1:]), self.fused(prefill)[b, : len(text) - 1]))
             else:
                 self.backlog.append(([], None))
         self.block: torch.Tensor | None = None
         self.block_starts: list[int] = []
         self.emitted: dict[int, list[int]] = {}
+
+    @classmethod
+    def capture_for(cls, spec) -> tuple:
+        """The target hidden states a head of ``spec`` reads (:data:`FINAL` or layer numbers), in the order they are
+        concatenated into its feature."""
+        return (spec.feature_layer,)
+
+    def fused(self, features: dict) -> torch.Tensor:
+        """``[B, n, H * len(target_capture)]``: the captured states concatenated in :attr:`target_capture` order, in
+        the target's dtype."""
+        parts = [features[layer] for layer in self.target_capture]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, -1)).to(self.dtype)
 
     def ready(self) -> bool:
         return any(features is not None for _, features in self.backlog)
@@ -151,7 +171,7 @@ class FeatureProposer(Proposer):
         return None if all(c == k for c in counts) else counts
 
     def observe(self, features, starts):
-        self.block = features[self.layer].to(self.dtype)
+        self.block = self.fused(features)
         self.block_starts = list(starts)
 
     def commit_tokens(self, b, tokens):
@@ -218,26 +238,46 @@ class EagleProposer(FeatureProposer):
         self.head_cache = head_cache  # RowCaches over spec.layers (None: no layers)
         self.keep_head = None
 
-    def step(self, ids: torch.Tensor, features: torch.Tensor, advance=None) -> torch.Tensor:
-        """The head on ``ids [B, n]`` with ``features [B, n, H]``: its hidden states ``[B, n, H]``."""
-        x = F.linear(torch.cat([F.embedding(ids, self.embed), features], -1), self.spec.fc, self.spec.fc_bias)
+    def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """The head on ``ids [B, n]`` with ``features [B, n, H]`` (``positions [B, n]``: the pairs' positions, given
+        for the catch-up only): its hidden states ``[B, n, H]``, each the next step's feature."""
+        return self.layers(self.combine(F.embedding(ids, self.embed), features, positions), ids)
+
+    def combine(self, embeds: torch.Tensor, features: torch.Tensor, positions) -> torch.Tensor:
+        """The decoder layers' input from the token embeddings and the features: ``fc([embed, feature])``."""
+        return F.linear(torch.cat([embeds, features], -1), self.spec.fc, self.spec.fc_bias)
+
+    def layers(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The head's decoder layers on ``x [B, n, H]`` at the rows' next positions of its cache (none: ``x``)."""
         if self.head_cache is not None:
-            x = self.head_cache.feed(ids, advance, embeds=x, head=False).to(self.dtype)
+            x = self.head_cache.feed(ids, None, embeds=x, head=False).to(self.dtype)
         return x
+
+    def first_features(self, features: torch.Tensor) -> torch.Tensor:
+        """The catch-up's features from the stored target features (EAGLE: as they are)."""
+        return features
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[B, V]`` over the target's vocabulary from the head's hidden ``h [B, H]``."""
+        return F.linear(h, self.lm_head)
 
     def propose(self, pending, k, configs, state, generator):
         # catch-up: every row's backlog (right-padded to the longest), its last real position drafts d_1
         n = [len(tokens) for tokens, _ in self.backlog]
         width = max(n)
         ids = torch.zeros(len(n), width, dtype=torch.long, device=self.device)
-        feats = torch.zeros(len(n), width, self.embed.shape[1], dtype=self.embed.dtype, device=self.device)
+        stored = next(f for _, f in self.backlog if f is not None)
+        feats = torch.zeros(len(n), width, stored.shape[-1], dtype=stored.dtype, device=self.device)
         for b, (tokens, features) in enumerate(self.backlog):
             if n[b]:
                 ids[b, : n[b]] = torch.tensor(tokens, dtype=torch.long)
                 feats[b, : n[b]] = features
+        # the pair (c_j, f_j-1) sits at position j - 1: a row's backlog ends at its last read position
+        positions = (torch.tensor([length - x for length, x in zip(self.lengths, n)], device=self.device)[:, None]
+                     + torch.arange(width, device=self.device))
         counts = self.counts(k)
         before = list(self.head_cache.tentative) if self.head_cache is not None else None
-        hidden = self.step(ids, feats)
+        hidden = self.step(ids, self.first_features(feats), positions)
         last = torch.tensor([max(x - 1, 0) for x in n], device=self.device)
         h = hidden[torch.arange(len(n), device=self.device), last]
         if self.head_cache is not None:  # the padding past each row's backlog is dropped: its committed positions stay
@@ -246,7 +286,7 @@ class EagleProposer(FeatureProposer):
         self.backlog = [([], None) for _ in n]
         drafts, qs = [], []
         for i in range(k):
-            logits = F.linear(h, self.lm_head)
+            logits = self.logits(h)
             token, q = self.warp_draft(logits, configs, state, torch.stack(drafts, 1) if drafts else pending[:, :0],
                                        generator, counts)
             drafts.append(token)
@@ -298,8 +338,134 @@ class MedusaProposer(FeatureProposer):
         return torch.stack(drafts, 1), (None if qs[0] is None else torch.stack(qs, 1)), counts, 0
 
 
+@dataclass(eq=False)
+class Eagle3Head(EagleHead):
+    """An EAGLE-3 drafter: :class:`EagleHead` whose feature fuses several target layers and whose lm_head covers a
+    draft vocabulary (module docstring of :mod:`specdec_ref.heads`, "EAGLE-3").
+
+    ``aux_layers``: the residual streams entering those target layers (``0`` the token embeddings, ``N`` the last
+    layer's output, before any norm), concatenated in ascending order, duplicates once (vLLM's
+    ``eagle_aux_hidden_state_layer_ids``); ``fuse [H, n H]`` maps them to the head's width in the catch-up only (later
+    draft steps read the head's own hidden). ``lm_head [Vd, H]`` scores the draft vocabulary and ``d2t [Vd]`` maps draft
+    id ``d`` to target id ``d + d2t[d]``; every other target id has logit ``-inf`` (None: ``Vd`` = V, no map)."""
+
+    fuse: torch.Tensor | None = None
+    aux_layers: tuple = ()
+    d2t: torch.Tensor | None = None
+    name: str = "eagle3"
+    proposer_kind = "eagle3"
+
+    def check_target(self, target) -> None:
+        embed, _ = _target_parts(target)
+        vocab, hidden = embed.shape
+        layers = target.config.num_hidden_layers
+        aux = sorted(set(self.aux_layers))
+        if not aux or any(isinstance(a, bool) or not isinstance(a, int) or not 0 <= a <= layers for a in aux):
+            raise ValueError(f"{self.name}: aux_layers must be layer ids in [0, {layers}] (the residual stream entering "
+                             f"that layer; {layers}: the last layer's output), got {self.aux_layers!r}")
+        if self.fuse is None or tuple(self.fuse.shape) != (hidden, len(aux) * hidden):
+            raise ValueError(f"{self.name}: fuse must be [H, n H] = [{hidden}, {len(aux) * hidden}] for {len(aux)} aux "
+                             f"layers, got {None if self.fuse is None else list(self.fuse.shape)}")
+        if tuple(self.fc.shape) != (hidden, 2 * hidden):
+            raise ValueError(f"{self.name}: fc must be [H, 2H] = [{hidden}, {2 * hidden}], got {list(self.fc.shape)}")
+        if self.d2t is None:
+            return super().check_target(target)
+        ids = torch.arange(len(self.d2t)) + self.d2t.cpu()
+        if self.lm_head is None or tuple(self.lm_head.shape) != (len(self.d2t), hidden):
+            raise ValueError(f"{self.name}: with d2t of {len(self.d2t)} entries the lm_head must be "
+                             f"[{len(self.d2t)}, {hidden}]")
+        if self.d2t.dtype != torch.long or ids.min() < 0 or ids.max() >= vocab or len(set(ids.tolist())) != len(ids):
+            raise ValueError(f"{self.name}: d2t must map the draft ids to distinct target ids in [0, {vocab}) "
+                             f"(target = draft + d2t[draft]), got {self.d2t.tolist()}")
+
+
+@dataclass(eq=False)
+class MtpHead(EagleHead):
+    """A multi-token-prediction module chained on the target's final hidden state (DeepSeek-V3's layout, what vLLM
+    runs as ``method="mtp"``): ``u = fc([enorm(embed(token)), hnorm(feature)])``, ``out = norm(layers(u))``, logits
+    ``lm_head(out)`` and ``out`` the next step's feature; the embedding and lm_head are always the target's, the
+    token embedding is zeroed at position 0 (``mask_position0``: the pair of the prompt's second token with the first
+    token's feature, as DeepSeek, MiMo and Ernie MTP do); every draft step reuses the same module. Norm weights default
+    to ones; ``eps`` is the norms' epsilon."""
+
+    enorm: torch.Tensor | None = None
+    hnorm: torch.Tensor | None = None
+    norm: torch.Tensor | None = None
+    eps: float = 0.0
+    mask_position0: bool = True
+    name: str = "mtp"
+    proposer_kind = "mtp"
+
+    def check_target(self, target) -> None:
+        if self.embed is not None or self.lm_head is not None:
+            raise ValueError(f"{self.name}: an MTP module uses the target's embedding and lm_head (embed and lm_head "
+                             f"must be None)")
+        super().check_target(target)
+        hidden = _target_parts(target)[0].shape[1]
+        for part, name in ((self.enorm, "enorm"), (self.hnorm, "hnorm"), (self.norm, "norm")):
+            if part is not None and tuple(part.shape) != (hidden,):
+                raise ValueError(f"{self.name}: {name} must be [H] = [{hidden}], got {list(part.shape)}")
+
+
+class Eagle3Proposer(EagleProposer):
+    """:class:`Eagle3Head` over the rows: the fused feature in the catch-up, draft ids mapped to target ids."""
+
+    kind = "eagle3"
+
+    @classmethod
+    def capture_for(cls, spec) -> tuple:
+        return tuple(sorted(set(spec.aux_layers)))
+
+    def __init__(self, decoder, spec, target, lengths, tokens, prefill, head_cache):
+        super().__init__(decoder, spec, target, lengths, tokens, prefill, head_cache)
+        self.vocab = _target_parts(target)[0].shape[0]
+        self.targets = None if spec.d2t is None else self.draft_to_target(spec.d2t.to(self.device))
+
+    def draft_to_target(self, d2t: torch.Tensor) -> torch.Tensor:
+        """Target id of every draft id: ``d + d2t[d]``."""
+        return torch.arange(len(d2t), device=d2t.device) + d2t
+
+    def first_features(self, features):
+        return F.linear(features, self.spec.fuse)
+
+    def logits(self, h):
+        draft = F.linear(h, self.lm_head)
+        if self.targets is None:
+            return draft
+        full = draft.new_full((draft.shape[0], self.vocab), float("-inf"))
+        full[:, self.targets] = draft
+        return full
+
+
+class MtpProposer(EagleProposer):
+    """:class:`MtpHead` over the rows: normed inputs, the masked position 0, the normed output recycled."""
+
+    kind = "mtp"
+
+    def _rms(self, x: torch.Tensor, weight) -> torch.Tensor:
+        """RMSNorm as Llama's (in float32, then the input dtype); a zero vector stays zero at eps 0 (the catch-up's
+        padding has zero features: a NaN there would reach the head's cache, where a masked slot's value still
+        multiplies its zero attention weight)."""
+        y = x.float()
+        ms = y.pow(2).mean(-1, keepdim=True) + self.spec.eps
+        y = y * torch.where(ms > 0, torch.rsqrt(ms), torch.zeros_like(ms))
+        y = y.to(x.dtype)
+        return y if weight is None else weight * y
+
+    def combine(self, embeds, features, positions):
+        e = self._rms(embeds, self.spec.enorm)
+        if self.spec.mask_position0 and positions is not None:
+            e = e * (positions != 0).unsqueeze(-1).to(e.dtype)  # after the norm: the same as before it, for eps > 0
+        return super().combine(e, self._rms(features, self.spec.hnorm), positions)
+
+    def step(self, ids, features, positions=None):
+        return self._rms(super().step(ids, features, positions), self.spec.norm)
+
+
 # the proposer class a spec opens (a mutant's copy of a spec names its buggy subclass instead)
 EagleHead.proposer_type = EagleProposer
+Eagle3Head.proposer_type = Eagle3Proposer
+MtpHead.proposer_type = MtpProposer
 MedusaHeads.proposer_type = MedusaProposer
 
 
