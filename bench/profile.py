@@ -15,6 +15,11 @@ For a backend claiming ``decoder`` (B = 1) or ``batched_decoder`` (B > 1), the r
 
 Pairs: ``trained`` (the shipped byte-level pair, 256 positions) and ``wide-exact``
 (:mod:`specdec_ref.wide_exact`: an exact order-1 table in a wide 8-layer target against a one-layer draft).
+
+Proposers (``--proposer``): the pair's draft model (default), prompt lookup (``ngram``: ``Ngram(1, 3)``, either pair)
+or the exactly-known EAGLE head (``eagle``: :func:`specdec_ref.exact_heads.exact_eagle_head` on the wide-exact target,
+one decoder layer of the target's width; argmax drafts, vLLM's default). The backend must claim ``proposer:NAME``.
+The cost model's terms for them: :mod:`bench.profile_model`.
 """
 from __future__ import annotations
 
@@ -32,15 +37,34 @@ from specdec_ref.warp import GREEDY, SamplingConfig
 from .kit import Subcommand, environment, int_list, load_average
 from .profile_context import context_sweep
 from .profile_memory import memory_snapshot
-from .profile_model import fit_model, least_interfered, measure_costs, verdict
+from .profile_model import drafter_module, fit_model, least_interfered, measure_costs, verdict
 from .profile_stats import bootstrap_median, paired_ratio
 from .profile_timing import acceptance_by_position, by_unit, log_stderr, run_paired
 
-__all__ = ["PAIRS", "PHASE_TOLERANCE", "ProfileRows", "load_pair", "profile", "SUBCOMMAND"]
+__all__ = ["PAIRS", "PHASE_TOLERANCE", "PROPOSERS", "ProfileRows", "load_pair", "profile", "proposer_draft", "SUBCOMMAND"]
 
 #: |sum of the reported phases / measured wall - 1| allowed per call (the rest: argument validation, result set-up).
 PHASE_TOLERANCE = 0.05
 PAIRS = ("trained", "wide-exact")
+PROPOSERS = ("draft", "ngram", "eagle")
+
+
+def proposer_draft(name: str, pair: str, target, draft):
+    """What the profile passes as ``draft`` for ``--proposer name``: the pair's draft model, ``Ngram(1, 3)`` or the
+    exact EAGLE head on the wide-exact target (ValueError elsewhere)."""
+    if name == "draft":
+        return draft
+    if name == "ngram":
+        from specdec_ref.proposers import Ngram
+
+        return Ngram(1, 3)
+    if name == "eagle":
+        if pair != "wide-exact":
+            raise ValueError("the exactly-known EAGLE head reads the wide-exact target's features: use --pair wide-exact")
+        from specdec_ref.exact_heads import exact_eagle_head
+
+        return exact_eagle_head(target, "order1-target", sample=False)
+    raise ValueError(f"unknown proposer {name!r}; known: {', '.join(PROPOSERS)}")
 
 
 def load_pair(name: str, **wide) -> tuple:
@@ -108,6 +132,7 @@ def profile(
     repeats: int = 5, mode: str = "greedy", contexts: Sequence[int] = (), context_k: int | None = None, context_repeats: int = 3,
     cost_seconds: float = 0.1, threads: int = 1, seed: int = 0, log: Callable[[str], None] | None = log_stderr,
     description: str | None = None, wide: dict | None = None, baseline: Callable | None = None, measure: Callable = measure_costs,
+    proposer: str = "draft",
 ) -> dict:
     """Profile ``backend`` (default: the reference) on a pair (module docstring); a JSON-able report dict.
 
@@ -123,14 +148,21 @@ def profile(
         raise ValueError(f"backend {backend.name!r} does not claim batched_decoder: profile it at --batch 1")
     if not (caps.decoder or caps.batched_decoder):
         raise ValueError(f"backend {backend.name!r} claims neither decoder nor batched_decoder: nothing to profile")
+    if proposer != "draft" and not caps.has(f"proposer:{proposer}"):
+        raise ValueError(f"backend {backend.name!r} does not claim proposer:{proposer}")
     ks = sorted(set(ks))
     if min(ks) < 1 or new_tokens < 2 * (max(ks) + 1) or repeats < 1 or prompts < 1 or batch < 1:
         raise ValueError("need k >= 1, new_tokens >= 2 (max k + 1), repeats, prompts and batch >= 1")
     positions = None
     if target is None:
         target, draft, make_prompts, description, positions = load_pair(pair, **(wide or {}))
+        draft = proposer_draft(proposer, pair, target, draft)
+        if proposer != "draft":
+            description += f"; proposer: {proposer} ({type(draft).__name__}) in place of the draft model"
     sampling = GREEDY if mode == "greedy" else SamplingConfig(temperature=1.0)
-    max_pos = min(model_dims(target)["max_positions"] or 1 << 30, model_dims(draft)["max_positions"] or 1 << 30, positions or 1 << 30)
+    drafter = drafter_module(draft)
+    max_pos = min(model_dims(target)["max_positions"] or 1 << 30, (model_dims(drafter)["max_positions"] if drafter is not None else 0) or 1 << 30,
+                  positions or 1 << 30)
     if prompt_length + new_tokens + max(ks) + 1 > max_pos:
         raise ValueError(f"prompt length {prompt_length} + new tokens {new_tokens} + k exceeds the pair's {max_pos} positions")
     previous = torch.get_num_threads()
@@ -175,9 +207,11 @@ def profile(
     finally:
         torch.set_num_threads(previous)
     report = {
-        "title": f"{backend.name} on the {pair if description is None or pair in description else 'given'} pair, B={batch}, {mode}",
+        "title": f"{backend.name} on the {pair if description is None or pair in description else 'given'} pair, B={batch}, {mode}"
+                 + ("" if proposer == "draft" else f", proposer {proposer}"),
         "backend": backend.name, "declares_phase_timings": bool(getattr(caps, "phase_timings", False)),
-        "pair": description, "settings": dict(ks=ks, batch=batch, prompts=prompts, prompt_length=prompt_length, new_tokens=new_tokens,
+        "pair": description, "proposer": proposer,
+        "settings": dict(ks=ks, batch=batch, prompts=prompts, prompt_length=prompt_length, new_tokens=new_tokens,
                                                repeats=repeats, mode=mode, threads=threads, seed=seed, cost_seconds=cost_seconds),
         "verdict": verdict(model, costs), "costs": costs.as_dict(), "model": model,
         "costs_measured": {"before": costs_before.as_dict(), "after": costs_after.as_dict()},
@@ -203,6 +237,8 @@ class ProfileRows(list):
 def add_profile_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=None, help="module:factory or a registered NAME (default: the reference)")
     p.add_argument("--pair", choices=PAIRS, default="trained", help="model pair (default trained)")
+    p.add_argument("--proposer", choices=PROPOSERS, default="draft",
+                   help="draft with the pair's draft model (default), prompt lookup (ngram) or the exact EAGLE head (eagle, wide-exact)")
     p.add_argument("--k", type=int_list, default=[1, 2, 3, 4], help="draft lengths (default 1,2,3,4)")
     p.add_argument("--batch", type=int, default=1, help="rows decoded together, B (B > 1 needs batched_decoder; default 1)")
     p.add_argument("--prompts", type=int, default=6, help="units (B prompts each) (default 6)")
@@ -232,7 +268,7 @@ def run_profile(args: argparse.Namespace) -> list[dict]:
         args.backend, pair=args.pair, ks=args.k, batch=args.batch, prompts=args.prompts, prompt_length=args.prompt_length,
         new_tokens=args.new_tokens, repeats=args.repeats, mode=args.mode, contexts=args.contexts, context_k=args.context_k,
         context_repeats=args.context_repeats, cost_seconds=args.cost_seconds, threads=args.threads, seed=args.seed,
-        wide=dict(layers=args.wide_layers, hidden=args.wide_hidden, intermediate=args.wide_intermediate),
+        wide=dict(layers=args.wide_layers, hidden=args.wide_hidden, intermediate=args.wide_intermediate), proposer=args.proposer,
     )
     if args.out:
         report["files"] = write_report(report, args.out, stem=args.stem, plots=not args.no_plots)

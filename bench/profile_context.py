@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .profile_memory import kv_formula_bytes, memory_snapshot, reset_device_peak
-from .profile_model import least_interfered, measure_costs
+from .profile_model import drafter_module, least_interfered, measure_costs
 from .profile_stats import paired_ratio
 from .profile_timing import acceptance_by_position, by_unit, run_paired
 
@@ -41,7 +41,8 @@ def context_sweep(backend, target, draft, *, contexts: Sequence[int], k: int, ma
         row = {
             "context": c, "speedup": ratio.value, "low": ratio.low, "high": ratio.high, "alpha": acc["alpha"],
             "tokens_per_round": acc["tokens_per_round"], "C_T": costs.target, "C_D": costs.draft, "C_V": costs.verify[k],
-            "kv_target_formula": kv_formula_bytes(target, tokens, batch), "kv_draft_formula": kv_formula_bytes(draft, tokens, batch),
+            "kv_target_formula": kv_formula_bytes(target, tokens, batch),
+            "kv_draft_formula": kv_formula_bytes(drafter_module(draft), tokens, batch),
             "kv_target_valid": (held.get("target") or {}).get("valid"), "kv_target_allocated": (held.get("target") or {}).get("allocated"),
             "kv_draft_valid": (held.get("draft") or {}).get("valid"), "kv_draft_allocated": (held.get("draft") or {}).get("allocated"),
             **memory_snapshot(),
@@ -53,5 +54,5 @@ def context_sweep(backend, target, draft, *, contexts: Sequence[int], k: int, ma
         base = rows[0]
         for row in rows:
             row["C_T_growth"] = row["C_T"] / base["C_T"]
-            row["C_D_growth"] = row["C_D"] / base["C_D"]
+            row["C_D_growth"] = row["C_D"] / base["C_D"] if base["C_D"] else None
     return {"k": k, "new_tokens": new_tokens, "repeats": repeats, "rows": rows, "dropped": dropped, "max_positions": max_positions}

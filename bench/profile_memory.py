@@ -52,7 +52,9 @@ def memory_snapshot() -> dict:
 
 
 def kv_formula_bytes(model, tokens: int, batch: int = 1) -> int:
-    """``2 L n H_kv d_h b`` times the batch: keys and values of ``tokens`` positions in every layer."""
+    """``2 L n H_kv d_h b`` times the batch: keys and values of ``tokens`` positions in every layer (0 for no model)."""
+    if model is None:
+        return 0
     dims = model_dims(model)
     element = next(model.parameters()).element_size()
     return 2 * dims["num_layers"] * tokens * dims["num_kv_heads"] * dims["head_dim"] * element * batch

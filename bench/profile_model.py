@@ -20,6 +20,11 @@ else by least squares of the measured round time over k. A gap above :data:`GAP_
 that is off: the tokens per round (acceptance) or, per phase, the one whose measured seconds per round
 stray furthest from the model's.
 
+A proposer without a draft model: ``C_D`` is its decoder layers' forward (an EAGLE head: the one layer it runs per
+draft step, the catch-up being the round's first step; its ``fc`` and lm_head land in ``o_d``), or 0 for prompt
+lookup, whose host work is all ``o_d``; no ``f_k C_D`` term (nothing is fed in the repair: a head reads the bonus
+token in its next catch-up).
+
 From the fit: the breakeven acceptance per k (one alpha for every position: ``E = sum_{i<=k} alpha^i`` and
 ``f_k = alpha^k``), the best k, and the draft forward cost (in target forwards) below which each k would pay
 at the measured acceptance.
@@ -47,27 +52,48 @@ class Costs:
     draft: float  # C_D
     verify: dict[int, float]  # C_V(k)
     context: int  # tokens in the cache when timed
+    #: 1 when a fully accepted round feeds ``d_k`` to the drafter in the repair (a draft model), 0 when it does not (a
+    #: head reads the bonus token in its next round's catch-up, its first draft step; prompt lookup runs no forward)
+    feeds_bonus: float = 1.0
+
+    def bonus_feed(self, full: float, draft: float | None = None) -> float:
+        """The repair's drafter forward per round: ``f_k C_D`` (0 for a proposer that feeds nothing)."""
+        return self.feeds_bonus * full * (self.draft if draft is None else draft)
 
     def as_dict(self) -> dict:
         return {"C_T": self.target, "C_D": self.draft, "C_V": {str(k): v for k, v in self.verify.items()}, "context": self.context,
+                "feeds_bonus": self.feeds_bonus,
                 "c": self.draft / self.target, "r": {str(k): v / self.target for k, v in self.verify.items()}}
+
+
+def drafter_module(draft):
+    """The module a proposer runs per draft step: the draft model, a head's decoder layers (``layers``), or None
+    (prompt lookup, or a head without layers: no forward worth timing)."""
+    from specdec_ref.proposers import is_model
+
+    return draft if is_model(draft) else getattr(draft, "layers", None)
 
 
 def measure_costs(target, draft, prompts: Sequence[torch.Tensor], ks: Sequence[int], *, context: int, seconds: float,
                   repeats: int = 3) -> Costs:
     """``C_T``, ``C_D`` and ``C_V(k)`` at ``len(prompts)`` rows with ``context`` tokens in the cache (each prompt is
-    extended with its own tokens, repeated, to ``context``: the cost does not depend on the values)."""
+    extended with its own tokens, repeated, to ``context``: the cost does not depend on the values). ``draft`` may be a
+    proposer spec: ``C_D`` is then its decoder layers' forward (:func:`drafter_module`; a head's ``fc`` and lm_head are
+    left to ``o_d``), or 0 for prompt lookup, and nothing is fed in the repair."""
+    from specdec_ref.proposers import is_model
+
     longest = context + max(ks) + 2
     grown = []
     for p in prompts:
         reps = -(-context // p.shape[1])
         grown.append(p.repeat(1, reps)[:, :context])
     timing = dict(repeats=repeats, min_seconds=seconds, max_length=longest)
+    module = drafter_module(draft)
     return Costs(
         target=forward_seconds(target, grown, 1, **timing),
-        draft=forward_seconds(draft, grown, 1, **timing),
+        draft=0.0 if module is None else forward_seconds(module, grown, 1, **timing),
         verify={k: forward_seconds(target, grown, k + 1, **timing) for k in ks},
-        context=context,
+        context=context, feeds_bonus=1.0 if is_model(draft) else 0.0,
     )
 
 
@@ -76,7 +102,7 @@ def least_interfered(a: Costs, b: Costs) -> Costs:
     process on a shared machine only ever makes a forward slower, and a one-shot cost burst is more exposed to it than
     the interleaved, median-summarised decodes."""
     return Costs(target=min(a.target, b.target), draft=min(a.draft, b.draft),
-                 verify={k: min(a.verify[k], b.verify[k]) for k in a.verify}, context=a.context)
+                 verify={k: min(a.verify[k], b.verify[k]) for k in a.verify}, context=a.context, feeds_bonus=a.feeds_bonus)
 
 
 def predicted_tokens(conditional: Sequence[float], k: int) -> float:
@@ -96,13 +122,13 @@ def _fit_overheads(costs: Costs, per_k: dict[int, dict]) -> dict:
         ph = {k: per_k[k]["phases"] for k in ks}
         o_d = median(ph[k]["draft"] / k - costs.draft for k in ks)
         o_v = median(ph[k]["verify"] - costs.verify[k] for k in ks)
-        o_r = median(ph[k]["repair"] - per_k[k]["full"] * costs.draft for k in ks)
+        o_r = median(ph[k]["repair"] - costs.bonus_feed(per_k[k]["full"]) for k in ks)
         o_o = median(ph[k]["other"] for k in ks)
         return {"source": "backend-reported phases", "o_d": o_d, "o_verify": o_v, "o_repair": o_r, "o_other": o_o,
                 "o_0": o_v + o_r + o_o}
     # least squares of residual(k) = k o_d + o_0 over k (o_d = 0 with a single k)
     xs = ks
-    ys = [per_k[k]["round"] - (k * costs.draft + costs.verify[k] + per_k[k]["full"] * costs.draft) for k in ks]
+    ys = [per_k[k]["round"] - (k * costs.draft + costs.verify[k] + costs.bonus_feed(per_k[k]["full"])) for k in ks]
     if len(xs) == 1:
         o_d, o_0 = 0.0, ys[0]
     else:
@@ -118,7 +144,7 @@ def _fit_overheads(costs: Costs, per_k: dict[int, dict]) -> dict:
 def round_cost(costs: Costs, fit: dict, k: int, full: float, draft: float | None = None) -> float:
     """``R(k) = k (C_D + o_d) + C_V(k) + f_k C_D + o_0`` (``draft`` replaces ``C_D``)."""
     c_d = costs.draft if draft is None else draft
-    return k * (c_d + fit["o_d"]) + costs.verify[k] + full * c_d + fit["o_0"]
+    return k * (c_d + fit["o_d"]) + costs.verify[k] + costs.bonus_feed(full, c_d) + fit["o_0"]
 
 
 def breakeven_alpha(ar: float, costs: Costs, fit: dict, k: int, tail: float = 1.0) -> float | None:
@@ -139,7 +165,7 @@ def breakeven_alpha(ar: float, costs: Costs, fit: dict, k: int, tail: float = 1.
 
 def draft_threshold(ar: float, costs: Costs, fit: dict, k: int, tokens: float, full: float, tail: float = 1.0) -> float | None:
     """Draft forward cost (in target forwards) below which k pays at the measured acceptance; None if no draft can."""
-    x = (ar * tokens / tail - costs.verify[k] - fit["o_0"] - k * fit["o_d"]) / (k + full)
+    x = (ar * tokens / tail - costs.verify[k] - fit["o_0"] - k * fit["o_d"]) / (k + costs.feeds_bonus * full)
     return x / costs.target if x > 0 else None
 
 
@@ -155,7 +181,7 @@ def _name_term(costs: Costs, fit: dict, k: int, row: dict, d: dict) -> str | Non
         model = {
             "draft": k * (costs.draft + fit["o_d"]),
             "verify": costs.verify[k] + fit["o_verify"],
-            "repair": d["full"] * costs.draft + fit["o_repair"],
+            "repair": costs.bonus_feed(d["full"]) + fit["o_repair"],
             "other": fit["o_other"],
             "unreported": 0.0,
         }
@@ -194,7 +220,7 @@ def fit_model(costs: Costs, ar_per_token: float, per_k: dict[int, dict], ratios:
             "gap": measured.value / predicted - 1, "tokens_per_round": d["tokens_per_round"], "tokens_predicted": tokens,
             "alpha": d["alpha"], "full": d["full"], "round": d["round"], "round_predicted": rnd,
             "per_token": d["per_token"], "per_token_predicted": rnd / tokens * tail, "tail": tail,
-            "forward_only": ar_per_token / ((k * costs.draft + costs.verify[k] + d["full"] * costs.draft) / tokens * tail),
+            "forward_only": ar_per_token / ((k * costs.draft + costs.verify[k] + costs.bonus_feed(d["full"])) / tokens * tail),
             "breakeven_alpha": breakeven_alpha(ar_per_token, costs, fit, k, tail),
             "draft_threshold": draft_threshold(ar_per_token, costs, fit, k, d["tokens_per_round"], d["full"], tail),
             "phases": d.get("phases"),

@@ -81,21 +81,37 @@ def eagle_mix(target_name: str) -> np.ndarray:
 
 
 def _eagle_fc(target, target_name: str, alpha: float) -> torch.Tensor:
-    """``fc [16, 32] = [alpha I | C^T]`` on the token channels, in the target's dtype, on its device."""
-    hidden = target.get_input_embeddings().weight.shape[1]
-    if hidden != _HIDDEN:
-        raise ValueError(f"exact heads expect an order-1 target (hidden {_HIDDEN}), got hidden {hidden}")
-    dtype, device = next(target.parameters()).dtype, next(target.parameters()).device
-    fc = torch.zeros(_HIDDEN, 2 * _HIDDEN, dtype=dtype)
-    fc[:_VOCAB, :_VOCAB] = alpha * torch.eye(_VOCAB, dtype=dtype)
-    fc[:_VOCAB, _HIDDEN:_HIDDEN + _VOCAB] = torch.from_numpy(eagle_mix(target_name).T).to(dtype)
-    return fc.to(device)
+    """``fc [H, 2H] = [alpha I | E^T C^T E / |E_t|^2]``, in the target's dtype, on its device: on a target whose
+    token embeddings ``E [V, H]`` are orthogonal rows of one squared norm and whose final feature at a position holding
+    ``t`` is ``E[t]`` (the order-1 checkpoints: ``4 e_t``, where this is ``[alpha I | C^T]`` on dims 0..7; the wide
+    exact targets of :mod:`specdec_ref.wide_exact`), ``h = alpha E[x] + sum_t C[y, t] E[t]`` for the feature of ``y``.
+    Dyadic throughout, so the logits are the table expressions bit for bit on the order-1 targets."""
+    embed = target.get_input_embeddings().weight.detach().double().cpu()
+    gram = embed @ embed.T
+    norm2 = float(gram[0, 0])
+    if embed.shape[0] != _VOCAB or not torch.equal(gram, norm2 * torch.eye(_VOCAB, dtype=torch.float64)):
+        raise ValueError(f"exact heads expect an order-1 target (orthogonal token embeddings of one norm, V={_VOCAB}), "
+                         f"got embeddings {list(embed.shape)}")
+    hidden = embed.shape[1]
+    mix = torch.from_numpy(eagle_mix(target_name).T)
+    fc = torch.zeros(hidden, 2 * hidden, dtype=torch.float64)
+    fc[:, :hidden] = alpha * torch.eye(hidden, dtype=torch.float64)
+    fc[:, hidden:] = embed.T @ mix @ embed / norm2
+    param = next(target.parameters())
+    return fc.to(device=param.device, dtype=param.dtype)
+
+
+def _final_is_embedding(target) -> None:
+    if getattr(target.config, "exact_deep", None):
+        raise ValueError("the deep target's final feature is not its token embedding (its layers move the one-hot): "
+                         "EAGLE and MTP heads are exact on the order-1 targets; the deep target is EAGLE-3's")
 
 
 def exact_eagle_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = True,
                      layer: bool = True) -> EagleHead:
     """The exact EAGLE head on an order-1 target model (module docstring), on its device and in its dtype;
     ``layer=False``: no decoder layer."""
+    _final_is_embedding(target)
     fc = _eagle_fc(target, target_name, alpha)
     head = EagleHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-eagle")
     head.table_spec = ("eagle", target_name, alpha)
@@ -146,6 +162,7 @@ def exact_mtp_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, samp
     the mixture to a mean square of 1 (not exact in float32: ``properties.proposals.MtpLaw`` states the law in float64
     and its tie margin). The token embedding at position 0 is zeroed (the first draft of a two-token prompt reads the
     feature alone)."""
+    _final_is_embedding(target)
     fc = _eagle_fc(target, target_name, alpha)
     head = MtpHead(fc=fc, layers=_zero_layer_model(target) if layer else None, sample=sample, name="exact-mtp")
     head.table_spec = ("mtp", target_name, alpha)

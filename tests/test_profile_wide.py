@@ -46,3 +46,40 @@ def test_default_pair_shapes_and_bad_width():
         build_wide_exact("order1-target", WideSpec(hidden=4, intermediate=8, layers=1, heads=1))
     with pytest.raises(ValueError, match="order1"):
         build_wide_exact("order2-target", SMALL)
+
+
+def test_the_exact_eagle_head_is_exact_on_a_wide_target():
+    """The EAGLE head's fc is built from the target's embeddings (orthogonal rows of one norm), so on a wide target it
+    proposes by the same float64 law as on the order-1 checkpoint, bit for bit, first step and chained."""
+    import numpy as np
+
+    from properties.proposals import law_of
+    from specdec_ref.exact_heads import exact_eagle_head
+
+    target = build_wide_exact("order1-target", SMALL)
+    spec = exact_eagle_head(target, "order1-target", layer=False)
+    law = law_of(spec, "order1-target")
+    embed, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+    for x in range(8):
+        for y in range(8):
+            h = torch.nn.functional.linear(torch.cat([embed[x], embed[y]]), spec.fc)  # the feature of y is its embedding
+            assert np.array_equal(torch.nn.functional.linear(h, head).double().numpy(), law.raw([y, x], []))
+            h2 = torch.nn.functional.linear(torch.cat([embed[(x + y) % 8], h]), spec.fc)
+            assert np.array_equal(torch.nn.functional.linear(h2, head).double().numpy(), law.raw([y, x], [(x + y) % 8]))
+
+
+@pytest.mark.parametrize("proposer", ["ngram", "eagle"])
+def test_profile_with_a_proposer_without_a_draft_model(proposer):
+    """``specdec-bench profile --proposer``: prompt lookup costs no draft forward (C_D = 0), the EAGLE head one decoder
+    layer of the target's width; neither feeds anything in the repair (no f_k C_D term); greedy equals AR."""
+    from bench.profile import profile
+
+    wide = dict(layers=1, hidden=128, intermediate=128)
+    report = profile(None, pair="wide-exact", proposer=proposer, ks=(1, 2), prompts=1, prompt_length=8, new_tokens=12,
+                     repeats=1, cost_seconds=0.005, wide=wide, log=None)
+    assert report["proposer"] == proposer and proposer in report["title"]
+    assert report["costs"]["feeds_bonus"] == 0.0
+    assert (report["costs"]["C_D"] == 0.0) == (proposer == "ngram")
+    assert report["greedy_mismatches"] == 0 and report["verdict"]
+    with pytest.raises(ValueError, match="wide-exact"):
+        profile(None, pair="trained", proposer="eagle", ks=(1,), log=None)
