@@ -325,7 +325,8 @@ def compare_proposers(plan: Plan) -> list[Row]:
 
     from specdec_ref.contract import Request
     from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
-    from specdec_ref.exact_heads import exact_eagle_head, exact_medusa_heads
+    from specdec_ref.exact_deep import deep_target
+    from specdec_ref.exact_heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
     from specdec_ref.exact_models import exact_model
     from specdec_ref.proposers import Ngram
     from specdec_ref.warp import SamplingConfig
@@ -335,23 +336,30 @@ def compare_proposers(plan: Plan) -> list[Row]:
     prompts = [[3], [1, 2, 1, 2], [5, 0, 5, 0, 5], [6, 4], [0, 1, 0, 1, 0, 1], [2, 2, 2]][: max(2, plan.prompts // 4)]
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        progress(f"proposers: greedy and sampled decodes with prompt lookup, EAGLE and Medusa, {name} on {plan.device}")
+        progress(f"proposers: greedy and sampled decodes with prompt lookup, EAGLE, EAGLE-3, MTP and Medusa, {name} on "
+                 f"{plan.device}")
         started = time.perf_counter()
         row = Row(CHECKS[3], plan.device, name, FAIL, 0.0, "")
         try:
             target = copy.deepcopy(exact_model("order1-target").load(dtype)).to(plan.device)
+            deep = copy.deepcopy(deep_target("order1-target", dtype=dtype)).to(plan.device)
             specs = {"ngram": Ngram(1, 3), "eagle": exact_eagle_head(target, "order1-target", sample=False),
+                     "eagle3": exact_eagle3_head(deep, "order1-target", sample=False),
+                     "mtp": exact_mtp_head(target, "order1-target", sample=False),
                      "medusa": exact_medusa_heads(target, "order1-target", heads=3)}
             sampled = {"eagle": exact_eagle_head(target, "order1-target", sample=True),
+                       "eagle3": exact_eagle3_head(deep, "order1-target", sample=True),
+                       "mtp": exact_mtp_head(target, "order1-target", sample=True),
                        "medusa": exact_medusa_heads(target, "order1-target", heads=3, sample=True), "ngram": specs["ngram"]}
             problems, rates = [], []
             with torch.no_grad():
                 for kind, spec in specs.items():
+                    model = deep if kind == "eagle3" else target
                     accepted = proposed = 0
                     for prompt in prompts:
                         p = torch.tensor([prompt], device=plan.device)
-                        ar = autoregressive_decode(target, p, max_new_tokens=plan.new_tokens)
-                        res = dec.decode(target, spec, p, k=3, max_new_tokens=plan.new_tokens)
+                        ar = autoregressive_decode(model, p, max_new_tokens=plan.new_tokens)
+                        res = dec.decode(model, spec, p, k=3, max_new_tokens=plan.new_tokens)
                         accepted += sum(r.accepted for r in res.rounds)
                         proposed += sum(r.proposed for r in res.rounds)
                         if res.tokens != ar.tokens:
@@ -359,8 +367,8 @@ def compare_proposers(plan: Plan) -> list[Row]:
                     rates.append(f"{kind} {accepted}/{proposed}")
                     reqs = [Request(prompt=prompts[i % len(prompts)][: 1 + i % 4], max_new_tokens=16,
                                     sampling=SamplingConfig(temperature=1.0), seed=i) for i in range(8)]
-                    together = [r.tokens for r in dec.decode_batch(target, sampled[kind], reqs, k=3)]
-                    alone = [dec.decode_batch(target, sampled[kind], [r], k=3)[0].tokens for r in reqs]
+                    together = [r.tokens for r in dec.decode_batch(model, sampled[kind], reqs, k=3)]
+                    alone = [dec.decode_batch(model, sampled[kind], [r], k=3)[0].tokens for r in reqs]
                     if together != alone:
                         problems.append(f"{kind} sampled: a seeded row differs alone and in the batch")
             row.result = PASS if not problems else FAIL
