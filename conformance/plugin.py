@@ -285,6 +285,7 @@ class StopAcrossWorkers:
 #: same cases the costly ones for any backend.
 COST_HINTS: tuple[tuple[str, float], ...] = (
     ("tree_decoder_sequence_law-position", 14.0),
+    ("tree_proposer_sequence_law-*", 6.0),
     ("batch_sequence_law-penalties", 9.0),
     ("batch_sequence_law-min_new_tokens", 7.0),
     ("tree_decoder_greedy_equals_ar_fp32-*", 5.0),

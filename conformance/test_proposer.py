@@ -1,4 +1,5 @@
-"""Conformance of decoders drafting with proposers (prompt lookup, EAGLE and Medusa heads): one test per registered check case."""
+"""Conformance of decoders drafting with proposers (prompt lookup, EAGLE, EAGLE-3, MTP and Medusa heads; Medusa trees):
+one test per registered check case."""
 import pytest
 
 from conformance.plugin import case_params, run_case_in_pytest

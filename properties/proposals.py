@@ -291,3 +291,52 @@ def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], i
             break
         accepted, last = accepted + 1, d
     return drafts, accepted
+
+
+def _top(row: np.ndarray, width: int) -> list[int]:
+    """The ``width`` largest entries' ids, ties to the lower id (a stable descending sort)."""
+    return [int(i) for i in np.argsort(-row, kind="stable")[:width]]
+
+
+def greedy_tree_round(target, law: MedusaLaw, text: Sequence[int], depth: int, width: int) -> tuple[int, int] | None:
+    """``(nodes, accepted)`` of a greedy Medusa tree round from ``text`` (pending token last; an order-1
+    exactly-known ``target``), as :mod:`specdec_ref.tree_heads` grows it: level ``l``'s row is the softmax of head
+    ``l``'s table row for the token before the pending one (greedy rows are not tempered); the root gets the row's top
+    ``width`` ids (ties to the lower id), each further level expands the ``width`` nodes of the previous one with the
+    highest cumulative probability (ties to the lower node) into the top ``width`` ids of its row; the accepted path
+    follows the target's argmax chain. None when the round drafts nothing, or when a ranking on the way is a near tie
+    (two cumulative probabilities within 1e-9 relative but not equal: float32 may order them either way)."""
+    text = list(text)
+    levels = law.count(text, depth)
+    if levels == 0:
+        return None
+    logits = [law.raw(text, [0] * level) for level in range(levels)]
+    probs = [np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in logits]
+    tokens, parents = _top(logits[0], width), [-1] * width
+    scores = [probs[0][t] for t in tokens]
+    level_nodes = list(range(width))
+    for level in range(1, levels):
+        ranked = sorted(range(len(level_nodes)), key=lambda j: -scores[level_nodes[j]])
+        if len(ranked) > width:
+            a, b = scores[level_nodes[ranked[width - 1]]], scores[level_nodes[ranked[width]]]
+            if a != b and abs(a - b) < 1e-9 * a:
+                return None
+        new_nodes = []
+        for j in sorted(ranked[:width]):
+            node = level_nodes[j]
+            for t in _top(logits[level], width):
+                parents.append(node)
+                tokens.append(t)
+                scores.append(scores[node] * probs[level][t])
+                new_nodes.append(len(tokens) - 1)
+        level_nodes = new_nodes
+    node, last, accepted = -1, text[-1], 0
+    for _ in range(levels):
+        g = _argmax(np.asarray(target.next_logits([[last]]), dtype=np.float64)[0])
+        if g is None:
+            return None
+        child = next((i for i, (p, t) in enumerate(zip(parents, tokens)) if p == node and t == g), None)
+        if child is None:
+            break
+        node, last, accepted = child, g, accepted + 1
+    return len(tokens), accepted

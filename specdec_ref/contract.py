@@ -220,6 +220,11 @@ wrong offset, a lookup on the wrong text. The suite checks acceptance against th
 heads (:mod:`specdec_ref.exact_heads`). A row whose prompt is one token has no feature before the target's first
 forward: its first round proposes nothing (a plain target step), so its draws never depend on its batch.
 
+A tree decoder claiming ``tree_proposer:medusa`` (``Capabilities.tree_proposers``) takes :class:`MedusaHeads` as
+``decode_tree``'s ``draft``: level ``l``'s children come from head ``l - 1``'s row (the same row for every node of the
+level), by the declared tree scheme, and the next round's feature is the target's at the last *accepted* node
+(:mod:`specdec_ref.tree_heads`).
+
 Phase timings (``phase_timings``, optional)
 --------------------------------------------
 A decoder may report where each round's time went, so that a profile (``specdec-bench profile``) can
@@ -296,7 +301,8 @@ the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, def
 :data:`DEVICE_NAMES`, default ``("cpu",)``) list the dtypes and devices the backend supports;
 checks require them as ``dtype:NAME`` / ``device:NAME``. ``proposers`` (from :data:`PROPOSER_NAMES`,
 default ``("draft_model",)``) lists what a decoder accepts as its ``draft`` (below); checks require
-them as ``proposer:NAME``. ``extra`` is free-form notes for the
+them as ``proposer:NAME``; ``tree_proposers`` (from :data:`TREE_PROPOSER_NAMES`, default ``("draft_model",)``) what
+a tree decoder accepts, required as ``tree_proposer:NAME``. ``extra`` is free-form notes for the
 certificate. Unclaimed modes must raise :class:`NotSupportedError`; checks needing an
 unclaimed capability are skipped with the reason (``backend does not claim [...]``).
 """
@@ -322,6 +328,7 @@ __all__ = [
     "DTYPE_NAMES",
     "DEVICE_NAMES",
     "PROPOSER_NAMES",
+    "TREE_PROPOSER_NAMES",
     "check_requirement",
     "NotSupportedError",
     "Capabilities",
@@ -370,18 +377,22 @@ DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 DEVICE_NAMES = ("cpu", "cuda")
 #: Proposer kinds a decoder may accept as its ``draft`` (``Capabilities.proposers``; :mod:`specdec_ref.proposers`).
 PROPOSER_NAMES = ("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp")
+#: Proposer kinds a tree decoder may accept as its ``draft`` (``Capabilities.tree_proposers``): a draft model grows the
+#: tree from its own rows, Medusa heads from one row per level (:mod:`specdec_ref.tree_heads`).
+TREE_PROPOSER_NAMES = ("draft_model", "medusa")
 
 
 def check_requirement(flag: str) -> None:
     """Raise ValueError for a requirement that is neither a capability flag nor ``dtype:`` / ``device:`` /
-    ``proposer:`` + a known name."""
+    ``proposer:`` / ``tree_proposer:`` + a known name."""
     kind, sep, name = flag.partition(":")
     if (flag in CAPABILITY_FLAGS or (kind == "dtype" and name in DTYPE_NAMES) or (kind == "device" and name in DEVICE_NAMES)
-            or (kind == "proposer" and name in PROPOSER_NAMES)):
+            or (kind == "proposer" and name in PROPOSER_NAMES) or (kind == "tree_proposer" and name in TREE_PROPOSER_NAMES)):
         return
     raise ValueError(
         f"unknown capability {flag!r}; known: {', '.join(CAPABILITY_FLAGS)}, "
-        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}, proposer:{{{','.join(PROPOSER_NAMES)}}}"
+        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}, proposer:{{{','.join(PROPOSER_NAMES)}}}, "
+        f"tree_proposer:{{{','.join(TREE_PROPOSER_NAMES)}}}"
     )
 
 
@@ -416,6 +427,7 @@ class Capabilities:
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     proposers: tuple[str, ...] = ("draft_model",)
+    tree_proposers: tuple[str, ...] = ("draft_model",)
     scheme: str = "token"
     bonus: bool = True
     tree_scheme: str = "specinfer"
@@ -431,6 +443,9 @@ class Capabilities:
         unknown = [p for p in self.proposers if p not in PROPOSER_NAMES]
         if unknown:
             raise ValueError(f"unknown proposer(s) {unknown}; known: {', '.join(PROPOSER_NAMES)}")
+        unknown = [p for p in self.tree_proposers if p not in TREE_PROPOSER_NAMES]
+        if unknown:
+            raise ValueError(f"unknown tree proposer(s) {unknown}; known: {', '.join(TREE_PROPOSER_NAMES)}")
 
     @property
     def lossless(self) -> bool:
@@ -456,6 +471,8 @@ class Capabilities:
             return name in self.devices
         if kind == "proposer" and name:
             return name in self.proposers
+        if kind == "tree_proposer" and name:
+            return name in self.tree_proposers
         return bool(getattr(self, flag))
 
     def as_dict(self) -> dict[str, Any]:

@@ -45,10 +45,11 @@ from typing import Callable
 import torch
 
 from .cache import ModelCache
-from .contract import DecodeResult, RoundHook
+from .contract import DecodeResult, NotSupportedError, RoundHook
 from .decode import _truncate, _validate_decode_args, end_round, open_caches
 from .draws import choose as _choose
 from .models import model_dims
+from .proposers import is_model, proposer_kind
 from .static_cache import fastest_cache
 from .tree import SpecInferTreeVerifier, TreeVerifierBase
 from .verify import sample_from_weights
@@ -194,6 +195,17 @@ class TreeSpeculativeDecoder:
         draft_cache.commit(new_len)
         return calls
 
+    def medusa_rows(self, proposer, feature: torch.Tensor, depth: int, sampling) -> list:
+        """Medusa trees: ``(sample from, q)`` of every level (``[1, V]`` each): head ``l``'s logits from ``feature [1, H]``
+        through :meth:`draft_probs`."""
+        feature = feature.to(proposer.spec.lm_heads[0].dtype)
+        return [self.draft_probs(proposer.head(level, feature), sampling) for level in range(depth)]
+
+    def head_feature(self, block: torch.Tensor, kept_path: list[int]) -> torch.Tensor:
+        """Medusa trees (:mod:`specdec_ref.tree_heads`): the next round's feature ``[1, H]`` from the verify block's
+        target features ``block [1 + n, H]``: the last kept node's (the pending token's when none was kept)."""
+        return block[None, 1 + kept_path[-1]] if kept_path else block[None, 0]
+
     def kept_in_cache(self, emitted: list[int], untruncated: list[int]) -> int:
         """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""
         return len(emitted)
@@ -244,6 +256,16 @@ class TreeSpeculativeDecoder:
         vocab = model_dims(target)["vocab_size"]
         if width > vocab:
             raise ValueError(f"width must be at most the vocabulary size {vocab} (distinct siblings), got {width}")
+        if not is_model(draft):
+            kind = proposer_kind(draft)
+            if kind != "medusa":
+                raise NotSupportedError(f"the tree decoder drafts trees with a draft model or Medusa heads, not {kind} "
+                                        f"(a chain proposer: use decode / decode_batch)")
+            from .tree_heads import medusa_tree_decode
+
+            return medusa_tree_decode(self, target, draft, prompt, depth=depth, width=width,
+                                      max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id,
+                                      generator=generator, on_round=on_round, timed=timed)
         t = prompt.shape[1]
         result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
         if max_new_tokens == 0:

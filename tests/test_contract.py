@@ -27,12 +27,18 @@ def test_every_flag_defaults_to_false():
     assert (caps.dtypes, caps.devices) == (("float32",), ("cpu",))
     assert caps.has("dtype:float32") and not caps.has("dtype:bfloat16") and caps.has("device:cpu")
     assert caps.has("proposer:draft_model") and not caps.has("proposer:eagle")  # a draft model: what every decoder takes
+    assert caps.has("tree_proposer:draft_model") and not caps.has("tree_proposer:medusa")
     assert caps.as_dict() == {
         **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",),
-        "proposers": ("draft_model",), "scheme": "token", "bonus": True, "tree_scheme": "specinfer",
+        "proposers": ("draft_model",), "tree_proposers": ("draft_model",), "scheme": "token", "bonus": True,
+        "tree_scheme": "specinfer",
     }
     with pytest.raises(ValueError, match="unknown proposer"):
         Capabilities(proposers=("draft_model", "lookahead"))
+    with pytest.raises(ValueError, match="unknown tree proposer"):
+        Capabilities(tree_proposers=("draft_model", "eagle"))
+    with pytest.raises(ValueError, match="unknown capability"):
+        caps.has("tree_proposer:ngram")
 
 
 def test_public_names():

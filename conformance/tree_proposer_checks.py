@@ -1,0 +1,172 @@
+"""Conformance checks of tree decoders drafting with Medusa heads (capability ``tree_proposer:medusa``).
+
+``decode_tree(target, heads, prompt, depth=D, width=W, ...)`` with :class:`specdec_ref.heads.MedusaHeads` as the
+draft (``specdec_ref.contract``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s children
+come from head ``l - 1``'s row (the same for every node of the level) by the declared tree scheme, the next round's
+feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
+(``specdec_ref.exact_heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
+of the token before the pending one) every greedy tree is a function of the round's text
+(``properties.proposals.greedy_tree_round``), so:
+
+* greedy, every round drafts exactly the tree the text determines and accepts exactly the path the target's argmax
+  chain takes through it, and the output is the target's greedy continuation: round by round, no statistics; a
+  feature read at the block's last node instead of the last accepted one, a head read at the wrong level, siblings
+  not the top of their row, expansions not by cumulative probability all change some round;
+* sampled (heads drawing children from their rows, ``q`` reported), the continuation law is the target's.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+
+from specdec_ref.warp import GREEDY, SamplingConfig
+
+from .check_helpers import assert_continuations_follow, call_backend
+from .proposer_checks import (GREEDY_NEW_TOKENS, GREEDY_PROMPTS, LAW_PROMPT, PROPOSER_PAIR, PROPOSER_TARGET,
+                              _table_greedy, proposer_spec, proposer_target)
+from .registry import CheckContext, NotApplicable, check
+from . import streams
+
+#: These checks run with the proposer checks (conformance/test_proposer.py).
+FAMILY = "proposer"
+#: (depth, width) of the greedy trees: a star, narrow and wide, shallow and as deep as the three heads.
+TREE_SHAPES = ((1, 2), (2, 2), (3, 2), (3, 3), (2, 4))
+#: The sampled law's tree: two levels of two children (the two tokens a round emits before the cut come from them),
+#: its settings and the TV its test is sized for. Every decode is a tree decode of its own (no batch), so the test is
+#: sized for TV 0.1 (5 946 decodes at ``ci``, about half at the early-pass look), at temperature 2, where the heads'
+#: drawn rows are far from their raw ones: children reported with the untempered row's ``q``
+#: (``tree_q_untempered``) move the law by TV 0.11 there (24 000 mutant decodes: 0.122 observed, of which about 0.01
+#: is sampling noise), and by 0.03 to 0.05 at temperatures 0.5 to 0.8.
+LAW_TREE = (2, 2)
+LAW_LENGTH = 2
+TREE_LAW_TV = 0.1
+TREE_LAW_SAMPLING = SamplingConfig(temperature=2.0)
+#: Rounds after a partial and after a full acceptance the greedy check must see (each at least).
+MIN_TREE_ROUNDS = 10
+
+
+@functools.lru_cache(maxsize=None)
+def _tree_law():
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_pair
+
+    return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), LAW_LENGTH, TREE_LAW_SAMPLING)
+
+
+def _tree_round_kind(previous, depth: int) -> str:
+    """Where a round sits: first, after a plain step, after a partial or a full acceptance (the whole depth)."""
+    if previous is None:
+        return "first round"
+    if not previous.proposed:
+        return "after a round without drafts"
+    if previous.accepted == depth:
+        return f"after a full acceptance ({previous.accepted} of {depth} levels)"
+    return f"after a partial acceptance ({previous.accepted} of {depth} levels)"
+
+
+def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens, sampling, generator=None):
+    """``backend.decode_tree`` with its failures named (an exception is a BackendError naming the call)."""
+    __tracebackhide__ = True
+    result = call_backend(backend.decode_tree, target, spec, torch.tensor([list(prompt)]), depth=depth, width=width,
+                          max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                          what=f"decode_tree() with Medusa heads (prompt {list(prompt)}, depth {depth}, width {width})")
+    tokens = getattr(result, "tokens", None)
+    if not isinstance(tokens, list) or not all(isinstance(x, int) for x in tokens):
+        raise AssertionError(f"decode_tree() must return a result whose .tokens is a list of ints, got {tokens!r}")
+    return result
+
+
+@check(
+    guards="a Medusa tree's feature read at the block's last node instead of the last accepted one (the tree's "
+    "rollback), heads read at the wrong level, siblings not the top of their row, levels expanded by anything but "
+    "the cumulative probability, tree rows misaligned (acceptance lost; greedy output still exact)",
+    requires=("tree_decoder", "greedy", "tree_proposer:medusa"),
+    cases=[("medusa", {})],
+)
+def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext):
+    """Greedy tree decoding with the exactly-known Medusa heads, trees of every shape in :data:`TREE_SHAPES` from the
+    greedy prompts: the output is the target's greedy continuation, and every round but the last drafts exactly the
+    nodes and accepts exactly the path its text determines (``properties.proposals.greedy_tree_round``); at least
+    :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
+    from properties.proposals import greedy_tree_round, law_of
+    from specdec_ref.exact_models import exact_model
+
+    target = proposer_target("medusa")
+    spec = proposer_spec("medusa", False)
+    law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
+    seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
+    for prompt in GREEDY_PROMPTS:
+        want = _table_greedy(prompt, GREEDY_NEW_TOKENS)
+        for depth, width in TREE_SHAPES:
+            result = _decode_tree(backend, target, spec, prompt, depth=depth, width=width,
+                                  max_new_tokens=GREEDY_NEW_TOKENS, sampling=GREEDY)
+            where = f"Medusa tree (depth {depth}, width {width}), greedy, prompt {list(prompt)}"
+            assert result.tokens == want, (
+                f"{where}: the output differs from the target's greedy continuation at position "
+                f"{next((i for i, (a, b) in enumerate(zip(result.tokens, want)) if a != b), min(len(result.tokens), len(want)))}"
+                f":\n  got:    {result.tokens}\n  target: {want}\n  replay: {ctx.replay}")
+            full, previous = list(prompt) + list(result.tokens), None
+            for r in result.rounds[:-1]:  # the last round may be cut by max_new_tokens
+                text = full[: r.start]
+                kind = _tree_round_kind(previous, min(depth, len(spec.lm_heads)))
+                previous = r
+                expected = greedy_tree_round(table, law, text, depth, width)
+                if expected is None:
+                    seen["skipped"] += 1
+                    continue
+                assert (r.proposed, r.accepted) == expected, (
+                    f"{where}: round {r.round} ({kind}) from the text {text} drafted {r.proposed} nodes and accepted "
+                    f"{r.accepted}; the heads' tree there has {expected[0]} nodes, of which the target's argmax chain "
+                    f"accepts {expected[1]} (the heads read the target's feature of position {len(text) - 2}: the last "
+                    f"accepted node's, not the block's last)\n  replay: {ctx.replay}")
+                for key in ("after a partial", "after a full"):
+                    seen[key] += kind.startswith(key)
+    ctx.findings.append({"kind": "coverage", **seen})
+    assert min(seen["after a partial"], seen["after a full"]) >= MIN_TREE_ROUNDS, (
+        f"too few rounds to check the tree's rollback ({seen}): the greedy prompts no longer reach partial and full "
+        f"acceptances")
+
+
+@check(
+    guards="Medusa tree children not drawn from the row reported as their q (unprocessed head logits, settings on "
+    "one side only), a tree verifier that is not exact for children drawn per node from one shared row, unverified "
+    "nodes emitted",
+    requires=("tree_decoder", "sampling", "tree_proposer:medusa"),
+    cases=[("medusa", {})],
+    statistical=True,
+)
+def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
+    """Sampled tree decoding with the exactly-known Medusa heads (children drawn from the heads' processed rows by the
+    declared tree scheme, trees of :data:`LAW_TREE`) follows the target's exact law of the 2 tokens after a two-token
+    prompt, power 0.99 against TV >= :data:`TREE_LAW_TV` at alpha 1e-6."""
+    from properties.sample_size import required_samples
+    from properties.sequences import law_to_cells
+
+    if getattr(backend.capabilities, "tree_scheme", "specinfer") == "lossy":
+        raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")
+    target = proposer_target("medusa")
+    spec = proposer_spec("medusa", True)
+    law = _tree_law()
+    cells = law_to_cells(law)
+    n = math.ceil(required_samples(np.asarray(list(law.values()), dtype=np.float64), TREE_LAW_TV) * ctx.sample_scale)
+    seed = ctx.seed_for("tree-proposer-law", "medusa")
+    depth, width = LAW_TREE
+
+    def draw(_, index, size):
+        out = []
+        for i in range(index * size, (index + 1) * size):
+            gen = torch.Generator().manual_seed(seed + i)
+            res = _decode_tree(backend, target, spec, LAW_PROMPT, depth=depth, width=width, max_new_tokens=LAW_LENGTH,
+                               sampling=TREE_LAW_SAMPLING, generator=gen)
+            out.append(tuple(res.tokens))
+        return out
+
+    outputs = streams.draws(ctx.streams, ("tree-proposer-law", seed), n, start=lambda: None, draw=draw, chunk=256)
+    assert_continuations_follow(
+        cells, outputs, ctx, tv=TREE_LAW_TV, seed=seed, sensitive_to="Medusa children's q other than their row, unverified nodes",
+        what=f"Medusa trees (depth {depth}, width {width}), sampled: continuations of length {LAW_LENGTH} of "
+        f"{list(LAW_PROMPT)} on {PROPOSER_PAIR} ({TREE_LAW_SAMPLING.label()})",
+    )
