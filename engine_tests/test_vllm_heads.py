@@ -1,8 +1,9 @@
-"""vLLM (CPU, 0.32) loads the exactly-known EAGLE-1 and Medusa heads and drafts exactly what their laws say.
+"""vLLM (CPU, 0.32) loads the exactly-known EAGLE-1, EAGLE-3 and Medusa heads and drafts exactly what their laws say.
 
 Run in the vLLM stage only (``.venv-vllm/bin/python -m pytest engine_tests/test_vllm_heads.py``). The heads are
 written at run time (:mod:`specdec_ref.exact_head_files`, under a temporary cache) and loaded as vLLM's
-``speculative_config["model"]`` on the order-1 target, float32, k = 3, argmax drafts (vLLM's default):
+``speculative_config["model"]`` on the order-1 target (EAGLE-3: on the 3-layer deep target of the same table, whose
+raw logits are first checked to be the table's bit for bit), float32, k = 3, argmax drafts (vLLM's default):
 
 * greedy outputs equal the target's greedy continuation (from the tables) for every two-token prompt ``[y, x]`` and
   every one-token prompt: a head changes how fast tokens come, never which;
@@ -29,19 +30,47 @@ from specdec_ref.exact_models import exact_model  # noqa: E402
 pytestmark = pytest.mark.xdist_group("vllm_heads")
 K, MAX_TOKENS = 3, 12
 TARGET = "order1-target"
-HEADS = {"eagle": "exact-eagle", "medusa": "exact-medusa:3"}
+HEADS = {"eagle": "exact-eagle", "medusa": "exact-medusa:3", "eagle3": "exact-eagle3"}
+#: Heads read from the deep target (layers): vLLM's default EAGLE-3 aux layers (2, N // 2, N - 3) exist for N = 3.
+DEEP = {"eagle3": 3}
+
+
+def _target(name, root):
+    from specdec_ref.exact_head_files import deep_target_folder
+
+    return str(deep_target_folder(TARGET, DEEP[name], root=root)) if name in DEEP else str(exact_model(TARGET).path)
 
 
 @pytest.fixture(scope="module", params=sorted(HEADS))
 def engine(request, tmp_path_factory):
     from specdec_ref.exact_head_files import head_folder
 
-    folder = head_folder(request.param, TARGET, heads=K, root=tmp_path_factory.mktemp("heads"))
-    llm = LLM(model=str(exact_model(TARGET).path), per_request_spec_decode_metrics="detailed",
+    root = tmp_path_factory.mktemp("heads")
+    folder = head_folder(request.param, TARGET, heads=K, root=root)
+    llm = LLM(model=_target(request.param, root), per_request_spec_decode_metrics="detailed",
               speculative_config={"method": request.param, "model": str(folder), "num_speculative_tokens": K},
               **ENGINE_ARGS)
     yield request.param, llm
     llm.llm_engine.engine_core.shutdown()
+
+
+def test_the_deep_target_gives_the_tables_logits_bit_for_bit(tmp_path):
+    """The deep target folder in vLLM, no speculation: raw logits after every context of 1 to 12 tokens (prefill and
+    decode) equal the order-1 table's row of the last token, bit for bit."""
+    t = order1_table(TARGET)
+    llm = LLM(model=_target("eagle3", tmp_path), **dict(ENGINE_ARGS, logprobs_mode="raw_logits"))
+    try:
+        prompts = [[(a + 3 * i) % 8 for i in range(n)] for a in range(8) for n in (1, 2, 5)]
+        params = SamplingParams(temperature=1.0, max_tokens=8, logprobs=8, ignore_eos=True, detokenize=False, seed=0)
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], [params] * len(prompts), use_tqdm=False)
+        for p, o in zip(prompts, outs):
+            text = list(p)
+            for token, lp in zip(o.outputs[0].token_ids, o.outputs[0].logprobs):
+                row = np.array([lp[v].logprob for v in range(8)], dtype=np.float64)
+                assert np.array_equal(row, t[text[-1]]), (p, text, row)
+                text.append(int(token))
+    finally:
+        llm.llm_engine.engine_core.shutdown()
 
 
 def _greedy(prompt, n):
