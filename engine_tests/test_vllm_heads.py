@@ -9,7 +9,9 @@ raw logits are first checked to be the table's bit for bit), float32, k = 3, arg
   every one-token prompt: a head changes how fast tokens come, never which;
 * speculation happened (drafts accepted), and the counters equal, exactly, the rounds rebuilt from the greedy
   completions (:mod:`conformance.engines.rounds`: drafts are the law's argmax chain from each round's text; greedy
-  settles the rounds cut by ``max_tokens``), in total and request by request (vLLM's per-request metrics).
+  settles the rounds cut by ``max_tokens``), in total and request by request (vLLM's per-request metrics);
+* the check has the power to see a drafter reading the wrong thing: the EAGLE-3 head told to read the aux layers
+  ``[0, 1, 3]`` keeps the greedy outputs but its rounds differ from the law's, named at the first request.
 """
 from __future__ import annotations
 
@@ -117,3 +119,39 @@ def test_one_token_prompts_keep_the_greedy_continuation(engine):
     outs, _ = _generate(llm, prompts)
     for p, o in zip(prompts, outs):
         assert [int(t) for t in o.outputs[0].token_ids] == _greedy(p, MAX_TOKENS), (name, p)
+
+
+def test_an_eagle3_head_reading_a_wrong_layer_is_named_by_the_rounds_check(tmp_path):
+    """The eagle3 head with ``eagle_config.eagle_aux_hidden_state_layer_ids = [0, 1, 3]`` (the last layer's output in
+    place of layer 2's input: another token's channel in the third block): greedy outputs are still the target's
+    (drafts never change the text), but the drafts are not the law's, and the rounds check names the first request."""
+    import json
+
+    from specdec_ref.exact_head_files import head_files
+
+    head = tmp_path / "eagle3-aux013"
+    head.mkdir()
+    for name, blob in head_files("eagle3", TARGET, heads=K).items():
+        if name == "config.json":
+            config = json.loads(blob)
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [0, 1, 3]}
+            blob = json.dumps(config).encode()
+        (head / name).write_bytes(blob)
+    llm = LLM(model=_target("eagle3", tmp_path), per_request_spec_decode_metrics="detailed",
+              speculative_config={"method": "eagle3", "model": str(head), "num_speculative_tokens": K}, **ENGINE_ARGS)
+    try:
+        prompts = [[y, x] for y in range(8) for x in range(8)]
+        outs, counters = _generate(llm, prompts)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    records = []
+    for p, o in zip(prompts, outs):
+        ids = [int(t) for t in o.outputs[0].token_ids]
+        assert ids == _greedy(p, MAX_TOKENS), (p, ids)
+        m = o.outputs[0].spec_decode_metrics
+        records.append({"prompt_ids": p, "completion_ids": ids,
+                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
+    out = R.check_rounds(R.proposal_law(HEADS["eagle3"], "order1-close"), records, K, prefill=True, counters=counters,
+                         extend=R.greedy_next(TARGET))
+    assert out["passed"] is False and out["problems"][0].startswith("request "), out["text"]
+    print(f"eagle3 with aux layers [0, 1, 3]: {out['text'][:300]}")
