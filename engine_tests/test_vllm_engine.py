@@ -60,13 +60,14 @@ def patched(tmp_path_factory):
 @pytest.fixture(scope="module")
 def heads_patched(tmp_path_factory):
     return _finished("engine-patch-AC") if RUNS else _run(tmp_path_factory.mktemp("heads"), "--patch", "A,C",
-                                                          configs="eagle,medusa")
+                                                          configs="eagle,medusa,eagle3")
 
 
 def test_proposer_heads_rounds_equal_the_counters_and_defect_a_breaks_them(unpatched, heads_patched):
-    """The EAGLE and Medusa heads with A and C patched: every round the completions show is the one vLLM counted;
-    unpatched (the stage's full run) the rounds differ (a rejected one-hot draft comes back as its replacement)."""
-    for cfg in ("eagle", "medusa"):
+    """The EAGLE, EAGLE-3 and Medusa heads with A and C patched: every round the completions show is the one vLLM
+    counted; unpatched (the stage's full run) the rounds differ (a rejected one-hot draft comes back as its
+    replacement)."""
+    for cfg in ("eagle", "medusa", "eagle3"):
         rounds = heads_patched[0]["configs"][cfg]["rounds"]
         assert rounds["passed"] is True and rounds["per_request"], rounds["text"]
         if RUNS:

@@ -13,6 +13,9 @@ proposers: the law is a point mass) or a sample of the warped law.
 * :class:`EagleLaw`: the head's hidden ``h_1 = alpha 4 e_x + 4 C[y]`` (``x`` the pending token, ``y`` the token
   before it, ``C`` the head's mixing table), ``h_i = alpha 4 e_d_i-1 + C^T h_i-1``, logits ``h_i / 4 @ T``;
 * :class:`MedusaLaw`: draft ``i`` (0-based) is head ``i``'s row ``M_i+2[y]``, whatever the earlier drafts;
+* :class:`Eagle3FeatureLaw`: the EAGLE-3 head written for engines (``specdec_ref.exact_head_files``, kind ``eagle3``):
+  every draft is the row ``M_2[y]`` restricted to the draft vocabulary (its drafts read the fused feature only, so
+  they repeat one token);
 * :class:`NgramLaw`: the tokens after the first earlier occurrence of the longest suffix of ``h`` of length in
   ``[min_n, max_n]`` (vLLM's prompt lookup), point masses; fewer than ``k`` when the text ends sooner, none without a
   match.
@@ -30,7 +33,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["EagleLaw", "Eagle3Law", "MtpLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance", "round_key"]
+__all__ = ["EagleLaw", "Eagle3Law", "Eagle3FeatureLaw", "MtpLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance",
+           "round_key"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,6 +95,34 @@ class Eagle3Law(EagleLaw):
         out = np.full(len(t), -np.inf)
         out[list(self.vocab)] = (h / 4 @ t)[list(self.vocab)]
         return out
+
+
+@dataclass(frozen=True)
+class Eagle3FeatureLaw:
+    """The EAGLE-3 head of the engine head files (``specdec_ref.exact_head_files``, kind ``eagle3``, on the deep
+    target): its fused feature is ``4 e_y`` (``y`` the token before the pending one, whose auxiliary layers the first
+    draft reads) and its decoder layer adds exactly zero, so every draft step reads the same feature and the token plays
+    no part: draft ``i`` has the logits ``M_offset[y]`` (:func:`specdec_ref.exact_heads.medusa_table`, the log of the
+    target's ``offset``-step law in eighths) on the draft vocabulary ``vocab`` (target ids) and ``-inf`` elsewhere,
+    whatever the earlier drafts."""
+
+    target: str
+    vocab: tuple
+    offset: int = 2
+    sample: bool = False
+    one_hot = property(lambda self: not self.sample)
+    context = 2
+
+    def raw(self, text, drafts):
+        from specdec_ref.exact_heads import medusa_table
+
+        row = medusa_table(self.target, self.offset)[text[-2]]
+        out = np.full(len(row), -np.inf)
+        out[list(self.vocab)] = row[list(self.vocab)]
+        return out
+
+    def count(self, text, k):
+        return k if len(text) >= 2 else 0
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@
 #    (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED; at the
 #    dev profile here for CI time, the ci-profile runs are in docs/vllm-verdict.md);
 # 4. engine level: the black-box matrix (the shared runner, `python -m conformance.engines vllm`) unpatched, with
-#    --patch A, and the EAGLE / Medusa heads with --patch A,C, each checked against
+#    --patch A, and the EAGLE / EAGLE-3 / Medusa heads with --patch A,C, each checked against
 #    conformance/engines/expected/vllm-0.32.0.json (--check-expected).
 # The stage fails when our tooling errors or a verdict differs from the recorded one -- never because vLLM is
 # NOT CERTIFIED where that is what is recorded. A missing engine is a failure, never a skip.
@@ -67,14 +67,15 @@ step "engine level: the black-box matrix, unpatched"
 # --jobs 2: two engine workers at a time (each keeps about one core busy): 472 s against 879 s one at a time
 "$PY" -m conformance.engines vllm --out "$OUT/engine-unpatched" --check-expected --jobs 2
 step "engine level: the black-box matrix with the defect-A patch"
-# the patch touches speculative decoding only: the control, suffix and synthetic rows are the unpatched run's
+# the patch touches speculative decoding only: the control (control-deep3), suffix and synthetic rows are the
+# unpatched run's
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-A" --patch A --check-expected --jobs 2 \
     --configs draft-prob,draft-greedy,block,ngram
 
-step "engine level: the EAGLE and Medusa heads with defects A and C patched"
+step "engine level: the EAGLE, EAGLE-3 and Medusa heads with defects A and C patched"
 # unpatched they ran above (every configuration); the rounds rebuilt from the completions must equal the counters
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-AC" --patch A,C --check-expected --jobs 2 \
-    --configs eagle,medusa
+    --configs eagle,medusa,eagle3
 
 step "engine tests on the matrices' outputs"
 SPECDEC_VLLM_ENGINE_RUNS="$OUT" "$PY" -m pytest engine_tests/test_vllm_engine.py -q -p no:cacheprovider

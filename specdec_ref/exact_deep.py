@@ -23,7 +23,7 @@ import functools
 import numpy as np
 import torch
 
-__all__ = ["SHIFT", "deep_channel", "deep_target"]
+__all__ = ["SHIFT", "deep_channel", "deep_config", "deep_target", "deep_weights"]
 
 #: The cycle each layer moves the one-hot along (coprime with 8: every layer's stream differs from the others').
 SHIFT = 3
@@ -57,19 +57,44 @@ def _weights(table: np.ndarray, base: dict, layers: int) -> dict:
     return w
 
 
-@functools.lru_cache(maxsize=None)
-def _deep(target_name: str, layers: int, dtype: torch.dtype):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+def _order1(target_name: str):
     from .exact_registry import exact_model
-    from .exact_weights import llama_config, llama_weights
 
     m = exact_model(target_name)
     if m.family != "order1" or getattr(m, "logit_offset", 0):
         raise ValueError(f"the deep target is built on a plain order-1 table, not {target_name}")
-    cfg = dict(llama_config(m), num_hidden_layers=layers)
-    model = LlamaForCausalLM(LlamaConfig(**cfg)).eval()
-    weights = _weights(np.asarray(m.table, dtype=np.float64), llama_weights(m), layers)
+    return m
+
+
+def _check_layers(layers) -> None:
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        raise ValueError(f"layers must be an int >= 1, got {layers!r}")
+
+
+def deep_config(target_name: str = "order1-target", layers: int = 3) -> dict:
+    """The deep target's Llama configuration (that of ``target_name``'s checkpoint with ``layers`` decoder layers)."""
+    from .exact_weights import llama_config
+
+    _check_layers(layers)
+    return dict(llama_config(_order1(target_name)), num_hidden_layers=layers)
+
+
+def deep_weights(target_name: str = "order1-target", layers: int = 3) -> dict[str, np.ndarray]:
+    """The deep target's weights by parameter name, float64 (every one exact in float32 and bfloat16): what
+    :func:`deep_target` loads, and what :func:`specdec_ref.exact_head_files.deep_target_folder` writes for engines."""
+    from .exact_weights import llama_weights
+
+    _check_layers(layers)
+    m = _order1(target_name)
+    return _weights(np.asarray(m.table, dtype=np.float64), llama_weights(m), layers)
+
+
+@functools.lru_cache(maxsize=None)
+def _deep(target_name: str, layers: int, dtype: torch.dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(**deep_config(target_name, layers))).eval()
+    weights = deep_weights(target_name, layers)
     state = {name: torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)) for name, value in weights.items()}
     model.load_state_dict(state, strict=True)
     model.requires_grad_(False)
@@ -80,6 +105,5 @@ def _deep(target_name: str, layers: int, dtype: torch.dtype):
 def deep_target(target_name: str = "order1-target", layers: int = 3, dtype: torch.dtype = torch.float32):
     """The deep target of ``target_name``'s table (module docstring), ``layers`` >= 1 decoder layers, in ``dtype``
     (the same object per arguments: treat it as read-only)."""
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        raise ValueError(f"layers must be an int >= 1, got {layers!r}")
+    _check_layers(layers)
     return _deep(target_name, layers, dtype)

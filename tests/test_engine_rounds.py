@@ -9,7 +9,7 @@ import pytest
 
 from conformance.engines import rounds as R
 from conformance.engines.matrix import Configuration
-from properties.proposals import EagleLaw, MedusaLaw, NgramLaw
+from properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
 from specdec_ref.exact_heads import EAGLE_ALPHA
 from specdec_ref.warp import SamplingConfig
 
@@ -125,7 +125,8 @@ def _read_safetensors(blob: bytes) -> dict[str, np.ndarray]:
     n = int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8:8 + n])
     data = blob[8 + n:]
-    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], "<f4").reshape(v["shape"])
+    dtypes = {"F32": "<f4", "I64": "<i8"}
+    return {k: np.frombuffer(data[v["data_offsets"][0]:v["data_offsets"][1]], dtypes[v["dtype"]]).reshape(v["shape"])
             for k, v in header.items() if k != "__metadata__"}
 
 
@@ -153,3 +154,112 @@ def test_head_files_are_deterministic_and_compute_the_laws_they_stand_for(tmp_pa
         for y in range(8):
             assert np.array_equal(m[f"lm_heads.{i}.weight"] @ eye[y], law.raw([y, 0], [0] * i))
     assert json.loads(F.head_files("medusa")["config.json"])["num_heads"] == 3
+
+
+EAGLE3 = Eagle3FeatureLaw("order1-target", (0, 1, 2, 3, 5, 7))
+
+
+def _eagle3_drafter(w: dict, eps: float, aux_order=(0, 1, 2)):
+    """vLLM 0.32's EAGLE-3 forward (``llama_eagle3.py``) in float64 (the norm's variance in float32) from the head
+    file's weights, for the feature of
+    ``y`` on the deep target: ``g = fc(cat(aux streams in aux_order))``; the midlayer adds ``o_proj(..)`` and
+    ``down_proj(..)``, both zero, so ``pre = g``; logits ``lm_head(norm(pre))`` spread to target ids by ``d2t`` (-inf
+    elsewhere); the next step reads ``pre`` without ``fc``. Returns the logits of k = 3 steps."""
+    from specdec_ref.exact_deep import deep_channel
+
+    assert not w["midlayer.self_attn.o_proj.weight"].any() and not w["midlayer.mlp.down_proj.weight"].any()
+
+    def logits(pre):  # the norm's variance + eps in float32, as the engine's float32 drafter has it
+        post = pre / np.sqrt(np.float64(np.float32((pre ** 2).mean()) + np.float32(eps))) * w["norm.weight"]
+        out = np.full(8, -np.inf)
+        out[np.arange(len(w["d2t"])) + w["d2t"]] = w["lm_head.weight"].astype(np.float64) @ post
+        return out
+
+    def run(y):
+        aux = np.concatenate([4 * np.eye(16)[deep_channel(y, layer)] for layer in aux_order])
+        pre = w["fc.weight"].astype(np.float64) @ aux
+        return [logits(pre) for _ in range(3)]  # every step: pre = g (its own feature, no fc)
+    return run
+
+
+def test_eagle3_head_files_are_deterministic_dyadic_and_compute_the_law_from_the_aux_layers(tmp_path):
+    from specdec_ref import exact_head_files as F
+
+    a, b = F.head_folder("eagle3", root=tmp_path), F.head_folder("eagle3", root=tmp_path / "again")
+    assert a.name == b.name
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in ("config.json", "model.safetensors"))
+    config = json.loads((a / "config.json").read_text())
+    assert config["draft_vocab_size"] == 6 and config["num_hidden_layers"] == 1
+    assert "eagle_aux_hidden_state_layer_ids" not in json.dumps(config)  # vLLM's default ids: (2, 1, 0) for 3 layers
+    eps = config["rms_norm_eps"]
+    assert np.float32(1) + np.float32(eps) == np.float32(1)  # the norms of mean-square-1 rows stay exact in float32
+    w = _read_safetensors((a / "model.safetensors").read_bytes())
+    assert w["d2t"].dtype == np.int64 and list(np.arange(6) + w["d2t"]) == [0, 1, 2, 3, 5, 7]
+    assert w["fc.weight"].shape == (16, 48) and w["lm_head.weight"].shape == (6, 16)
+    for name, x in w.items():
+        if x.dtype.kind == "f":
+            assert np.all(np.abs(x) < 8) and np.all(x * 64 == np.round(x * 64)), name
+    run = _eagle3_drafter(w, eps)
+    for y in range(8):
+        for x in range(8):
+            for i, row in enumerate(run(y)):  # the token x plays no part; each step the same row
+                assert np.array_equal(row, EAGLE3.raw([y, x], [0] * i)), (y, x, i)
+    # the weights tell the layers apart: the streams concatenated in another order propose other drafts
+    for order in ((2, 1, 0), (1, 0, 2), (0, 2, 1)):
+        wrong = _eagle3_drafter(w, eps, order)
+        assert any(int(np.argmax(wrong(y)[0])) != int(np.argmax(EAGLE3.raw([y, 0], []))) for y in range(8)), order
+
+
+def test_deep_target_folder_holds_the_deep_targets_weights(tmp_path):
+    import torch
+
+    from specdec_ref import exact_head_files as F
+    from specdec_ref.exact_deep import deep_target
+    from specdec_ref.exact_models import exact_model
+
+    folder = F.deep_target_folder("order1-target", 3, root=tmp_path)
+    again = F.deep_target_folder("order1-target", 3, root=tmp_path / "again")
+    assert folder.name == again.name
+    assert (folder / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+    shipped = exact_model("order1-target").path
+    config = json.loads((folder / "config.json").read_text())
+    assert config == dict(json.loads((shipped / "config.json").read_text()), num_hidden_layers=3)
+    for n in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (folder / n).read_bytes() == (shipped / n).read_bytes()
+    w = _read_safetensors((folder / "model.safetensors").read_bytes())
+    state = deep_target("order1-target", 3).state_dict()
+    assert set(w) == set(state)
+    for name, x in w.items():
+        assert torch.equal(torch.from_numpy(x.copy()), state[name]), name
+
+
+def test_the_eagle3_law_repeats_the_feature_row_on_the_draft_vocabulary():
+    from specdec_ref.exact_heads import medusa_table
+
+    assert R.proposal_law("exact-eagle3", "order1-close") == EAGLE3
+    m2 = medusa_table("order1-target", 2)
+    for y in range(8):
+        drafts, _ = R.argmax_drafts(EAGLE3, [y, 3], 3)
+        best = max((0, 1, 2, 3, 5, 7), key=lambda t: (m2[y, t], -t))
+        assert drafts == (best,) * 3
+    assert EAGLE3.count([4], 3) == 0 and EAGLE3.count([4, 1], 3) == 3
+
+
+class _PendingFeature(Eagle3FeatureLaw):
+    """A drafter that reads the pending token's feature (one position late) instead of the one before it."""
+
+    def raw(self, text, drafts):
+        return super().raw(list(text) + [0], drafts)
+
+
+def test_eagle3_rounds_match_their_law_and_a_late_feature_is_named():
+    records, counters = _simulate(EAGLE3, EAGLE3, 400)
+    out = R.check_rounds(EAGLE3, records, 3, prefill=True, counters=counters)
+    assert out["passed"] is True and out["per_request"], out["text"]
+    eff = R.conditional_acceptance("order1-target", EAGLE3, records, out["rounds"], SamplingConfig(temperature=0.7), 3,
+                                   counters["accepted_per_pos"])
+    assert eff["passed"] is True, eff["verdict"]
+    late = _PendingFeature("order1-target", EAGLE3.vocab)
+    records, counters = _simulate(EAGLE3, late, 200, seed=2)
+    out = R.check_rounds(EAGLE3, records, 3, prefill=True, counters=counters)
+    assert out["passed"] is False and "request " in out["problems"][0], out["text"]

@@ -117,7 +117,7 @@ class Configuration:
     adapter's default); ``scale``: the fraction of every case's requests this configuration runs (below 1 only with
     ``identical_to``: per-seed identity on the first requests of each case is then the evidence, and their law is
     tested at the reduced power it has); ``proposer``: the exact law of the configuration's argmax drafts
-    (:func:`conformance.engines.rounds.proposal_law`: ``draft``, ``exact-eagle``, ``exact-medusa:H``,
+    (:func:`conformance.engines.rounds.proposal_law`: ``draft``, ``exact-eagle``, ``exact-medusa:H``, ``exact-eagle3``,
     ``ngram:MIN:MAX``): its rounds are rebuilt from the efficiency set's completions and compared with the engine's
     counters, and (other than ``draft``) its efficiency expectation is the exact one given those rounds."""
 

@@ -67,9 +67,11 @@ def _target_rows_any(name: str) -> np.ndarray:
 def proposal_law(spec: str, pair_name: str):
     """The exact proposal law a configuration declares (``Configuration.proposer``), on the pair its efficiency set
     runs: ``draft`` (the pair's draft model, argmax), ``exact-eagle`` / ``exact-medusa:H`` (the exactly-known heads
-    on the pair's order-1 target, argmax, :mod:`specdec_ref.exact_heads`), ``ngram:MIN:MAX`` (prompt lookup)."""
-    from properties.proposals import EagleLaw, MedusaLaw, NgramLaw
-    from specdec_ref.exact_heads import EAGLE_ALPHA
+    on the pair's order-1 target, argmax, :mod:`specdec_ref.exact_heads`), ``exact-eagle3`` (the EAGLE-3 head of
+    :mod:`specdec_ref.exact_head_files` on the deep target of the same table, whose logits are the target's),
+    ``ngram:MIN:MAX`` (prompt lookup)."""
+    from properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
+    from specdec_ref.exact_heads import EAGLE3_VOCAB, EAGLE_ALPHA
     from specdec_ref.exact_models import exact_pair
 
     pair = exact_pair(pair_name)
@@ -80,10 +82,12 @@ def proposal_law(spec: str, pair_name: str):
         return EagleLaw(pair.target.name, EAGLE_ALPHA, False)
     if kind == "exact-medusa":
         return MedusaLaw(pair.target.name, int(rest or 3), False)
+    if kind == "exact-eagle3":
+        return Eagle3FeatureLaw(pair.target.name, EAGLE3_VOCAB)
     if kind == "ngram":
         lo, _, hi = rest.partition(":")
         return NgramLaw(int(lo), int(hi or lo))
-    raise ValueError(f"unknown proposer {spec!r} (draft, exact-eagle, exact-medusa:H, ngram:MIN:MAX)")
+    raise ValueError(f"unknown proposer {spec!r} (draft, exact-eagle, exact-medusa:H, exact-eagle3, ngram:MIN:MAX)")
 
 
 def argmax_drafts(law, text: Sequence[int], k: int) -> tuple[tuple[int, ...], int]:

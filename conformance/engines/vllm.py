@@ -11,8 +11,9 @@ sample at prefill, rounds of exactly ``k`` drafts follow; a request's ``seed`` f
 ``LLM.get_metrics()`` (``vllm:spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
 ``..._num_accepted_tokens_per_pos``), cumulative over the process, and, for configurations that declare their argmax
 proposer, each request's rounds (``per_request_spec_decode_metrics="detailed"``): the runner rebuilds the rounds from
-the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE and Medusa configurations load the
-exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`). Patches:
+the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAGLE-3 and Medusa configurations load
+the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
+target of the same table (option ``target_layers``: same logits, layers that differ). Patches:
 :mod:`conformance.engines.vllm_patch` (defects A, B, C). Importing this module never imports vLLM.
 """
 from __future__ import annotations
@@ -26,8 +27,8 @@ from specdec_ref.warp import SamplingConfig
 from .adapter import Conventions, EngineAdapter, venv_python
 from .matrix import Configuration
 
-__all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "speculative_config", "spec_counters",
-           "replay_script", "find_python"]
+__all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "speculative_config", "target_path",
+           "spec_counters", "replay_script", "find_python"]
 
 ENGINE_SEED = 0
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=32, seed=ENGINE_SEED, max_num_seqs=1024,
@@ -40,6 +41,8 @@ HEAD_CASES = ("temperature", "warp-1tok", "eos", "greedy-1tok")  # warp-1tok: th
 
 CONFIGS: tuple[Configuration, ...] = (
     Configuration("control", None, note="no speculation: the engine's plain sampler"),
+    Configuration("control-deep3", None, {"target_layers": 3}, cases=HEAD_CASES,
+                  note="no speculation, on the 3-layer deep target of the order-1 table (eagle3's target)"),
     Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
                   note="draft model sampled from softmax(draft / T); standard rejection sampling"),
     Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
@@ -55,7 +58,11 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="EAGLE-1 drafter: the exactly-known head on the order-1 target, argmax drafts (one-hot)"),
     Configuration("medusa", "medusa", {"head": "medusa"}, "one_hot", cases=HEAD_CASES, proposer="exact-medusa:3",
                   note="Medusa: the exactly-known heads on the order-1 target, argmax drafts (one-hot)"),
-    Configuration("eagle3", "eagle3", {"head": "eagle3-default-aux"}, cases=("greedy-1tok",),
+    Configuration("eagle3", "eagle3", {"head": "eagle3", "target_layers": 3}, "one_hot", cases=HEAD_CASES,
+                  proposer="exact-eagle3",
+                  note="EAGLE-3 drafter: the exactly-known head on the 3-layer deep target of the order-1 table (vLLM's "
+                       "default aux layers 0, 1, 2), argmax drafts (one-hot)"),
+    Configuration("eagle3-one-layer", "eagle3", {"head": "eagle3-default-aux"}, cases=("greedy-1tok",),
                   note="EAGLE-3 head with vLLM's default auxiliary layers (three) on the one-layer target"),
     Configuration("mtp", "mtp", {}, cases=("greedy-1tok",), note="MTP on a Llama target (it has no MTP layers)"),
     Configuration("dflash", "dflash", {"head": "eagle"}, cases=("greedy-1tok",),
@@ -91,12 +98,29 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
     return kw
 
 
+#: Configuration options the adapter reads itself (never passed to vLLM's ``speculative_config``).
+_OWN_OPTIONS = ("head", "target_layers")
+
+
+def target_path(cfg: Configuration, pair) -> str:
+    """The folder vLLM loads as the target: the pair's checkpoint, or with the option ``target_layers`` the deep
+    target of the same table with that many layers (:func:`specdec_ref.exact_head_files.deep_target_folder`: the
+    same logits bit for bit, layers whose residual streams differ), written at run time."""
+    layers = cfg.options.get("target_layers")
+    if layers is None:
+        return str(pair.target.path)
+    from specdec_ref.exact_head_files import deep_target_folder
+
+    return str(deep_target_folder(pair.target.name, int(layers)))
+
+
 def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K, target: str = "order1-target") -> dict | None:
     """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control). The option ``head`` names an
     exactly-known head (:mod:`specdec_ref.exact_head_files`) written for ``target`` and passed as ``model``."""
     if cfg.method is None:
         return None
-    spec = {"method": cfg.method, "num_speculative_tokens": k, **{o: v for o, v in cfg.options.items() if o != "head"}}
+    spec = {"method": cfg.method, "num_speculative_tokens": k,
+            **{o: v for o, v in cfg.options.items() if o not in _OWN_OPTIONS}}
     if cfg.method == "draft_model":
         spec["model"] = draft_path
     if "head" in cfg.options:
@@ -144,7 +168,7 @@ class VLLMSession:
 
         self.cfg = cfg
         extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer else {}  # each request's rounds
-        self.llm = LLM(model=str(pair.target.path),
+        self.llm = LLM(model=target_path(cfg, pair),
                        speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
                        **ENGINE_ARGS, **extra)
 
@@ -217,7 +241,7 @@ class VLLMAdapter(EngineAdapter):
         command = f".venv-vllm/bin/python {path}"
         Path(path).write_text(replay_script(
             title=f"vLLM {cfg.name} ({cfg.note}), case {case.name} ({case.settings()}): {departure}", command=command,
-            target=str(pair.target.path), spec=speculative_config(cfg, str(pair.draft.path), self.k_of(cfg),
+            target=target_path(cfg, pair), spec=speculative_config(cfg, str(pair.draft.path), self.k_of(cfg),
                                                                   pair.target.name),
             prompt=case.prompt, params=params, n=n, length=length, eos=eos, law=law, critical=critical, patch=patch))
         return command
