@@ -39,7 +39,6 @@ whose token follows the target's warped row as in AR decoding.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -47,6 +46,7 @@ import torch
 from .cache import ModelCache
 from .contract import DecodeResult, NotSupportedError, RoundHook
 from .decode import _truncate, _validate_decode_args, end_round, open_caches
+from .draft_tree import DraftTree, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 from .proposers import is_model, proposer_kind
@@ -56,26 +56,6 @@ from .verify import sample_from_weights
 from .warp import GREEDY, SamplingConfig, warp
 
 __all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode"]
-
-
-def tree_nodes(depth: int, width: int) -> int:
-    """Nodes of a full round's tree: ``width`` at level 1, ``width ** 2`` at each further level."""
-    return 0 if depth < 1 else width + (depth - 1) * width * width
-
-
-@dataclass
-class DraftTree:
-    """One round's draft tree (device tensors, BFS node order)."""
-
-    tokens: torch.Tensor  # Long[n]
-    parents: torch.Tensor  # Long[n], -1 = child of the root (the pending token)
-    draft_probs: torch.Tensor  # Float[n, V]: the parent's row (the one each node was drawn from)
-    draft_slots: torch.Tensor  # Long[n]: the draft-cache slot a node was fed at, -1 when never fed
-    draft_calls: int
-
-    @property
-    def size(self) -> int:
-        return self.tokens.shape[0]
 
 
 class TreeSpeculativeDecoder:

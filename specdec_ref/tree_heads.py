@@ -29,6 +29,7 @@ import torch
 
 from .contract import DecodeResult, NotSupportedError
 from .decode import _truncate, end_round
+from .draft_tree import DraftTree, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 
@@ -47,8 +48,6 @@ class _HeadsView:
 
 def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width: int, sampling, generator):
     """The :class:`~specdec_ref.tree_decode.DraftTree` of one round (module docstring, step 1): ``feature [1, H]``."""
-    from .tree_decode import DraftTree, tree_nodes
-
     rows = decoder.medusa_rows(proposer, feature, depth, sampling)
     sample_probs, q = rows[0]
     kids = decoder.children(sample_probs, width, sampling, generator)  # [1, w]
@@ -74,8 +73,6 @@ def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width
 def medusa_tree_decode(decoder, target, spec, prompt: torch.Tensor, *, depth: int, width: int, max_new_tokens: int,
                        sampling, eos_id, generator, on_round, timed: bool) -> DecodeResult:
     """Tree decoding of ``prompt`` (validated, ``[1, t]``) with the Medusa heads ``spec`` (module docstring)."""
-    from .tree_decode import tree_nodes
-
     depth = min(depth, len(spec.lm_heads))
     t = prompt.shape[1]
     result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
