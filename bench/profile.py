@@ -154,6 +154,9 @@ def profile(
     if min(ks) < 1 or new_tokens < 2 * (max(ks) + 1) or repeats < 1 or prompts < 1 or batch < 1:
         raise ValueError("need k >= 1, new_tokens >= 2 (max k + 1), repeats, prompts and batch >= 1")
     positions = None
+    if target is not None and proposer != "draft":
+        raise ValueError(f"proposer={proposer!r} replaces a named pair's draft model; with your own target pass the "
+                         f"proposer spec as draft= instead")
     if target is None:
         target, draft, make_prompts, description, positions = load_pair(pair, **(wide or {}))
         draft = proposer_draft(proposer, pair, target, draft)

@@ -346,3 +346,54 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
             f"k={PROPOSER_K} on {PROPOSER_PAIR}: rounds accepting at least {i} drafts vs the exact expectation of the "
             f"declared scheme ({scheme.label}) given each round's text [{rounds} rounds: {breakdown}]",
         ))
+
+
+#: The heads whose decoder layers keep a KV cache of their own (prompt lookup and Medusa have none).
+CACHED_HEADS = ("eagle", "eagle3", "mtp")
+
+
+@check(
+    guards="a drafter head's own KV cache not following the committed text: entries of the draft steps (computed from "
+    "the head's own features) kept after the round, the catch-up written after them or at the wrong positions, "
+    "entries from a rejected draft's feature, a position-0 mask applied elsewhere (invisible to the law and, on heads "
+    "whose layer adds nothing, to acceptance)",
+    requires=("decoder", "cache"),
+    cases=[(kind, {"kind": kind}) for kind in CACHED_HEADS],
+)
+def check_proposer_head_cache_matches_fresh_catchup(backend, ctx: CheckContext, kind: str):
+    """After every round of greedy decoding with the exactly-known head, the K/V its decoder layers hold (the
+    ``draft_cache`` view ``on_round`` gets) equal a fresh read of the committed pairs ``(c_p+1, f_p)`` with the
+    target's features (``properties.stateful_cache.fresh_head_kv``), for every position the head holds; it holds at
+    least the pairs up to the round's pending token and none past the committed text."""
+    from properties.stateful_cache import CacheMismatch, compare_kv, fresh_head_kv
+
+    _require(backend, kind)
+    target = proposer_target(kind)
+    spec = proposer_spec(kind, False)
+    for prompt in GREEDY_PROMPTS[:5]:
+        full = list(prompt) + _table_greedy(prompt, GREEDY_NEW_TOKENS)  # greedy: the committed text is the table's
+        for k in (1, 3):
+            rounds = []
+
+            def hook(record, target_cache, draft_cache):  # checked as the round ends: before a stale cache overflows
+                i = len(rounds)
+                rounds.append(record)
+                start, committed, kv = record.start, record.committed_len, draft_cache.layer_kv()
+                where = f"{kind} head, greedy, k={k}, prompt {list(prompt)}, after round {i} (committed {committed} tokens)"
+                held = kv[0][0].shape[2] if kv else 0
+                assert max(start - 1, 0) <= held <= committed - 1, (
+                    f"{where}: the head's cache holds {held} positions; it must hold the pairs up to the round's pending "
+                    f"token ({max(start - 1, 0)}) and none past the committed text ({committed - 1})\n  replay: {ctx.replay}")
+                try:
+                    compare_kv(kv, fresh_head_kv(spec, target, full[:committed], held), context=f" ({where})")
+                except CacheMismatch as exc:
+                    raise AssertionError(f"{exc}: the head's entries are not a fresh read of the committed pairs with the "
+                                         f"target's features\n  replay: {ctx.replay}") from None
+
+            result = _decode(backend, target, spec, torch.tensor([prompt]), k=k, max_new_tokens=GREEDY_NEW_TOKENS,
+                             sampling=GREEDY, on_round=hook)
+            assert list(prompt) + list(result.tokens) == full, (
+                f"{kind} head, greedy, k={k}, prompt {list(prompt)}: the output is not the target's greedy continuation "
+                f"{full[len(prompt):]}: {result.tokens}\n  replay: {ctx.replay}")
+            assert rounds, f"{kind} head, k={k}, prompt {list(prompt)}: on_round was never called (the contract asks it " \
+                f"of a backend claiming cache)"

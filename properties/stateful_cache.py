@@ -277,3 +277,51 @@ def run_cache_machine(
     """
     machine = make_cache_machine(make_cache, model, **machine_kwargs)
     run_state_machine_as_test(machine, settings=settings or DEFAULT_SETTINGS)
+
+
+def fresh_head_kv(spec, target, text, length: int) -> list:
+    """The head-cache oracle: the K/V a proposer head's decoder layers (``spec.layers``) hold after reading the pairs
+    ``(c_p+1, f_p)``, ``p < length``, of ``text`` (host ids), computed afresh from the spec's weights: the target's
+    features ``f`` from one forward over ``text`` (``FINAL``: its last hidden state after the final norm; layer ``l``:
+    the stream entering layer ``l``), the head's input at position ``p`` (EAGLE ``fc([E c, f])``; EAGLE-3 with
+    ``fuse`` over its aux layers first; MTP with its RMS norms and the token zeroed at position 0), then one block
+    forward of the layers on an empty cache. ``[(K, V) per layer]``, ``(1, kv_heads, length, head_dim)``."""
+    import torch.nn.functional as F
+    from transformers import DynamicCache
+
+    from specdec_ref.forward import cache_arg
+
+    kind = spec.proposer_kind
+    if length == 0:  # nothing read yet (a one-token prompt's first round)
+        from specdec_ref.dims import model_dims
+
+        dims, param = model_dims(spec.layers), next(spec.layers.parameters())
+        empty = torch.empty((1, dims["num_kv_heads"], 0, dims["head_dim"]), dtype=param.dtype, device=param.device)
+        return [(empty, empty)] * dims["num_layers"]
+    ids = torch.tensor([list(text)[: length + 1]], device=next(target.parameters()).device)
+    with torch.no_grad():
+        hidden = target.model(input_ids=ids, output_hidden_states=True).hidden_states
+        embed = (spec.embed if getattr(spec, "embed", None) is not None else target.get_input_embeddings().weight)
+        tokens = F.embedding(ids[:, 1:], embed)  # c_1 .. c_length
+        if kind == "eagle3":
+            layers = sorted(set(spec.aux_layers))
+            feature = F.linear(torch.cat([hidden[layer] for layer in layers], -1), spec.fuse)
+        else:
+            feature = hidden[-1]  # after the final norm
+        feature = feature[:, :length].to(tokens.dtype)
+        if kind == "mtp":
+            def rms(x, w):
+                y = x.float()
+                ms = y.pow(2).mean(-1, keepdim=True) + spec.eps
+                y = (y * torch.where(ms > 0, torch.rsqrt(ms), torch.zeros_like(ms))).to(x.dtype)
+                return y if w is None else w * y
+
+            tokens = rms(tokens, spec.enorm)
+            if spec.mask_position0:
+                tokens[:, 0] = 0
+            feature = rms(feature, spec.hnorm)
+        x = F.linear(torch.cat([tokens, feature], -1), spec.fc, getattr(spec, "fc_bias", None))
+        cache = DynamicCache(config=spec.layers.config)
+        positions = torch.arange(length, device=ids.device)[None]
+        spec.layers(inputs_embeds=x, position_ids=positions, use_cache=True, **cache_arg(spec.layers, cache))
+    return [(layer.keys, layer.values) for layer in cache.layers]

@@ -220,6 +220,11 @@ wrong offset, a lookup on the wrong text. The suite checks acceptance against th
 heads (:mod:`specdec_ref.exact_heads`). A row whose prompt is one token has no feature before the target's first
 forward: its first round proposes nothing (a plain target step), so its draws never depend on its batch.
 
+With ``cache`` claimed, ``on_round``'s ``draft_cache`` for a head with decoder layers (EAGLE, EAGLE-3, MTP) shows
+their K/V (``layer_kv``): every position it holds is a fresh read of a committed pair (token ``c_p+1`` with the
+target's feature ``f_p``), and it holds at least the pairs up to the round's pending token and none past the
+committed text (the reference reads a round's pairs in the next round's catch-up; an engine may read them at once).
+
 A tree decoder claiming ``tree_proposer:medusa`` (``Capabilities.tree_proposers``) takes :class:`MedusaHeads` as
 ``decode_tree``'s ``draft``: level ``l``'s children come from head ``l - 1``'s row (the same row for every node of the
 level), by the declared tree scheme, and the next round's feature is the target's at the last *accepted* node

@@ -365,3 +365,23 @@ def test_bad_eagle3_and_mtp_specs_are_named_errors(target):
     with pytest.raises(ValueError, match="target's embedding and lm_head"):
         dec.decode(target, dataclasses.replace(mtp, lm_head=torch.zeros(8, 16)), torch.tensor([[1, 2]]), k=2,
                    max_new_tokens=4)
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
+def test_batched_sampled_head_caches_are_a_fresh_read_after_every_round(target, kind):
+    """decode_batch, sampled drafts, rows of 1 to 4 prompt tokens: after every round each row's head cache equals a
+    fresh read of its committed pairs (properties.stateful_cache.fresh_head_kv), within the round's bounds."""
+    from properties.stateful_cache import compare_kv, fresh_head_kv
+
+    model, spec = _target_and_spec(target, kind, True)
+    reqs = [Request(prompt=[1, 2, 1, 2][: 1 + s % 4], max_new_tokens=10, sampling=SamplingConfig(temperature=1.0),
+                    seed=s) for s in range(6)]
+    seen = []
+    results = SpeculativeDecoder().decode_batch(model, spec, reqs, k=3, on_round=lambda r, t, d: seen.append(
+        (r.row, r.start, r.committed_len, [(a.clone(), b.clone()) for a, b in d.layer_kv()])))
+    for row, start, committed, kv in seen:
+        text = reqs[row].prompt + results[row].tokens
+        held = kv[0][0].shape[2]
+        assert max(start - 1, 0) <= held <= committed - 1
+        compare_kv(kv, fresh_head_kv(spec, model, text[:committed], held), context=f" row {row}")
+    assert len(seen) > 20
