@@ -313,13 +313,24 @@ unclaimed capability are skipped with the reason (``backend does not claim [...]
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
-from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, runtime_checkable
 
 import torch
 
+from .capabilities import (  # re-exported: a backend's declaration
+    CAPABILITY_FLAGS,
+    DEVICE_NAMES,
+    DTYPE_NAMES,
+    LOSSLESS_SCHEMES,
+    LOSSLESS_TREE_SCHEMES,
+    PROPOSER_NAMES,
+    SCHEMES,
+    TREE_PROPOSER_NAMES,
+    TREE_SCHEMES,
+    Capabilities,
+    check_requirement,
+)
 from .records import DecodeResult, Request, RoundRecord  # re-exported: what a decoder returns and receives
 from .warp import GREEDY, SamplingConfig  # re-exported: the sampling settings a decoder receives
 
@@ -358,132 +369,12 @@ __all__ = [
 #: Fills ``tokens[b, m+1:]`` in a verifier's output.
 PAD_TOKEN = -1
 
-#: Capability flags a backend may claim (see the module docstring). Checks are marked with the
-#: flags they need; an unknown flag name is an error at collection time.
-CAPABILITY_FLAGS = (
-    "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
-    "batched_decoder", "min_p", "history_sampling", "phase_timings",
-)
-
 #: The phases of a round a decoder claiming ``phase_timings`` reports in ``RoundRecord.seconds`` (the first round adds
 #: ``"prefill"``; see the module docstring).
 PHASES = ("draft", "verify", "repair", "other")
 
-#: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
-SCHEMES = ("token", "one_hot_draft", "block", "lossy")
-#: The schemes whose output must follow the target's law exactly.
-LOSSLESS_SCHEMES = ("token", "one_hot_draft", "block")
-#: Tree verification schemes (``Capabilities.tree_scheme``; see the module docstring).
-TREE_SCHEMES = ("specinfer", "recursive", "deterministic", "lossy")
-#: The tree schemes whose output must follow the target's law exactly.
-LOSSLESS_TREE_SCHEMES = ("specinfer", "recursive", "deterministic")
-
-DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
-DEVICE_NAMES = ("cpu", "cuda")
-#: Proposer kinds a decoder may accept as its ``draft`` (``Capabilities.proposers``; :mod:`specdec_ref.proposers`).
-PROPOSER_NAMES = ("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp")
-#: Proposer kinds a tree decoder may accept as its ``draft`` (``Capabilities.tree_proposers``): a draft model grows the
-#: tree from its own rows, Medusa heads from one row per level (:mod:`specdec_ref.tree_heads`).
-TREE_PROPOSER_NAMES = ("draft_model", "medusa")
-
-
-def check_requirement(flag: str) -> None:
-    """Raise ValueError for a requirement that is neither a capability flag nor ``dtype:`` / ``device:`` /
-    ``proposer:`` / ``tree_proposer:`` + a known name."""
-    kind, sep, name = flag.partition(":")
-    if (flag in CAPABILITY_FLAGS or (kind == "dtype" and name in DTYPE_NAMES) or (kind == "device" and name in DEVICE_NAMES)
-            or (kind == "proposer" and name in PROPOSER_NAMES) or (kind == "tree_proposer" and name in TREE_PROPOSER_NAMES)):
-        return
-    raise ValueError(
-        f"unknown capability {flag!r}; known: {', '.join(CAPABILITY_FLAGS)}, "
-        f"dtype:{{{','.join(DTYPE_NAMES)}}}, device:{{{','.join(DEVICE_NAMES)}}}, proposer:{{{','.join(PROPOSER_NAMES)}}}, "
-        f"tree_proposer:{{{','.join(TREE_PROPOSER_NAMES)}}}"
-    )
-
-
 class NotSupportedError(NotImplementedError):
     """Raised by a backend asked for something it does not claim to support."""
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """A backend's frozen declaration of what it supports; every flag defaults to ``False``.
-
-    The flags, ``dtypes`` and ``devices`` are described in the module docstring. A check that
-    needs an unclaimed capability is skipped, naming it; a claimed capability must pass every
-    check that needs it.
-    """
-
-    verifier: bool = False
-    greedy: bool = False
-    sampling: bool = False
-    batched: bool = False
-    cache: bool = False
-    decoder: bool = False
-    top_k: bool = False
-    top_p: bool = False
-    tree: bool = False
-    tree_decoder: bool = False
-    row_generators: bool = False
-    batched_decoder: bool = False
-    min_p: bool = False
-    history_sampling: bool = False
-    phase_timings: bool = False
-    dtypes: tuple[str, ...] = ("float32",)
-    devices: tuple[str, ...] = ("cpu",)
-    proposers: tuple[str, ...] = ("draft_model",)
-    tree_proposers: tuple[str, ...] = ("draft_model",)
-    scheme: str = "token"
-    bonus: bool = True
-    tree_scheme: str = "specinfer"
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-
-    def __post_init__(self):
-        if self.scheme not in SCHEMES:
-            raise ValueError(f"unknown verification scheme {self.scheme!r}; known: {', '.join(SCHEMES)}")
-        if self.tree_scheme not in TREE_SCHEMES:
-            raise ValueError(f"unknown tree scheme {self.tree_scheme!r}; known: {', '.join(TREE_SCHEMES)}")
-        if not isinstance(self.bonus, bool):
-            raise ValueError(f"bonus must be a bool, got {self.bonus!r}")
-        unknown = [p for p in self.proposers if p not in PROPOSER_NAMES]
-        if unknown:
-            raise ValueError(f"unknown proposer(s) {unknown}; known: {', '.join(PROPOSER_NAMES)}")
-        unknown = [p for p in self.tree_proposers if p not in TREE_PROPOSER_NAMES]
-        if unknown:
-            raise ValueError(f"unknown tree proposer(s) {unknown}; known: {', '.join(TREE_PROPOSER_NAMES)}")
-
-    @property
-    def lossless(self) -> bool:
-        """Whether the declared scheme claims the target's exact law."""
-        return self.scheme in LOSSLESS_SCHEMES
-
-    @property
-    def tree_lossless(self) -> bool:
-        """Whether the declared tree scheme claims the target's exact law."""
-        return self.tree_scheme in LOSSLESS_TREE_SCHEMES
-
-    def scheme_label(self) -> str:
-        """``"token"``, ``"block, no bonus"``, ...: the declared scheme in words."""
-        return self.scheme + ("" if self.bonus else ", no bonus")
-
-    def has(self, flag: str) -> bool:
-        """A capability flag, or ``dtype:NAME`` / ``device:NAME`` (claimed in ``dtypes`` / ``devices``)."""
-        check_requirement(flag)
-        kind, _, name = flag.partition(":")
-        if kind == "dtype" and name:
-            return name in self.dtypes
-        if kind == "device" and name:
-            return name in self.devices
-        if kind == "proposer" and name:
-            return name in self.proposers
-        if kind == "tree_proposer" and name:
-            return name in self.tree_proposers
-        return bool(getattr(self, flag))
-
-    def as_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d.pop("extra")
-        return d
 
 
 # ----------------------------------------------------------------------------- protocols

@@ -241,11 +241,7 @@ class TreeSpeculativeDecoder:
             if kind != "medusa":
                 raise NotSupportedError(f"the tree decoder drafts trees with a draft model or Medusa heads, not {kind} "
                                         f"(a chain proposer: use decode / decode_batch)")
-            from .tree_heads import medusa_tree_decode
-
-            return medusa_tree_decode(self, target, draft, prompt, depth=depth, width=width,
-                                      max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id,
-                                      generator=generator, on_round=on_round, timed=timed)
+            depth = min(depth, len(draft.lm_heads))
         t = prompt.shape[1]
         result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
         if max_new_tokens == 0:
@@ -254,8 +250,15 @@ class TreeSpeculativeDecoder:
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
         tick = clock() if clock else 0.0
         needed = t + max_new_tokens + tree_nodes(depth, width)
-        target_cache, draft_cache = open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt, needed, result)
-        limits = [c.max_positions for c in (target_cache, draft_cache) if c.max_positions]
+        if is_model(draft):
+            drafter = DraftModelTrees(self, *open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt,
+                                                          needed, result))
+        else:
+            from .tree_heads import MedusaTrees
+
+            drafter = MedusaTrees.open(self, target, draft, prompt, needed, result)
+        target_cache = drafter.target_cache
+        limits = [c.max_positions for c in (target_cache, drafter.view) if getattr(c, "max_positions", None)]
         pending = prompt[:, -1:]
         committed = t
         if clock:
@@ -265,9 +268,9 @@ class TreeSpeculativeDecoder:
             room = min(limits) - start if limits else None
             levels, kids = self.shape(depth, width, max_new_tokens - len(result.tokens), room)
             tick = clock() if clock else 0.0
-            if levels == 0:  # at the position limit, no room for a tree: a plain target step
-                final = self.plain_step(target_cache, draft_cache, pending, sampling, generator)
-                result.draft_calls += 1
+            if levels == 0 or not drafter.ready():  # no room for a tree (or no feature yet): a plain target step
+                levels = 0
+                final = drafter.plain(pending, sampling, generator)
                 result.target_calls += 1
                 accepted, path, row, slots = 0, [], [int(final.item())], []
                 path_tokens = final[:, None]
@@ -275,7 +278,7 @@ class TreeSpeculativeDecoder:
                 if clock:
                     seconds["verify"] += clock() - tick
             else:
-                tree = self.grow(draft_cache, pending, levels, kids, sampling, generator)
+                tree = drafter.grow(pending, levels, kids, sampling, generator)
                 result.draft_calls += tree.draft_calls
                 if clock:
                     now = clock()
@@ -301,22 +304,43 @@ class TreeSpeculativeDecoder:
             untruncated = [x for x in row if x >= 0][: max_new_tokens - len(result.tokens)]  # accepted path, final token
             emitted, hit_eos = _truncate(untruncated, eos_id)
             kept = self.kept_in_cache(emitted, untruncated)
-            if levels == 0:
-                target_cache.commit(start + kept)
-                draft_cache.commit(start + kept)
-            else:
-                result.draft_calls += self.repair(target_cache, draft_cache, start, path[: kept - 1], slots, path_tokens)
+            result.draft_calls += drafter.repair(start, kept, levels == 0, path[: kept - 1], slots, path_tokens)
             committed += len(emitted)
             result.tokens.extend(emitted)
             pending = path_tokens[:, len(emitted) - 1 : len(emitted)]
             if clock:
                 seconds["repair"] += clock() - tick
-            if end_round(result, on_round, target_cache, draft_cache, start=start + 1, proposed=proposed, accepted=accepted,
-                         emitted=len(emitted), committed=committed, hit_eos=hit_eos):
+            if end_round(result, on_round, target_cache, drafter.view, start=start + 1, proposed=proposed,
+                         accepted=accepted, emitted=len(emitted), committed=committed, hit_eos=hit_eos):
                 break
         if timed:
             result.seconds = seconds
         return result
+
+
+class DraftModelTrees:
+    """The draft model's side of the tree decoder's rounds (the decoder's overridable steps on the draft's cache)."""
+
+    def __init__(self, decoder: TreeSpeculativeDecoder, target_cache: ModelCache, draft_cache: ModelCache):
+        self.decoder, self.target_cache, self.view = decoder, target_cache, draft_cache
+
+    def ready(self) -> bool:
+        return True
+
+    def plain(self, pending, sampling, generator) -> torch.Tensor:
+        """A plain target step (the draft follows the pending token: one draft call, counted by the repair)."""
+        return self.decoder.plain_step(self.target_cache, self.view, pending, sampling, generator)
+
+    def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
+        return self.decoder.grow(self.view, pending, levels, width, sampling, generator)
+
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
+        """Both caches hold the committed text but the pending token; returns the draft calls (the plain step's one)."""
+        if plain:
+            self.target_cache.commit(start + kept)
+            self.view.commit(start + kept)
+            return 1
+        return self.decoder.repair(self.target_cache, self.view, start, path, slots, path_tokens)
 
 
 def tree_speculative_decode(target, draft, prompt, *, tree_verifier: TreeVerifierBase | None = None, **kwargs) -> DecodeResult:

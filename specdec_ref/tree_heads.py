@@ -1,7 +1,7 @@
 """The tree decoder drafting with Medusa heads (Medusa's trees): the heads' rows, the target's features, no draft cache.
 
-:class:`~specdec_ref.tree_decode.TreeSpeculativeDecoder` opens this path when ``draft`` is a
-:class:`~specdec_ref.heads.MedusaHeads` spec. One round, in the tree decoder's conventions (``C`` committed tokens, the
+:class:`~specdec_ref.tree_decode.TreeSpeculativeDecoder` runs its rounds with :class:`MedusaTrees` as the drafter when
+``draft`` is a :class:`~specdec_ref.heads.MedusaHeads` spec (with a draft model: ``DraftModelTrees``). One round, in the tree decoder's conventions (``C`` committed tokens, the
 last one pending; the target's cache holds the other ``C - 1``):
 
 1. **draft** (no forward): head ``l`` (``l = 0 .. depth - 1``) reads the feature that produced the pending token (the
@@ -23,31 +23,35 @@ and the heads' view (``draft_cache`` of the hook) reports the same length.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from .contract import DecodeResult, NotSupportedError
-from .decode import _truncate, end_round
 from .draft_tree import DraftTree, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 
-__all__ = ["medusa_tree_decode", "grow_medusa_tree"]
+__all__ = ["MedusaTrees", "grow_medusa_tree"]
 
 
 class _HeadsView:
-    """The heads' row view for ``on_round``: their length is the committed text but the pending token; no K/V."""
+    """The heads' row view for ``on_round``: the target cache's length (the committed text but the pending token); no
+    K/V."""
 
-    def __init__(self, length: int):
-        self.tentative_length = self.committed_length = length
+    def __init__(self, target_cache):
+        self._cache = target_cache
+
+    @property
+    def tentative_length(self) -> int:
+        return self._cache.tentative_length
+
+    committed_length = tentative_length
 
     def layer_kv(self) -> list:
         return []
 
 
-def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width: int, sampling, generator):
-    """The :class:`~specdec_ref.tree_decode.DraftTree` of one round (module docstring, step 1): ``feature [1, H]``."""
+def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
+    """The draft tree of one round (module docstring, step 1): ``feature [1, H]``."""
     rows = decoder.medusa_rows(proposer, feature, depth, sampling)
     sample_probs, q = rows[0]
     kids = decoder.children(sample_probs, width, sampling, generator)  # [1, w]
@@ -70,86 +74,53 @@ def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width
                      torch.full((n,), -1, dtype=torch.long, device=device), 0)
 
 
-def medusa_tree_decode(decoder, target, spec, prompt: torch.Tensor, *, depth: int, width: int, max_new_tokens: int,
-                       sampling, eos_id, generator, on_round, timed: bool) -> DecodeResult:
-    """Tree decoding of ``prompt`` (validated, ``[1, t]``) with the Medusa heads ``spec`` (module docstring)."""
-    depth = min(depth, len(spec.lm_heads))
-    t = prompt.shape[1]
-    result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
-    if max_new_tokens == 0:
-        return result
-    clock = time.perf_counter if timed else None
-    seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
-    tick = clock() if clock else 0.0
-    needed = t + max_new_tokens + tree_nodes(depth, width)
-    cache = decoder.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
-    if not hasattr(cache, "features"):
-        raise NotSupportedError(f"Medusa trees read the target's hidden states: they need the lean forward (llama / "
-                                f"qwen2), not {type(cache).__name__}")
-    proposer = spec.proposer_type.__new__(spec.proposer_type)  # the head arithmetic only (no rows, no backlog)
-    proposer.spec = spec
-    layer = spec.target_capture[0]
-    cache.capture = (layer,)
-    feature = None
-    if t > 1:
-        cache.feed(prompt[:, :-1])
-        result.target_calls += 1
-        feature = cache.features()[layer][:, -1]
-    cache.commit(t - 1)
-    pending, committed = prompt[:, -1:], t
-    if clock:
-        seconds["prefill"] += clock() - tick
-    while len(result.tokens) < max_new_tokens:
-        start = committed - 1
-        room = (cache.max_positions - start) if cache.max_positions else None
-        levels, kids = decoder.shape(depth, width, max_new_tokens - len(result.tokens), room)
-        tick = clock() if clock else 0.0
-        if levels == 0 or feature is None:  # no room for a tree, or no feature yet: a plain target step
-            logits = cache.feed(pending)
-            final = _choose(decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
+class MedusaTrees:
+    """The Medusa heads' side of the tree decoder's rounds (module docstring): the target's features, no draft cache."""
+
+    def __init__(self, decoder, target_cache, spec, feature: torch.Tensor | None):
+        self.decoder, self.target_cache, self.view = decoder, target_cache, _HeadsView(target_cache)
+        self.proposer = spec.proposer_type.__new__(spec.proposer_type)  # the head arithmetic only (no rows, no backlog)
+        self.proposer.spec = spec
+        self.layer = spec.target_capture[0]
+        self.feature = feature
+
+    @classmethod
+    def open(cls, decoder, target, spec, prompt: torch.Tensor, needed: int, result: DecodeResult) -> "MedusaTrees":
+        """The target's cache holding the prompt but its last token, capturing the heads' feature layer."""
+        cache = decoder.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
+        if not hasattr(cache, "features"):
+            raise NotSupportedError(f"Medusa trees read the target's hidden states: they need the lean forward (llama / "
+                                    f"qwen2), not {type(cache).__name__}")
+        trees = cls(decoder, cache, spec, None)
+        cache.capture = (trees.layer,)
+        t = prompt.shape[1]
+        if t > 1:
+            cache.feed(prompt[:, :-1])
             result.target_calls += 1
-            accepted, path, row, proposed, path_tokens, block = 0, [], [int(final.item())], 0, final[:, None], None
-            if clock:
-                seconds["verify"] += clock() - tick
+            trees.feature = cache.features()[trees.layer][:, -1]
+        cache.commit(t - 1)
+        return trees
+
+    def ready(self) -> bool:
+        """A feature to draft from (a one-token prompt has none before the first target forward)."""
+        return self.feature is not None
+
+    def plain(self, pending, sampling, generator) -> torch.Tensor:
+        logits = self.target_cache.feed(pending)
+        return _choose(self.decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
+
+    def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
+        return grow_medusa_tree(self.decoder, self.proposer, self.feature, levels, width, sampling, generator)
+
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
+        """The target's cache keeps the pending token and the kept path (compaction); the next feature is the target's
+        at the last kept position (:meth:`~specdec_ref.tree_decode.TreeSpeculativeDecoder.head_feature`). No drafter
+        call."""
+        block = self.target_cache.features()[self.layer][0]  # of the last forward: [1 (+ n), H]
+        if plain:
+            self.feature = block[None, -1]
         else:
-            tree = grow_medusa_tree(decoder, proposer, feature, levels, kids, sampling, generator)
-            if clock:
-                now = clock()
-                seconds["draft"] += now - tick
-                tick = now
-            m, path_t, tokens = decoder.verify(cache, pending, tree, sampling, generator)
-            result.target_calls += 1
-            block = cache.features()[layer][0]  # [1 + n, H]: the pending token's position, then the nodes'
-            flat = torch.cat([m[:1], path_t[0, :levels], tokens[0, : levels + 1]]).tolist()  # the one host sync
-            accepted = flat[0]
-            path = flat[1 : 1 + accepted]
-            row = flat[1 + levels : 2 + 2 * levels]
-            path_tokens = tokens[:, : levels + 1]
-            proposed = tree.size
-            if clock:
-                now = clock()
-                seconds["verify"] += now - tick
-                tick = now
-        result.host_syncs += 1
-        untruncated = [x for x in row if x >= 0][: max_new_tokens - len(result.tokens)]
-        emitted, hit_eos = _truncate(untruncated, eos_id)
-        kept = decoder.kept_in_cache(emitted, untruncated)
-        kept_path = path[: kept - 1]
-        if block is None:
-            cache.commit(start + kept)
-            feature = cache.features()[layer][:, -1]
-        else:
-            cache.compact(decoder.target_keep(start, kept_path))
-            cache.commit(start + kept)
-            feature = decoder.head_feature(block, kept_path)
-        committed += len(emitted)
-        result.tokens.extend(emitted)
-        pending = path_tokens[:, len(emitted) - 1 : len(emitted)]
-        if clock:
-            seconds["repair"] += clock() - tick
-        if end_round(result, on_round, cache, _HeadsView(committed - 1), start=start + 1, proposed=proposed,
-                     accepted=accepted, emitted=len(emitted), committed=committed, hit_eos=hit_eos):
-            break
-    if timed:
-        result.seconds = seconds
-    return result
+            self.target_cache.compact(self.decoder.target_keep(start, path))
+            self.feature = self.decoder.head_feature(block, path)
+        self.target_cache.commit(start + kept)
+        return 0
