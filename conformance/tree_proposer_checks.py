@@ -1,4 +1,5 @@
-"""Conformance checks of tree decoders drafting with Medusa heads (capability ``tree_proposer:medusa``).
+"""Conformance checks of tree decoders drafting with heads (capabilities ``tree_proposer:medusa``, ``:eagle``,
+``:eagle3``, ``:mtp``).
 
 ``decode_tree(target, heads, prompt, depth=D, width=W, ...)`` with :class:`specdec_ref.heads.MedusaHeads` as the
 draft (``specdec_ref.contract``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s children
@@ -13,6 +14,16 @@ of the token before the pending one) every greedy tree is a function of the roun
   feature read at the block's last node instead of the last accepted one, a head read at the wrong level, siblings
   not the top of their row, expansions not by cumulative probability all change some round;
 * sampled (heads drawing children from their rows, ``q`` reported), the continuation law is the target's.
+
+EAGLE, EAGLE-3 and MTP heads grow EAGLE-2's dynamic trees (``decode_tree`` with the head as ``draft``): a node's
+children come from the head's row after reading that node, paired with the hidden state that produced the node's own
+row, and the next round's catch-up reads the committed tokens with the target's features of the accepted path. Their
+exactly-known heads' rows depend on the path (``properties.proposals.EagleLaw``: the hidden state mixes every draft
+before it), and a next round reading a rejected branch's features changes the trees drafted and their acceptance.
+Not covered: an expanded node fed another node's hidden state (its level's first, or the root's). Greedy, only the
+acceptance of the target's argmax chain is observable, and these heads put that chain's next token in the top two of
+almost every row whatever feature they read. Trees (3, 2), (4, 2) and (3, 3) from all 64 two-token prompts: 2 of 192
+rounds sequences change for EAGLE and EAGLE-3, 16 for MTP (``tests/test_tree_heads.py`` measures it).
 """
 from __future__ import annotations
 
@@ -46,6 +57,13 @@ TREE_LAW_TV = 0.1
 TREE_LAW_SAMPLING = SamplingConfig(temperature=2.0)
 #: Rounds after a partial and after a full acceptance the greedy check must see (each at least).
 MIN_TREE_ROUNDS = 10
+#: The heads a tree decoder may draft with (``tree_proposer:KIND``), each checked on its exactly-known head.
+TREE_HEADS = ("medusa", "eagle", "eagle3", "mtp")
+
+
+def _require_tree_proposer(backend, kind: str) -> None:
+    if not backend.capabilities.has(f"tree_proposer:{kind}"):
+        raise NotApplicable(f"backend does not claim capability tree_proposer:{kind}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,12 +85,17 @@ def _tree_round_kind(previous, depth: int) -> str:
     return f"after a partial acceptance ({previous.accepted} of {depth} levels)"
 
 
+def _expansion_note(kind: str) -> str:
+    return "" if kind == "medusa" else ("; each expanded node is read with the head's hidden state that produced its "
+                                        "own row")
+
+
 def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens, sampling, generator=None):
     """``backend.decode_tree`` with its failures named (an exception is a BackendError naming the call)."""
     __tracebackhide__ = True
     result = call_backend(backend.decode_tree, target, spec, torch.tensor([list(prompt)]), depth=depth, width=width,
                           max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                          what=f"decode_tree() with Medusa heads (prompt {list(prompt)}, depth {depth}, width {width})")
+                          what=f"decode_tree() with {spec.name} heads (prompt {list(prompt)}, depth {depth}, width {width})")
     tokens = getattr(result, "tokens", None)
     if not isinstance(tokens, list) or not all(isinstance(x, int) for x in tokens):
         raise AssertionError(f"decode_tree() must return a result whose .tokens is a list of ints, got {tokens!r}")
@@ -80,22 +103,23 @@ def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens,
 
 
 @check(
-    guards="a Medusa tree's feature read at the block's last node instead of the last accepted one (the tree's "
-    "rollback), heads read at the wrong level, siblings not the top of their row, levels expanded by anything but "
-    "the cumulative probability, tree rows misaligned (acceptance lost; greedy output still exact)",
-    requires=("tree_decoder", "greedy", "tree_proposer:medusa"),
-    cases=[("medusa", {})],
+    guards="a head tree's next feature read at the block's last node instead of the accepted path (the tree's "
+    "rollback), Medusa heads read at the wrong level, siblings not the top of their row, levels expanded by anything but the cumulative probability, tree rows "
+    "misaligned (acceptance lost; greedy output still exact)",
+    requires=("tree_decoder", "greedy"),
+    cases=[(kind, {"kind": kind}) for kind in TREE_HEADS],
 )
-def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext):
-    """Greedy tree decoding with the exactly-known Medusa heads, trees of every shape in :data:`TREE_SHAPES` from the
-    greedy prompts: the output is the target's greedy continuation, and every round but the last drafts exactly the
+def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
+    """Greedy tree decoding with the exactly-known heads of ``kind``, trees of every shape in :data:`TREE_SHAPES` from
+    the greedy prompts: the output is the target's greedy continuation, and every round but the last drafts exactly the
     nodes and accepts exactly the path its text determines (``properties.proposals.greedy_tree_round``); at least
     :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
     from properties.proposals import greedy_tree_round, law_of
     from specdec_ref.exact_models import exact_model
 
-    target = proposer_target("medusa")
-    spec = proposer_spec("medusa", False)
+    _require_tree_proposer(backend, kind)
+    target = proposer_target(kind)
+    spec = proposer_spec(kind, False)
     law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
     seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
     for prompt in GREEDY_PROMPTS:
@@ -103,7 +127,7 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext):
         for depth, width in TREE_SHAPES:
             result = _decode_tree(backend, target, spec, prompt, depth=depth, width=width,
                                   max_new_tokens=GREEDY_NEW_TOKENS, sampling=GREEDY)
-            where = f"Medusa tree (depth {depth}, width {width}), greedy, prompt {list(prompt)}"
+            where = f"{spec.name} tree (depth {depth}, width {width}), greedy, prompt {list(prompt)}"
             assert result.tokens == want, (
                 f"{where}: the output differs from the target's greedy continuation at position "
                 f"{next((i for i, (a, b) in enumerate(zip(result.tokens, want)) if a != b), min(len(result.tokens), len(want)))}"
@@ -111,19 +135,20 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext):
             full, previous = list(prompt) + list(result.tokens), None
             for r in result.rounds[:-1]:  # the last round may be cut by max_new_tokens
                 text = full[: r.start]
-                kind = _tree_round_kind(previous, min(depth, len(spec.lm_heads)))
+                place = _tree_round_kind(previous, min(depth, len(getattr(spec, "lm_heads", ())) or depth))
                 previous = r
                 expected = greedy_tree_round(table, law, text, depth, width)
                 if expected is None:
                     seen["skipped"] += 1
                     continue
                 assert (r.proposed, r.accepted) == expected, (
-                    f"{where}: round {r.round} ({kind}) from the text {text} drafted {r.proposed} nodes and accepted "
+                    f"{where}: round {r.round} ({place}) from the text {text} drafted {r.proposed} nodes and accepted "
                     f"{r.accepted}; the heads' tree there has {expected[0]} nodes, of which the target's argmax chain "
-                    f"accepts {expected[1]} (the heads read the target's feature of position {len(text) - 2}: the last "
-                    f"accepted node's, not the block's last)\n  replay: {ctx.replay}")
+                    f"accepts {expected[1]} (the round's first rows read the target's feature of position "
+                    f"{len(text) - 2}: the last accepted node's, not the block's last{_expansion_note(kind)})"
+                    f"\n  replay: {ctx.replay}")
                 for key in ("after a partial", "after a full"):
-                    seen[key] += kind.startswith(key)
+                    seen[key] += place.startswith(key)
     ctx.findings.append({"kind": "coverage", **seen})
     assert min(seen["after a partial"], seen["after a full"]) >= MIN_TREE_ROUNDS, (
         f"too few rounds to check the tree's rollback ({seen}): the greedy prompts no longer reach partial and full "

@@ -325,41 +325,65 @@ def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], i
     return drafts, accepted
 
 
-def _top(row: np.ndarray, width: int) -> list[int]:
-    """The ``width`` largest entries' ids, ties to the lower id (a stable descending sort)."""
-    return [int(i) for i in np.argsort(-row, kind="stable")[:width]]
+def _top(row: np.ndarray, width: int, tie: float = TIE) -> list[int] | None:
+    """The ``width`` largest entries' ids, ties to the lower id (a stable descending sort); None when the ``width``-th
+    and the next are a near tie (within ``tie`` but not equal: float32 may order them either way)."""
+    order = np.argsort(-row, kind="stable")
+    if len(order) > width:
+        a, b = row[order[width - 1]], row[order[width]]
+        if a != b and a - b < tie:
+            return None
+    return [int(i) for i in order[:width]]
 
 
-def greedy_tree_round(target, law: MedusaLaw, text: Sequence[int], depth: int, width: int) -> tuple[int, int] | None:
-    """``(nodes, accepted)`` of a greedy Medusa tree round from ``text`` (pending token last; an order-1
-    exactly-known ``target``), as :mod:`specdec_ref.tree_heads` grows it: level ``l``'s row is the softmax of head
-    ``l``'s table row for the token before the pending one (greedy rows are not tempered); the root gets the row's top
-    ``width`` ids (ties to the lower id), each further level expands the ``width`` nodes of the previous one with the
-    highest cumulative probability (ties to the lower node) into the top ``width`` ids of its row; the accepted path
-    follows the target's argmax chain. None when the round drafts nothing, or when a ranking on the way is a near tie
-    (two cumulative probabilities within 1e-9 relative but not equal: float32 may order them either way)."""
+#: Cumulative draft probabilities of two tree nodes closer than this (relative) are a near tie: float32 may rank them
+#: either way.
+SCORE_TIE = 1e-6
+
+
+def greedy_tree_round(target, law, text: Sequence[int], depth: int, width: int) -> tuple[int, int] | None:
+    """``(nodes, accepted)`` of a greedy tree round from ``text`` (pending token last; an order-1 exactly-known
+    ``target``), as :mod:`specdec_ref.tree_heads` grows it: a node's children are the top ``width`` ids (ties to the
+    lower id) of the softmax of ``law``'s row after the node's path (Medusa: head ``l``'s row at level ``l + 1``,
+    the same for every node of the level; EAGLE, EAGLE-3, MTP: the head's row after drafting the path; greedy rows
+    are not tempered); the root gets ``width`` children, each further level expands the ``width`` nodes of the
+    previous one with the highest cumulative probability (ties to the lower node); the accepted path follows the
+    target's argmax chain. None when the round drafts nothing, or when a ranking on the way is a near tie (top ids
+    within the law's ``tie``, cumulative probabilities within :data:`SCORE_TIE` relative, but not equal)."""
     text = list(text)
     levels = law.count(text, depth)
     if levels == 0:
         return None
-    logits = [law.raw(text, [0] * level) for level in range(levels)]
-    probs = [np.exp(x - x.max()) / np.exp(x - x.max()).sum() for x in logits]
-    tokens, parents = _top(logits[0], width), [-1] * width
-    scores = [probs[0][t] for t in tokens]
+    tie = getattr(law, "tie", TIE)
+
+    def row(path):
+        x = law.raw(text, path)
+        p = np.exp(x - x.max())
+        return _top(x, width, tie), p / p.sum()
+
+    top, probs = row([])
+    if top is None:
+        return None
+    tokens, parents, paths = list(top), [-1] * width, [[t] for t in top]
+    scores = [probs[t] for t in top]
     level_nodes = list(range(width))
     for level in range(1, levels):
         ranked = sorted(range(len(level_nodes)), key=lambda j: -scores[level_nodes[j]])
         if len(ranked) > width:
             a, b = scores[level_nodes[ranked[width - 1]]], scores[level_nodes[ranked[width]]]
-            if a != b and abs(a - b) < 1e-9 * a:
+            if a != b and abs(a - b) < SCORE_TIE * a:
                 return None
         new_nodes = []
         for j in sorted(ranked[:width]):
             node = level_nodes[j]
-            for t in _top(logits[level], width):
+            top, probs = row(paths[node])
+            if top is None:
+                return None
+            for t in top:
                 parents.append(node)
                 tokens.append(t)
-                scores.append(scores[node] * probs[level][t])
+                paths.append(paths[node] + [t])
+                scores.append(scores[node] * probs[t])
                 new_nodes.append(len(tokens) - 1)
         level_nodes = new_nodes
     node, last, accepted = -1, text[-1], 0

@@ -43,7 +43,7 @@ class ReferenceBackend:
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
         proposers=("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp"),
-        tree_proposers=("draft_model", "medusa"),
+        tree_proposers=("draft_model", "medusa", "eagle", "eagle3", "mtp"),
     )
 
     def __init__(

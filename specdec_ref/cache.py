@@ -241,7 +241,8 @@ class ModelCache:
             raise AssertionError(f"committed_length={self._committed} > tentative_length={self._tentative}")
 
     # ------------------------------------------------------------------ trees
-    def feed_tree(self, ids: torch.Tensor, parents, *, tree_start: int | None = None) -> torch.Tensor:
+    def feed_tree(self, ids: torch.Tensor, parents, *, tree_start: int | None = None, embeds: torch.Tensor | None = None,
+                  head: bool = True) -> torch.Tensor:
         """Run the nodes ``ids`` (LongTensor ``[B, n]``, ``n >= 1``) of a tree on top of the cache.
 
         The tree's nodes occupy consecutive slots from ``tree_start`` (default ``tentative_length``: a
@@ -257,7 +258,9 @@ class ModelCache:
         ``[B, n, V]`` (row ``i``: the next-token distribution after ``ids[:, i]``'s path) and advances
         ``tentative_length`` by ``n``; committed length is unchanged. A chain (``parents = [-1, 0, 1,
         ...]``) gives what :meth:`feed` gives. A tensor ``parents`` is only checked
-        (``-1 <= parents[j] < j``, one host read) when ``check_ids`` is set.
+        (``-1 <= parents[j] < j``, one host read) when ``check_ids`` is set. ``embeds [B, n, H]`` / ``head=False``: the
+        nodes' inputs in place of their token embeddings and the last residual stream instead of logits (a drafter's
+        decoder layers fed a tree: the lean forward only, :meth:`StaticModelCache.feed_embeds`).
         """
         ids = self._validate_ids(ids)
         n = ids.shape[1]
@@ -274,7 +277,12 @@ class ModelCache:
         end = start + n
         mask = torch.ones(n, end, dtype=torch.bool, device=self.device)
         mask[:, tree_start:] = visible[-n:]
-        logits = self._tree_forward(ids, start, positions, mask)
+        if embeds is None and head:
+            logits = self._tree_forward(ids, start, positions, mask)
+        elif hasattr(self, "_lean_tree_forward"):
+            logits = self._tree_forward(ids, start, positions, mask, embeds=embeds, head=head)
+        else:
+            raise NotSupportedError(f"feed_tree with embeds / head=False needs the lean forward, not {type(self).__name__}")
         self._after_feed(n)
         return logits
 

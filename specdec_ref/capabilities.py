@@ -35,8 +35,9 @@ DEVICE_NAMES = ("cpu", "cuda")
 #: Proposer kinds a decoder may accept as its ``draft`` (``Capabilities.proposers``; :mod:`specdec_ref.proposers`).
 PROPOSER_NAMES = ("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp")
 #: Proposer kinds a tree decoder may accept as its ``draft`` (``Capabilities.tree_proposers``): a draft model grows the
-#: tree from its own rows, Medusa heads from one row per level (:mod:`specdec_ref.tree_heads`).
-TREE_PROPOSER_NAMES = ("draft_model", "medusa")
+#: tree from its own rows, Medusa heads from one row per level, EAGLE / EAGLE-3 / MTP heads from one row per expanded
+#: node (EAGLE-2's dynamic trees; :mod:`specdec_ref.tree_heads`).
+TREE_PROPOSER_NAMES = ("draft_model", "medusa", "eagle", "eagle3", "mtp")
 
 
 def check_requirement(flag: str) -> None:

@@ -228,7 +228,11 @@ committed text (the reference reads a round's pairs in the next round's catch-up
 A tree decoder claiming ``tree_proposer:medusa`` (``Capabilities.tree_proposers``) takes :class:`MedusaHeads` as
 ``decode_tree``'s ``draft``: level ``l``'s children come from head ``l - 1``'s row (the same row for every node of the
 level), by the declared tree scheme, and the next round's feature is the target's at the last *accepted* node
-(:mod:`specdec_ref.tree_heads`).
+(:mod:`specdec_ref.tree_heads`). Claiming ``tree_proposer:eagle`` (``eagle3``, ``mtp``) it takes that head and grows
+EAGLE-2's dynamic trees: a node's children come from the head's row after reading the node (paired with the hidden
+state that produced the node's own row), expanded nodes of a level in one tree-attention step of the head, and the
+next round's catch-up reads the committed tokens with the target's features of the pending token and the accepted
+path.
 
 Phase timings (``phase_timings``, optional)
 --------------------------------------------

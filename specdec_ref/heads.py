@@ -238,20 +238,26 @@ class EagleProposer(FeatureProposer):
         self.head_cache = head_cache  # RowCaches over spec.layers (None: no layers)
         self.keep_head = None
 
-    def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def step(self, ids: torch.Tensor, features: torch.Tensor, positions: torch.Tensor | None = None,
+             tree: tuple | None = None) -> torch.Tensor:
         """The head on ``ids [B, n]`` with ``features [B, n, H]`` (``positions [B, n]``: the pairs' positions, given
-        for the catch-up only): its hidden states ``[B, n, H]``, each the next step's feature."""
-        return self.layers(self.combine(F.embedding(ids, self.embed), features, positions), ids)
+        for the catch-up only; ``tree = (parents, tree_start)``: the pairs are nodes of a draft tree, fed by
+        ``feed_tree``): its hidden states ``[B, n, H]``, each the next step's feature."""
+        return self.layers(self.combine(F.embedding(ids, self.embed), features, positions), ids, tree)
 
     def combine(self, embeds: torch.Tensor, features: torch.Tensor, positions) -> torch.Tensor:
         """The decoder layers' input from the token embeddings and the features: ``fc([embed, feature])``."""
         return F.linear(torch.cat([embeds, features], -1), self.spec.fc, self.spec.fc_bias)
 
-    def layers(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The head's decoder layers on ``x [B, n, H]`` at the rows' next positions of its cache (none: ``x``)."""
-        if self.head_cache is not None:
-            x = self.head_cache.feed(ids, None, embeds=x, head=False).to(self.dtype)
-        return x
+    def layers(self, x: torch.Tensor, ids: torch.Tensor, tree: tuple | None = None) -> torch.Tensor:
+        """The head's decoder layers on ``x [B, n, H]`` at the rows' next positions of its cache (none: ``x``); with
+        ``tree = (parents, tree_start)`` (one row) as tree nodes with tree attention (``ModelCache.feed_tree``)."""
+        if self.head_cache is None:
+            return x
+        if tree is None:
+            return self.head_cache.feed(ids, None, embeds=x, head=False).to(self.dtype)
+        parents, tree_start = tree
+        return self.head_cache.cache.feed_tree(ids, parents, tree_start=tree_start, embeds=x, head=False).to(self.dtype)
 
     def first_features(self, features: torch.Tensor) -> torch.Tensor:
         """The catch-up's features from the stored target features (EAGLE: as they are)."""
@@ -458,8 +464,8 @@ class MtpProposer(EagleProposer):
             e = e * (positions != 0).unsqueeze(-1).to(e.dtype)  # after the norm: the same as before it, for eps > 0
         return super().combine(e, self._rms(features, self.spec.hnorm), positions)
 
-    def step(self, ids, features, positions=None):
-        return self._rms(super().step(ids, features, positions), self.spec.norm)
+    def step(self, ids, features, positions=None, tree=None):
+        return self._rms(super().step(ids, features, positions, tree), self.spec.norm)
 
 
 # the proposer class a spec opens (a mutant's copy of a spec names its buggy subclass instead)

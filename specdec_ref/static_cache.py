@@ -374,9 +374,10 @@ class StaticModelCache(ModelCache):
         return logits.float() if logits.dtype != torch.float32 else logits.clone()
 
     # ------------------------------------------------------------------ trees (ModelCache.feed_tree / compact)
-    def _tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor, *,
+                      embeds: torch.Tensor | None = None, head: bool = True) -> torch.Tensor:
         with torch.inference_mode():
-            logits = self._lean_tree_forward(ids, start, positions, mask)
+            logits = self._lean_tree_forward(ids, start, positions, mask, embeds=embeds, head=head)
         return logits.float() if logits.dtype != torch.float32 else logits.clone()
 
     def _compact_slots(self, committed: int, keep: list[int]) -> None:
@@ -388,13 +389,17 @@ class StaticModelCache(ModelCache):
                 kbuf[:, :, committed:end] = kbuf.index_select(2, index)
                 vbuf[:, :, committed:end] = vbuf.index_select(2, index)
 
-    def _lean_tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """:meth:`_lean_forward` with explicit position ids (``positions[n]``) and a boolean mask ``[n, start + n]``."""
+    def _lean_tree_forward(self, ids: torch.Tensor, start: int, positions: torch.Tensor, mask: torch.Tensor, *,
+                           embeds: torch.Tensor | None = None, head: bool = True) -> torch.Tensor:
+        """:meth:`_lean_forward` with explicit position ids (``positions[n]``) and a boolean mask ``[n, start + n]``
+        (``embeds`` / ``head``: see :meth:`_lean_layers`)."""
         if self.gpt2:
+            self._llama_only(embeds, head)
             return self._gpt2_layers(ids, start, self._pos_embed.index_select(0, positions), mask, causal=False)
         cos = self._cos.index_select(1, positions)
         sin = self._sin.index_select(1, positions)
-        return self._lean_layers(ids, start, cos, sin, mask, causal=False)
+        return self._lean_layers(ids, start, cos, sin, mask, causal=False,
+                                 embeds=None if embeds is None else embeds.to(self.dtype), head=head)
 
     # ------------------------------------------------------------------ ragged rows (specdec_ref.row_cache)
     def ragged_forward(self, ids: torch.Tensor, starts: torch.Tensor, end: int, *, embeds: torch.Tensor | None = None,

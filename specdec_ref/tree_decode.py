@@ -46,7 +46,7 @@ import torch
 from .cache import ModelCache
 from .contract import DecodeResult, NotSupportedError, RoundHook
 from .decode import _truncate, _validate_decode_args, end_round, open_caches
-from .draft_tree import DraftTree, tree_nodes
+from .draft_tree import DraftTree, fed_parents, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 from .proposers import is_model, proposer_kind
@@ -55,7 +55,10 @@ from .tree import SpecInferTreeVerifier, TreeVerifierBase
 from .verify import sample_from_weights
 from .warp import GREEDY, SamplingConfig, warp
 
-__all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode"]
+__all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode", "TREE_PROPOSERS"]
+
+#: The proposer kinds this tree decoder drafts with (:mod:`specdec_ref.tree_heads` for the heads).
+TREE_PROPOSERS = ("draft_model", "medusa", "eagle", "eagle3", "mtp")
 
 
 class TreeSpeculativeDecoder:
@@ -108,38 +111,46 @@ class TreeSpeculativeDecoder:
         best = torch.sort(scores, descending=True, stable=True).indices[:width]
         return best.sort().values
 
-    def grow(self, draft_cache: ModelCache, pending: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
-        """Feed the pending token and grow ``depth`` levels (one draft call per level; level ``depth`` is not fed)."""
-        logits = draft_cache.feed(pending)[:, -1]
-        tree_start = draft_cache.tentative_length
-        sample_probs, q = self.draft_probs(logits, sampling)
+    def grow_levels(self, first: tuple, depth: int, width: int, sampling, generator, level_rows) -> tuple:
+        """The tree's ``(tokens, parents, draft_probs)`` from the root's ``first = (sample from, q)`` (``[1, V]`` each):
+        the root's ``width`` children, then per further level the ``width`` nodes with the highest cumulative ``q``
+        (:meth:`expand`), each with ``width`` children from its row; ``level_rows(level, chosen, nodes, tokens)`` gives
+        the rows ``[width, V]`` of the chosen nodes (``chosen``: within the level, ``nodes``: tree indices, ``tokens``:
+        theirs), feeding them to the drafter if it reads them."""
+        sample_probs, q = first
         kids = self.children(sample_probs, width, sampling, generator)  # [1, w]
-        device = kids.device
-        n = tree_nodes(depth, width)
-        tokens, parents, qs = [kids.reshape(-1)], [kids.new_full((width,), -1).reshape(-1)], [q.expand(width, -1)]
+        tokens, parents, qs = [kids.reshape(-1)], [kids.new_full((width,), -1)], [q.expand(width, -1)]
         scores = q.gather(1, kids).reshape(-1)
-        draft_slots = torch.full((n,), -1, dtype=torch.long, device=device)
-        draft_parents: list[torch.Tensor] = []
-        offset, calls = 0, 1
-        steps = torch.arange(width, device=device)
+        offset = 0
         for level in range(1, depth):
             chosen = self.expand(scores, width)  # within the level
             nodes = offset + chosen
-            if level == 1:
-                draft_parents.append(torch.full((width,), -1, dtype=torch.long, device=device))
-            else:  # a level-l node's parent is the (j // w)-th node fed at level l - 1
-                draft_parents.append((level - 2) * width + torch.div(chosen, width, rounding_mode="floor"))
-            logits = draft_cache.feed_tree(tokens[-1][chosen][None], torch.cat(draft_parents), tree_start=tree_start)[0]
-            calls += 1
-            draft_slots[nodes] = tree_start + (level - 1) * width + steps
-            sample_probs, q = self.draft_probs(logits, sampling)  # [w, V]
+            sample_probs, q = level_rows(level, chosen, nodes, tokens[-1][chosen])  # [w, V]
             kids = self.children(sample_probs, width, sampling, generator)  # [w, w]
             offset += tokens[-1].shape[0]
             tokens.append(kids.reshape(-1))
             parents.append(nodes.repeat_interleave(width))
             qs.append(q.repeat_interleave(width, 0))
             scores = scores[chosen].repeat_interleave(width) * q.gather(1, kids).reshape(-1)
-        return DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(qs), draft_slots, calls)
+        return torch.cat(tokens), torch.cat(parents), torch.cat(qs)
+
+    def grow(self, draft_cache: ModelCache, pending: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
+        """Feed the pending token and grow ``depth`` levels (one draft call per level; level ``depth`` is not fed)."""
+        logits = draft_cache.feed(pending)[:, -1]
+        tree_start = draft_cache.tentative_length
+        draft_slots = torch.full((tree_nodes(depth, width),), -1, dtype=torch.long, device=logits.device)
+        fed: list[torch.Tensor] = []
+        steps = torch.arange(width, device=logits.device)
+
+        def level_rows(level, chosen, nodes, tokens):
+            fed.append(fed_parents(level, chosen, width))
+            rows = draft_cache.feed_tree(tokens[None], torch.cat(fed), tree_start=tree_start)[0]
+            draft_slots[nodes] = tree_start + (level - 1) * width + steps
+            return self.draft_probs(rows, sampling)
+
+        tokens, parents, qs = self.grow_levels(self.draft_probs(logits, sampling), depth, width, sampling, generator,
+                                               level_rows)
+        return DraftTree(tokens, parents, qs, draft_slots, depth)
 
     def target_rows(self, logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         """Target rows from the forward of ``[pending, nodes]``: row 0 judges the root's children, row i+1 node i's."""
@@ -185,6 +196,17 @@ class TreeSpeculativeDecoder:
         """Medusa trees (:mod:`specdec_ref.tree_heads`): the next round's feature ``[1, H]`` from the verify block's
         target features ``block [1 + n, H]``: the last kept node's (the pending token's when none was kept)."""
         return block[None, 1 + kept_path[-1]] if kept_path else block[None, 0]
+
+    def path_features(self, block: torch.Tensor, kept_path: list[int]) -> torch.Tensor:
+        """EAGLE-family trees (:mod:`specdec_ref.tree_heads`): the target's features ``[1 + len(kept_path), H]`` the
+        round's committed tokens pair with, from the verify block's ``block [1 + n, H]``: the pending token's, then
+        the kept path nodes' (never a rejected branch's)."""
+        return block[[0] + [1 + node for node in kept_path]]
+
+    def node_features(self, produced: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """EAGLE-family trees: the features the expanded nodes ``chosen`` are fed with: the head's hidden state that
+        produced each one's row (``produced [nodes of the level, H]``, its parent's output)."""
+        return produced[chosen]
 
     def kept_in_cache(self, emitted: list[int], untruncated: list[int]) -> int:
         """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""
@@ -236,11 +258,11 @@ class TreeSpeculativeDecoder:
         vocab = model_dims(target)["vocab_size"]
         if width > vocab:
             raise ValueError(f"width must be at most the vocabulary size {vocab} (distinct siblings), got {width}")
-        if not is_model(draft):
-            kind = proposer_kind(draft)
-            if kind != "medusa":
-                raise NotSupportedError(f"the tree decoder drafts trees with a draft model or Medusa heads, not {kind} "
-                                        f"(a chain proposer: use decode / decode_batch)")
+        kind = proposer_kind(draft)
+        if kind not in TREE_PROPOSERS:
+            raise NotSupportedError(f"the tree decoder drafts trees with {', '.join(TREE_PROPOSERS)}, not {kind} "
+                                    f"(a chain proposer: use decode / decode_batch)")
+        if kind == "medusa":
             depth = min(depth, len(draft.lm_heads))
         t = prompt.shape[1]
         result = DecodeResult(tokens=[], prompt_len=t, finished_by="max_new_tokens")
@@ -254,9 +276,9 @@ class TreeSpeculativeDecoder:
             drafter = DraftModelTrees(self, *open_caches(self.make_cache, self.make_draft_cache, target, draft, prompt,
                                                           needed, result))
         else:
-            from .tree_heads import MedusaTrees
+            from .tree_heads import HeadTrees, MedusaTrees
 
-            drafter = MedusaTrees.open(self, target, draft, prompt, needed, result)
+            drafter = (MedusaTrees if kind == "medusa" else HeadTrees).open(self, target, draft, prompt, needed, result)
         target_cache = drafter.target_cache
         limits = [c.max_positions for c in (target_cache, drafter.view) if getattr(c, "max_positions", None)]
         pending = prompt[:, -1:]

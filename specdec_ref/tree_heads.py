@@ -1,4 +1,4 @@
-"""The tree decoder drafting with Medusa heads (Medusa's trees): the heads' rows, the target's features, no draft cache.
+"""The tree decoder drafting with heads on the target's features: Medusa's trees and EAGLE-2's dynamic trees.
 
 :class:`~specdec_ref.tree_decode.TreeSpeculativeDecoder` runs its rounds with :class:`MedusaTrees` as the drafter when
 ``draft`` is a :class:`~specdec_ref.heads.MedusaHeads` spec (with a draft model: ``DraftModelTrees``). One round, in the tree decoder's conventions (``C`` committed tokens, the
@@ -17,6 +17,21 @@ last one pending; the target's cache holds the other ``C - 1``):
    the next round's feature is the target's hidden state at the *last kept node* of the block (the pending token's
    position when nothing was accepted), never at the block's last node.
 
+:class:`HeadTrees` drafts with an EAGLE, EAGLE-3 or MTP head (EAGLE-2's dynamic trees; the chain rules of
+:mod:`specdec_ref.heads`). One round:
+
+1. **draft**: the head's catch-up reads the pairs committed since its last read (token ``c_j`` with the target's feature
+   ``f_j-1``; EAGLE-3 fuses its layers here) into its own cache; its hidden state at the pending token gives the row of
+   the root's ``width`` children. Each further level feeds the ``width`` expanded nodes (highest cumulative ``q``, as
+   for every tree) to the head in ONE tree-attention forward (``feed_tree``: a node sees the committed pairs, its
+   ancestors and itself, at position ``tree_start + depth``), each node paired with the hidden state that produced
+   *its own* row (its parent's output), and each node's output gives its children's row.
+2. **verify** as for every tree.
+3. **repair**: the target's cache keeps the pending token and the accepted path; the head's cache drops every tree
+   node (they ran on the head's own features) and keeps the committed pairs; the round's committed tokens are queued
+   for the next catch-up with the target's features of the pending token and of the accepted path's nodes
+   (:meth:`~specdec_ref.tree_decode.TreeSpeculativeDecoder.path_features`), never a rejected branch's.
+
 A prompt of one token has no feature before the first target forward: that round is a plain target step (as in the
 chain decoder). The invariant after every round (``on_round``): the target's cache holds ``committed_len - 1`` tokens,
 and the heads' view (``draft_cache`` of the hook) reports the same length.
@@ -26,11 +41,11 @@ from __future__ import annotations
 import torch
 
 from .contract import DecodeResult, NotSupportedError
-from .draft_tree import DraftTree, tree_nodes
+from .draft_tree import DraftTree, fed_parents, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 
-__all__ = ["MedusaTrees", "grow_medusa_tree"]
+__all__ = ["MedusaTrees", "HeadTrees", "grow_medusa_tree"]
 
 
 class _HeadsView:
@@ -53,25 +68,11 @@ class _HeadsView:
 def grow_medusa_tree(decoder, proposer, feature: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
     """The draft tree of one round (module docstring, step 1): ``feature [1, H]``."""
     rows = decoder.medusa_rows(proposer, feature, depth, sampling)
-    sample_probs, q = rows[0]
-    kids = decoder.children(sample_probs, width, sampling, generator)  # [1, w]
-    device = kids.device
-    tokens, parents, qs = [kids.reshape(-1)], [kids.new_full((width,), -1)], [q.expand(width, -1)]
-    scores = q.gather(1, kids).reshape(-1)
-    offset = 0
-    for level in range(1, depth):
-        chosen = decoder.expand(scores, width)
-        nodes = offset + chosen
-        sample_probs, q = rows[level]
-        kids = decoder.children(sample_probs.expand(width, -1), width, sampling, generator)  # [w, w]: a row per parent
-        offset += tokens[-1].shape[0]
-        tokens.append(kids.reshape(-1))
-        parents.append(nodes.repeat_interleave(width))
-        qs.append(q.expand(width * width, -1))
-        scores = scores[chosen].repeat_interleave(width) * q[0][kids.reshape(-1)]
-    n = tree_nodes(depth, width)
-    return DraftTree(torch.cat(tokens), torch.cat(parents), torch.cat(qs),
-                     torch.full((n,), -1, dtype=torch.long, device=device), 0)
+    tokens, parents, qs = decoder.grow_levels(
+        rows[0], depth, width, sampling, generator,
+        lambda level, chosen, nodes, kids: tuple(r.expand(width, -1) for r in rows[level]))
+    return DraftTree(tokens, parents, qs, torch.full((tree_nodes(depth, width),), -1, dtype=torch.long,
+                                                     device=tokens.device), 0)
 
 
 class MedusaTrees:
@@ -123,4 +124,104 @@ class MedusaTrees:
             self.target_cache.compact(self.decoder.target_keep(start, path))
             self.feature = self.decoder.head_feature(block, path)
         self.target_cache.commit(start + kept)
+        return 0
+
+
+def _open_target(decoder, target, spec, prompt: torch.Tensor, needed: int, capture: tuple, result: DecodeResult):
+    """The target's cache holding the prompt but its last token, capturing ``capture``; ``(cache, prefill features)``."""
+    cache = decoder.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
+    if not hasattr(cache, "features"):
+        raise NotSupportedError(f"{spec.name} trees read the target's hidden states: they need the lean forward (llama / "
+                                f"qwen2), not {type(cache).__name__}")
+    cache.capture = capture
+    prefill = {}
+    t = prompt.shape[1]
+    if t > 1:
+        cache.feed(prompt[:, :-1])
+        result.target_calls += 1
+        prefill = cache.features()
+    cache.commit(t - 1)
+    return cache, prefill
+
+
+class HeadTrees:
+    """An EAGLE / EAGLE-3 / MTP head's side of the tree decoder's rounds (module docstring): the head's own proposer
+    (its arithmetic, backlog and cache), one row per expanded node."""
+
+    def __init__(self, decoder, target_cache, proposer):
+        self.decoder, self.target_cache, self.proposer = decoder, target_cache, proposer
+        self.view = _HeadsView(target_cache)
+        self.keep_head: int | None = None
+
+    @classmethod
+    def open(cls, decoder, target, spec, prompt: torch.Tensor, needed: int, result: DecodeResult) -> "HeadTrees":
+        from .row_cache import RowCaches
+
+        cache, prefill = _open_target(decoder, target, spec, prompt, needed, spec.target_capture, result)
+        head_cache = None
+        if spec.layers is not None:
+            head_cache = RowCaches(decoder.make_draft_cache(spec.layers, check_ids=False, max_length=needed))
+        t = prompt.shape[1]
+        proposer = spec.proposer_type(decoder, spec, target, [t - 1], [prompt[0].tolist()], prefill, head_cache)
+        return cls(decoder, cache, proposer)
+
+    def ready(self) -> bool:
+        return self.proposer.ready()
+
+    def plain(self, pending, sampling, generator) -> torch.Tensor:
+        logits = self.target_cache.feed(pending)
+        return _choose(self.decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
+
+    def catch_up(self) -> torch.Tensor:
+        """The head reads its backlog into its cache (committed there); its hidden state at the pending token ``[1, H]``."""
+        p = self.proposer
+        tokens, features = p.backlog[0]
+        n = len(tokens)
+        ids = torch.tensor([tokens], dtype=torch.long, device=p.device)
+        positions = p.lengths[0] - n + torch.arange(n, device=p.device)[None]  # pair (c_j, f_j-1) at position j - 1
+        hidden = p.step(ids, p.first_features(features[None]), positions)
+        if p.head_cache is not None:
+            p.head_cache.commit(p.head_cache.tentative)
+            self.keep_head = p.head_cache.tentative[0]
+        p.backlog = [([], None)]
+        return hidden[:, -1]
+
+    def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
+        """The round's tree (module docstring, step 1): one head step for the catch-up and level 1, one per further
+        level."""
+        decoder, p = self.decoder, self.proposer
+        h = self.catch_up()
+        produced = [h.expand(width, -1)]  # the head's hidden state that produced each node's row, level by level
+        tree_start = self.keep_head if self.keep_head is not None else 0
+        fed: list[torch.Tensor] = []
+
+        def level_rows(level, chosen, nodes, tokens):
+            fed.append(fed_parents(level, chosen, width))
+            features = decoder.node_features(produced[-1], chosen)  # [w, H]
+            out = p.step(tokens[None], features[None], None, (torch.cat(fed), tree_start))[0]
+            produced.append(out.repeat_interleave(width, 0))
+            return decoder.draft_probs(p.logits(out), sampling)
+
+        tokens, parents, qs = decoder.grow_levels(decoder.draft_probs(p.logits(h), sampling), levels, width, sampling,
+                                                  generator, level_rows)
+        return DraftTree(tokens, parents, qs, torch.full((tree_nodes(levels, width),), -1, dtype=torch.long,
+                                                         device=tokens.device), levels)
+
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
+        """The target's cache keeps the pending token and the kept path; the head's cache drops the tree; the committed
+        tokens join the head's backlog with the target's features of the positions before them. No drafter call."""
+        p = self.proposer
+        block = p.fused(self.target_cache.features())[0]  # of the last forward: [1 (+ n), H]
+        if plain:
+            features = block[-1:]
+        else:
+            self.target_cache.compact(self.decoder.target_keep(start, path))
+            features = self.decoder.path_features(block, path)
+        self.target_cache.commit(start + kept)
+        if p.head_cache is not None and self.keep_head is not None:
+            p.head_cache.commit([self.keep_head])  # the tree's nodes ran on the head's own features: dropped
+        old_tokens, old_features = p.backlog[0]
+        merged = features[:kept] if old_features is None else torch.cat([old_features, features[:kept]])
+        p.backlog = [(old_tokens + path_tokens[0, :kept].tolist(), merged)]
+        p.lengths = [start + kept]
         return 0

@@ -36,7 +36,7 @@ def test_every_flag_defaults_to_false():
     with pytest.raises(ValueError, match="unknown proposer"):
         Capabilities(proposers=("draft_model", "lookahead"))
     with pytest.raises(ValueError, match="unknown tree proposer"):
-        Capabilities(tree_proposers=("draft_model", "eagle"))
+        Capabilities(tree_proposers=("draft_model", "ngram"))
     with pytest.raises(ValueError, match="unknown capability"):
         caps.has("tree_proposer:ngram")
 
