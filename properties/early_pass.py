@@ -9,6 +9,13 @@ no alpha (``run_case`` lets a look reject as the interim look does, at 1/100 of 
 looks); together the looks spend up to ``EARLY_PASS_BETA`` of power (union bound over the looks), which the full look
 (sized up by :func:`reserve_scale`) makes up: by the union bound the whole procedure keeps the stated power, and
 every record states that net power (:func:`spend_early_pass_power`).
+
+A chi-square test's look is judged on its *futility statistic* (the record's ``futility``, from
+:meth:`properties.stats.FitResult.futility`): Pearson's statistic of the same counts with cells pooled below
+``FUTILITY_MIN_EXPECTED`` (5) instead of ``MIN_EXPECTED`` (20). The test's own pooling exists for the null's upper
+tail at alpha 1e-6; a look that can only pass needs the lower tail under alternatives, where the noncentral
+approximation holds at 5 (``tests/test_early_pass.py`` simulates it), and a law with many small cells no longer loses
+its whole TV budget to pooled mass at the early looks.
 """
 from __future__ import annotations
 
@@ -23,6 +30,10 @@ from .stats import ALPHA, TARGET_POWER, _finite_or_none, _noncentrality_for_powe
 if TYPE_CHECKING:
     from .stats import FitResult
 
+#: A futility statistic's bound is the noncentral quantile at this share of the look's beta: the approximation's margin
+#: at small expected counts (simulated at beta itself, the least favourable laws pass a look with probability up to
+#: 0.96 beta; at half of it they stay below 0.6 beta: ``tests/test_early_pass.py``).
+FUTILITY_BETA_SHARE = 0.5
 #: The power an early-pass look may spend: a law at the stated TV lets a case pass there with probability at most
 #: this (conformance.registry.run_case; the final look is sized up by :func:`reserve_scale` to make up for it).
 EARLY_PASS_BETA = 0.005
@@ -45,35 +56,80 @@ def planned_shift(record: dict, planned_n: float, beta: float = EARLY_PASS_BETA)
 
 
 def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> float | None:
-    """The largest statistic at which a test's ``record`` lets its case pass early, or None (no bound: it cannot).
+    """The largest :func:`futility_statistic` at which a test's ``record`` lets its case pass early, or None (no bound:
+    it cannot); :func:`futility_look` gives both."""
+    look = futility_look(record, beta, planned_n)
+    return None if look is None else look[1]
 
-    Chi-square: every law at TV >= ``t`` exceeds the bound with probability >= ``1 - beta`` at the record's N (the
-    noncentral chi-square with ``4 N (t - pooled_mass)^2`` that :func:`power_against_tv` bounds the power with),
-    capped below the test's own critical value; df >= 1 only. ``t`` is the record's stated ``tv``, or the smaller TV
-    that the full look of ``planned_n`` samples detects with :data:`TARGET_POWER` (an over-powered test keeps its
-    power against the deviations its full look sees). Total (a normal z): the bound on ``|z|`` that a shift of
-    :func:`planned_shift` per trial (the full look's alternative; ``planned_n`` needed) exceeds with probability >=
-    ``1 - beta`` at the record's N. ``beta`` is one look's share of :data:`EARLY_PASS_BETA`."""
+
+def futility_statistic(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> float:
+    """The statistic a look compares with :func:`futility_bound`: ``|z|`` of a total, else the chi-square statistic
+    :func:`futility_look` chose (the test's own, or its futility statistic)."""
+    look = futility_look(record, beta, planned_n)
+    if look is not None:
+        return look[0]
+    return abs(record["statistic"]) if record.get("kind") == "total" else record["statistic"]
+
+
+def futility_look(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> tuple[float, float] | None:
+    """``(statistic, bound)`` of a test's early-pass look: the case may pass there when the statistic is at or below
+    the bound; None when the test has no bound.
+
+    Chi-square: every law at TV >= ``t`` puts the statistic above the bound with probability >= ``1 - beta`` at the
+    record's N (the noncentral chi-square with ``4 N (t - pooled_mass)^2``, as :func:`power_against_tv` bounds the
+    power), capped below the critical value at its df; df >= 1 only. ``t`` is the record's stated ``tv``, or the
+    smaller TV that the full look of ``planned_n`` samples detects with :data:`TARGET_POWER` (an over-powered test
+    keeps its power against the deviations its full look sees). The statistic is the test's own (its pooling) or, when
+    the record has one, its futility statistic (finer pooling, module docstring; quantile at
+    :data:`FUTILITY_BETA_SHARE` of ``beta``): whichever a correct backend passes more often (the null's chi-square
+    probability below each bound, a choice made before the data are seen, so ``beta`` holds either way). Total (a
+    normal z): the bound on ``|z|`` that a shift of :func:`planned_shift` per trial (the full look's alternative;
+    ``planned_n`` needed) exceeds with probability >= ``1 - beta`` at the record's N. ``beta`` is one look's share of
+    :data:`EARLY_PASS_BETA`."""
     if record.get("kind") == "total":
         if planned_n is None or not record.get("n") or not record.get("std"):
             return None
         mean_z = planned_shift(record, planned_n) * record["n"] / record["std"]  # the procedure's alternative, whatever this look's beta
-        return float(min(max(mean_z + stats.norm.ppf(beta), 0.0), stats.norm.isf(record["alpha"] / 2)))
+        bound = float(min(max(mean_z + stats.norm.ppf(beta), 0.0), stats.norm.isf(record["alpha"] / 2)))
+        return abs(record["statistic"]), bound
     if record.get("rare_bin"):  # an exact binomial test of a rare bin: its statistic is not noncentral chi-square
         return None
     if record.get("kind") == "chi_square" and record.get("df") == 0 and record.get("n") and _one_possible_cell(record):
         # it rejects on any draw outside its one cell: a law putting >= tv there escapes n draws w.p. <= (1 - tv)^n
-        return 0.0 if (1.0 - record["tv"]) ** record["n"] <= beta else None
-    if record.get("kind") != "chi_square" or not record.get("df") or record["df"] < 1 or not record.get("n"):
+        return (record["statistic"], 0.0) if (1.0 - record["tv"]) ** record["n"] <= beta else None
+    options = chi_square_futility_options(record, beta, planned_n)
+    if not options:
         return None
-    pooled = record.get("pooled_mass", 0.0)
+    _, statistic, bound = max(options.values(), key=lambda o: o[0])
+    return statistic, bound
+
+
+def chi_square_futility_options(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> dict:
+    """``{"own" | "futility": (null pass probability, statistic, bound)}``: the early-pass bounds of a chi-square
+    test's own statistic and of its futility statistic (:func:`futility_look` takes the first of the larger null pass
+    probability); empty when neither has a bound."""
+    if record.get("kind") != "chi_square" or not record.get("df") or record["df"] < 1 or not record.get("n"):
+        return {}
     tv = record["tv"]
     if planned_n:
-        tv = min(tv, detectable_tv(planned_n, record["df"], record["alpha"], pooled_mass=pooled))
-    lam = 4.0 * record["n"] * max(tv - pooled, 0.0) ** 2
-    if lam <= 0:
-        return None
-    return float(min(stats.ncx2.ppf(beta, record["df"], lam), stats.chi2.isf(record["alpha"], record["df"])))
+        tv = min(tv, detectable_tv(planned_n, record["df"], record["alpha"], pooled_mass=record.get("pooled_mass", 0.0)))
+
+    def bound(df: int, pooled: float, quantile: float) -> float | None:
+        lam = 4.0 * record["n"] * max(tv - pooled, 0.0) ** 2
+        if lam <= 0:
+            return None
+        return float(min(stats.ncx2.ppf(quantile, df, lam), stats.chi2.isf(record["alpha"], df)))
+
+    options = {}
+    own = bound(record["df"], record.get("pooled_mass", 0.0), beta)
+    if own is not None:
+        options["own"] = (float(stats.chi2.cdf(own, record["df"])), record["statistic"], own)
+    fine = record.get("futility")
+    if fine:
+        finer = bound(fine["df"], fine["pooled_mass"], beta * FUTILITY_BETA_SHARE)
+        if finer is not None:
+            options["futility"] = (float(stats.chi2.cdf(finer, fine["df"])), fine["statistic"], finer)
+    return options
 
 
 def _one_possible_cell(record: dict) -> bool:
@@ -109,14 +165,14 @@ def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: fl
         return "ineligible", "no statistical test"
     worst = None
     for i, r in enumerate(records):
-        bound = futility_bound(r, beta, planned_n=r.get("n", 0) * scale)
+        look = futility_look(r, beta, planned_n=r.get("n", 0) * scale)
         fit = fits[i] if fits is not None and i < len(fits) else None
-        if bound is None and _may_bound_later(r, r.get("n", 0) * scale, fit):  # a larger look may have one
+        if look is None and _may_bound_later(r, r.get("n", 0) * scale, fit):  # a larger look may have one
             worst = worst or f"{r['what']}: no futility bound at N = {r['n']} (pooled cells carry the stated TV)"
             continue
-        if bound is None:
+        if look is None:
             return "ineligible", f"{r.get('what')}: no futility bound (a measurement, or one possible cell)"
-        statistic = abs(r["statistic"]) if r.get("kind") == "total" else r["statistic"]
+        statistic, bound = look
         if r.get("impossible") or statistic > bound:
             worst = worst or f"{r['what']}: statistic {statistic:.2f} above the early-pass bound {bound:.2f}"
     if worst:

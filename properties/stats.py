@@ -46,6 +46,11 @@ TARGET_POWER = 0.99
 RECORDED_CELLS = 40
 #: Cells with a smaller expected count are pooled into one.
 MIN_EXPECTED = 20.0
+#: The pooling of an early-pass look's futility statistic (:mod:`properties.early_pass`): the same Pearson statistic
+#: with cells pooled below this expected count. It only ever lets a case *pass* early (never rejects), so it needs the
+#: noncentral approximation's lower tail under alternatives, not the null's extreme upper tail that MIN_EXPECTED
+#: protects; ``tests/test_early_pass.py`` checks that lower tail by simulation.
+FUTILITY_MIN_EXPECTED = 5.0
 #: A test that cannot detect a law this far (in TV, or a rate shift) from the exact one with
 #: :data:`TARGET_POWER` is *inconclusive*: it would pass a backend that moves half the mass.
 INCONCLUSIVE_TV = 0.5
@@ -213,6 +218,19 @@ class FitResult:
         extra = 1 if small.any() and (pooled * n >= self.min_expected or big <= 1) else 0  # big == 1: the rare bin
         return big + extra - 1, pooled
 
+    def futility(self) -> dict | None:
+        """The early-pass look's statistic (:data:`FUTILITY_MIN_EXPECTED` pooling) of the same counts, as
+        ``{statistic, df, pooled_mass, min_expected}``; None for a grouped or rare-bin test, an impossible outcome, or
+        when the finer pooling leaves no degree of freedom."""
+        if self.grouped or self.rare_bin or self.impossible or self.min_expected <= FUTILITY_MIN_EXPECTED or not self.n:
+            return None
+        fine = goodness_of_fit(self.observed, self.expected, what=self.what, labels=self.labels, alpha=self.alpha,
+                               tv=self.tv, min_expected=FUTILITY_MIN_EXPECTED)
+        if fine.rare_bin or fine.df < 1 or (fine.df, fine.pooled_mass) == (self.df, self.pooled_mass):
+            return None
+        return {"statistic": fine.statistic, "df": fine.df, "pooled_mass": fine.pooled_mass,
+                "min_expected": FUTILITY_MIN_EXPECTED}
+
     def power_at(self, n: float, power: float = TARGET_POWER) -> tuple[float, float]:
         """``(power against the stated TV, TV detected with power ``power``)`` of the same test on ``n`` samples."""
         df, pooled = self.pooling_at(n)
@@ -280,6 +298,7 @@ class FitResult:
             "seed": self.seed,
             "kind": "chi_square",
             **({"rare_bin": True} if self.rare_bin else {}),
+            **({"futility": fine} if (fine := self.futility()) else {}),
             **({} if self.passed else {"cells": self.cell_records()}),
         }
 

@@ -191,3 +191,75 @@ def test_a_stream_is_canonical_and_forgets_a_chunk_that_raised():
         streams.draws(memo, "k", 20, start=lambda: np.random.default_rng(5), draw=flaky, chunk=7)
     assert "k" not in memo
     assert streams.draws(memo, "k", 20, start=lambda: np.random.default_rng(5), draw=flaky, chunk=7) == direct[:20]
+
+
+def _futility_counts_statistic(counts: np.ndarray, expected: np.ndarray, n: int, min_expected: float) -> np.ndarray:
+    """Pearson's statistic of each row of ``counts`` with ``goodness_of_fit``'s pooling at ``min_expected`` (laws whose
+    pooled cells carry an expected count >= min_expected together, so no folding)."""
+    e = expected * n
+    small = e < min_expected
+    x = ((counts[:, ~small] - e[~small]) ** 2 / e[~small]).sum(1)
+    if small.any():
+        x = x + (counts[:, small].sum(1) - e[small].sum()) ** 2 / e[small].sum()
+    return x
+
+
+def _visible_alternatives(p: np.ndarray, unpooled: np.ndarray, v: float, rng) -> dict:
+    """Laws that move ``v`` of mass among the unpooled cells (the pooled cells untouched: the part of the stated TV a
+    law may hide inside them is granted in full), in shapes that stress the lower tail differently."""
+    cells = np.flatnonzero(unpooled)
+    out = {}
+
+    def moved(up, down):
+        q = p.copy()
+        q[up] += p[up] / p[up].sum() * v
+        q[down] -= p[down] / p[down].sum() * v
+        return q if (q >= 0).all() else None
+
+    for share in (0.5, 0.25):  # the noncentrality-minimising split (1/2) and a lopsided one
+        order = rng.permutation(cells)
+        up = order[np.cumsum(p[order]) <= share * p[cells].sum()]
+        out[f"split {share}"] = moved(up, np.setdiff1d(cells, up))
+    by_size = cells[np.argsort(p[cells])]
+    up = by_size[: np.searchsorted(np.cumsum(p[by_size]), 2 * v) + 1]  # the smallest unpooled cells, doubled or so
+    out["smallest cells up"] = moved(up, np.setdiff1d(cells, up))
+    return {k: q for k, q in out.items() if q is not None}
+
+
+@pytest.mark.parametrize("law_name", ["medusa_tree", "min_new_tokens"])
+def test_the_futility_statistic_keeps_every_look_beta_under_alternatives(law_name):
+    """The early-pass rule's guarantee for the futility statistic (cells pooled below 5, not 20): a law whose visible
+    part is the stated TV less the futility pooling's mass (the most a law can hide in pooled cells) passes a look
+    with probability <= beta (EARLY_PASS_BETA / looks), simulated at every ci look on two of the suite's many-cell
+    laws: the Medusa trees' 64-cell law (TV 0.1) and the batch law with min_new_tokens (about 190 cells, TV 0.03)."""
+    from properties.early_pass import chi_square_futility_options
+    from properties.stats import FUTILITY_MIN_EXPECTED
+
+    if law_name == "medusa_tree":
+        from conformance.tree_proposer_checks import TREE_LAW_TV as tv, _tree_law as law_of
+        law, n_full, reps = law_of(), 6365, 60_000
+    else:
+        from conformance.batch_checks import BATCH_SEQUENCE_TV as tv, history_law
+
+        law, n_full, reps = history_law("min_new_tokens"), 92965, 12_000
+    p = np.array([x for x in law.values() if x > 0], dtype=np.float64)
+    p /= p.sum()
+    beta = EARLY_PASS_BETA / len(LOOKS)
+    rng = np.random.default_rng(20261205)
+    worst = {}
+    for fraction in LOOKS:
+        n = math.ceil(n_full * reserve_scale() * fraction)
+        fit = goodness_of_fit(rng.multinomial(n, p), p, what=law_name, labels=[str(i) for i in range(len(p))], tv=tv)
+        record = fit.as_record()
+        fine = record["futility"]
+        option = chi_square_futility_options(record, beta, planned_n=n * reserve_scale() / fraction).get("futility")
+        if option is None:
+            continue
+        bound = option[2]
+        unpooled = p * n >= FUTILITY_MIN_EXPECTED
+        v = record["tv"] - fine["pooled_mass"]
+        for shape, q in _visible_alternatives(p, unpooled, v, rng).items():
+            x = _futility_counts_statistic(rng.multinomial(n, q, size=reps), p, n, FUTILITY_MIN_EXPECTED)
+            worst[(fraction, shape)] = float(np.mean(x <= bound))
+    assert len(worst) >= 8, worst
+    assert max(worst.values()) <= beta, {k: v for k, v in worst.items() if v > beta / 2}
