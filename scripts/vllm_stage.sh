@@ -12,8 +12,8 @@
 #    (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED; at the
 #    dev profile here for CI time, the ci-profile runs are in docs/vllm-verdict.md);
 # 4. engine level: the black-box matrix (the shared runner, `python -m conformance.engines vllm`) unpatched, with
-#    --patch A, and the EAGLE / EAGLE-3 / Medusa heads with --patch A,C, each checked against
-#    conformance/engines/expected/vllm-0.32.0.json (--check-expected).
+#    --patch A, and the EAGLE (argmax and probabilistic drafts) / EAGLE-3 / Medusa heads with --patch A,C, each
+#    checked against conformance/engines/expected/vllm-0.32.0.json (--check-expected).
 # The stage fails when our tooling errors or a verdict differs from the recorded one -- never because vLLM is
 # NOT CERTIFIED where that is what is recorded. A missing engine is a failure, never a skip.
 set -euo pipefail
@@ -31,7 +31,7 @@ PY="$REPO/.venv-vllm/bin/python"
 step "engine tests (vLLM $("$PY" -c 'import vllm; print(vllm.__version__)'), transformers $("$PY" -c 'import transformers; print(transformers.__version__)'))"
 # test_vllm_engine.py runs after the matrices, on their outputs (SPECDEC_VLLM_ENGINE_RUNS): vLLM runs once
 "$PY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
-    engine_tests/test_vllm_heads.py \
+    engine_tests/test_vllm_heads.py engine_tests/test_vllm_seeds.py \
     -q -p no:cacheprovider -n 2 --dist loadgroup  # the other engines' tests run in their own stages and venvs; two
     # workers, one dtype's exactly-known engines each (424 s -> 300 s measured, quiet machine)
 "$PY" -m pytest tests/test_exact_models.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py tests/test_forward.py -q -p no:cacheprovider -n 2
@@ -72,10 +72,10 @@ step "engine level: the black-box matrix with the defect-A patch"
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-A" --patch A --check-expected --jobs 2 \
     --configs draft-prob,draft-greedy,block,ngram
 
-step "engine level: the EAGLE, EAGLE-3 and Medusa heads with defects A and C patched"
+step "engine level: the EAGLE (argmax and sampled drafts), EAGLE-3 and Medusa heads with defects A and C patched"
 # unpatched they ran above (every configuration); the rounds rebuilt from the completions must equal the counters
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-AC" --patch A,C --check-expected --jobs 2 \
-    --configs eagle,medusa,eagle3
+    --configs eagle,medusa,eagle3,eagle-prob
 
 step "engine tests on the matrices' outputs"
 SPECDEC_VLLM_ENGINE_RUNS="$OUT" "$PY" -m pytest engine_tests/test_vllm_engine.py -q -p no:cacheprovider

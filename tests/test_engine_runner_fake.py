@@ -21,7 +21,7 @@ SCALE = "0.05"  # 1 000 completions per sampling case: CERTIFIED AT REDUCED POWE
 def fake_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fake")
     rc = runner.main(["fixtures.engines:FAKE", "--out", str(out), "--scale", SCALE,
-                      "--configs", "control,spec,spec-few,silent,biased,crash,refuse"])
+                      "--configs", "control,spec,spec-few,silent,biased,crash,refuse,global-rng"])
     return rc, json.loads((out / "verdicts.json").read_text()), out
 
 
@@ -63,6 +63,42 @@ def test_a_wrong_law_fails_the_law_and_the_per_seed_identity(fake_run):
     from conformance.engines.report import expectation_entries
 
     assert expectation_entries(results)["biased"]["identity:warp"] == "fail"
+
+
+def test_seeds_that_do_not_fix_the_output_are_named(fake_run):
+    """The per-request seed probe: an exact engine's seeded requests give the same completions in another batch (no
+    entry in the expectations); one whose seeded requests also draw from its global generator keeps the exact law and
+    is named, with the first seed and position that differ."""
+    _, results, out = fake_run
+    assert results["configs"]["spec"]["cases"]["warp"]["seeds"]["passed"] is True
+    assert "seeds" not in results["configs"]["spec"]["cases"]["temperature"]  # unseeded: nothing to probe
+    c = results["configs"]["global-rng"]["cases"]["warp"]
+    assert c["level"] in ("certified", "reduced") and c["seeds"]["passed"] is False
+    assert c["seeds"]["text"].startswith("SEEDS NOT HONOURED: ") and "first: seed" in c["seeds"]["text"]
+    from conformance.engines.report import expectation_entries
+
+    entries = expectation_entries(results)
+    assert entries["global-rng"]["seeds:warp"] == "fail" and "seeds:warp" not in entries["spec"]
+    assert "global-rng / warp, seeds: SEEDS NOT HONOURED" in (out / "verdicts.md").read_text()
+
+
+def test_the_seed_probe_batch_reverses_the_first_seeded_requests_beside_unseeded_ones():
+    from conformance.engines.adapter import Request
+    from conformance.engines.seeds import PROBE_FILLERS, PROBE_N, compare, probe_requests
+    from specdec_ref.warp import SamplingConfig
+
+    s = SamplingConfig(temperature=1.0)
+    items = [Request("a" if i % 2 else "b", (1,), s, 3, False, 7, None if i % 5 == 0 else 100 + i) for i in range(200)]
+    batch, picked = probe_requests(items)
+    assert len(picked) == 2 * PROBE_N and picked == sorted(picked, reverse=True)
+    assert [r.seed for r in batch[: len(picked)]] == [items[i].seed for i in picked]
+    assert len(batch) == len(picked) + PROBE_FILLERS and all(r.seed is None for r in batch[len(picked):])
+    outs = [{"completion_ids": [i, i]} for i in range(len(items))]
+    again = [{"completion_ids": [i, i]} for i in picked]
+    assert compare("a", items, outs, again, picked) == {"compared": PROBE_N, "differing": 0}
+    again[0] = {"completion_ids": [picked[0], -1]}
+    record = compare(items[picked[0]].case, items, outs, again, picked)
+    assert record["differing"] == 1 and record["first"]["position"] == 2 and record["first"]["seed"] == items[picked[0]].seed
 
 
 def test_crashes_and_refusals_are_named(fake_run):

@@ -6,8 +6,8 @@ only when that engine is chosen: ``import conformance.engines`` never imports an
 (:mod:`conformance.engines.runner`, ``python -m conformance.engines ENGINE --out DIR``) does everything else: a
 worker process per configuration and target family with a timeout, the matrix of cases
 (:mod:`conformance.engines.matrix`), certification with ``certify_samples``, localisation, efficiency against the
-declared scheme's exact expectation, the per-seed identity and "did it speculate" checks, the expectation file per
-engine version (``conformance/engines/expected/<name>-<version>.json``), the verdict table and replays.
+declared scheme's exact expectation, the per-seed identity, per-request seed and "did it speculate" checks, the
+expectation file per engine version (``conformance/engines/expected/<name>-<version>.json``), the verdict table and replays.
 
 An adapter declares, as data:
 
@@ -156,6 +156,10 @@ class EngineAdapter:
     #: CPU flags (as ``/proc/cpuinfo`` spells them) whose presence changes what this engine version does (a wheel that
     #: executes an instruction without checking for it): its expectations are recorded per combination of them.
     cpu_features: tuple[str, ...] = ()
+    #: Run the per-request seed probe (:mod:`conformance.engines.seeds`) where the conventions declare ``per_request``
+    #: seeds. On for the adapters whose stage has been re-run with it; a failing probe is a new outcome for an engine's
+    #: expectation file, so an adapter turns it on when its expectations are re-recorded.
+    seed_probe: bool = False
 
     # ------------------------------------------------------------------ data
     def config(self, name: str) -> Configuration:

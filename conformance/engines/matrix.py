@@ -119,7 +119,9 @@ class Configuration:
     tested at the reduced power it has); ``proposer``: the exact law of the configuration's argmax drafts
     (:func:`conformance.engines.rounds.proposal_law`: ``draft``, ``exact-eagle``, ``exact-medusa:H``, ``exact-eagle3``,
     ``ngram:MIN:MAX``): its rounds are rebuilt from the efficiency set's completions and compared with the engine's
-    counters, and (other than ``draft``) its efficiency expectation is the exact one given those rounds."""
+    counters, and (other than ``draft``) its efficiency expectation is the exact one given those rounds;
+    ``efficiency``: False where no exact efficiency expectation is stated (a proposer whose sampled drafts' law the
+    efficiency module does not have): the counters are reported without a verdict."""
 
     name: str
     method: str | None
@@ -132,6 +134,7 @@ class Configuration:
     k: int | None = None
     scale: float = 1.0
     proposer: str | None = None
+    efficiency: bool = True
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:

@@ -30,7 +30,10 @@ def patch_key(patch: str) -> str:
 
 def expectation_entries(results: dict) -> dict:
     """``{config: {case: level}}`` (plus ``efficiency``, ``rounds`` where a configuration declares its argmax proposer,
-    and ``identity:<case>`` where it claims per-seed identity) from a run's ``verdicts.json`` data."""
+    and ``identity:<case>`` where it claims per-seed identity; ``seeds:<case>`` where the per-request seed probe failed
+    on a case whose law passed: a passing probe adds no entry, so expectations recorded before the probe stay valid,
+    and a case whose law failed adds none either, so its entry does not depend on whether a nondeterministic failure
+    crashed before the probe) from a run's ``verdicts.json`` data."""
     out = {}
     for cfg, r in results["configs"].items():
         row = {case: c["level"] for case, c in r["cases"].items()}
@@ -42,6 +45,8 @@ def expectation_entries(results: dict) -> dict:
         for case, c in r["cases"].items():
             if (c.get("identity") or {}).get("passed") is not None:
                 row[f"identity:{case}"] = "pass" if c["identity"]["passed"] else "fail"
+            if (c.get("seeds") or {}).get("passed") is False and c["level"] in ("certified", "reduced"):
+                row[f"seeds:{case}"] = "fail"
         out[cfg] = row
     return out
 
@@ -108,14 +113,14 @@ def markdown(results: dict) -> str:
         for case, c in r["cases"].items():
             power = "-" if c.get("power") is None else f"{c['power']:.3f} / {_fmt(c.get('detects'))}"
             verdict = c.get("headline") or c["level"]
-            for what in ("explained", "identity", "speculation"):
+            for what in ("explained", "identity", "seeds", "speculation"):
                 x = c.get(what)
-                if x and not (what == "speculation" and x.get("passed")):  # a speculation that happened is no news
+                if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news
                     notes.append(f"* {cfg} / {case}, {what}: {x if isinstance(x, str) else x.get('text')}")
             lines.append(f"| {cfg} | {case} | {c.get('prompt', '')} | {c.get('settings', '')} | {c.get('n', '-')} | "
                          f"{power} | {verdict} | {c.get('departure') or '-'} | {acc} |")
     if notes:
-        lines += ["", "## Per case: tie conventions, per-seed identity, speculation", ""] + notes
+        lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation", ""] + notes
     if any(r.get("efficiency") for r in results["configs"].values()):
         lines += ["", "## Efficiency (the engine's counters vs the exact expectation of the configured scheme)", "",
                   "| configuration | scheme | drafts (exact E) | per position: observed / exact (z) | verdict |",

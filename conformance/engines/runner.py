@@ -21,6 +21,8 @@ then, the same for every engine:
   completions and compares them with the engine's counters, exactly (:mod:`conformance.engines.rounds`);
 * checks per-seed identity where a configuration claims it (``identical_to``): request by request, naming the
   first request and position that differ;
+* where the engine declares per-request seeds (and its adapter runs the probe), checks that seeded requests give the
+  same completions in another batch (:mod:`conformance.engines.seeds`);
 * writes ``DIR/verdicts.json``, ``DIR/verdicts.md`` and, per failing case, a replay (the adapter's standalone
   script, else the command that reruns the one case), and with ``--check-expected`` exits 1 when an outcome differs
   from ``conformance/engines/expected/<engine>-<version>.json`` (or our tooling errored), 0 when the engine fails
@@ -296,7 +298,8 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     k = ad.k_of(cfg)
     rates = cfg.options.get("synthetic_acceptance_rates") if cfg.scheme == "synthetic" else None
     exp = None
-    if cfg.scheme in ("token", "one_hot", "block", "sample_match") and (cfg.proposer or "draft") == "draft":
+    if cfg.scheme in ("token", "one_hot", "block", "sample_match") and (cfg.proposer or "draft") == "draft" \
+            and cfg.efficiency:
         exp = expectation_for(ad.families[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, k,
                               tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens,
                               prefill=ad.conventions.first_token_at_prefill)
@@ -337,7 +340,13 @@ def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, engine: str | No
 
 
 def _apply_checks(cfg, case, state: dict, c: dict) -> None:
-    spec = speculation_check(cfg, case, state["cases"].get(case.name, {}))
+    from .seeds import seed_check
+
+    info = state["cases"].get(case.name, {})
+    probe = info.get("seed_probe")
+    if probe is not None:
+        c["seeds"] = seed_check(probe) if "error" not in probe else {"passed": False, "text": f"seed probe: {probe['error']}"}
+    spec = speculation_check(cfg, case, info)
     if spec is not None:
         c["speculation"] = spec
         if spec["passed"] is False:
@@ -402,7 +411,8 @@ def run(args) -> dict:
             entry["cases"][case.name] = c
             print(f"    {case.name:14s} N={c['n']:6d} {c['headline'][:110]}" +
                   (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
-                  (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else ""), flush=True)
+                  (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else "") +
+                  (f"  [{c['seeds']['text'][:160]}]" if (c.get("seeds") or {}).get("passed") is False else ""), flush=True)
         entry["efficiency"] = efficiency_of(ad, cfg, state)
         rounds = rounds_of(ad, cfg, state)  # argmax drafts: the rounds rebuilt from the completions vs the counters
         if rounds is not None:

@@ -55,7 +55,8 @@ def _acceptance_cell(eff: dict | None) -> str:
 def _findings(cfg: str, cases: dict) -> list[str]:
     out = []
     for name, c in cases.items():
-        if c["level"] in PASSING and not c.get("explained") and (c.get("identity") or {}).get("passed") is not False:
+        if c["level"] in PASSING and not c.get("explained") and (c.get("identity") or {}).get("passed") is not False \
+                and (c.get("seeds") or {}).get("passed") is not False:
             continue
         if c["level"] in ("inconclusive", "not_run"):  # counted in the verdicts cell; not_run follows a named failure
             continue
@@ -66,6 +67,8 @@ def _findings(cfg: str, cases: dict) -> list[str]:
             bits.append(c["explained"])
         if (c.get("identity") or {}).get("passed") is False:
             bits.append(c["identity"]["text"][:140])
+        if (c.get("seeds") or {}).get("passed") is False:
+            bits.append(c["seeds"]["text"][:200])
         if c.get("replay_command"):
             bits.append(f"replay: `{c['replay_command']}`")
         out.append("; ".join(bits))

@@ -58,6 +58,10 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="EAGLE-1 drafter: the exactly-known head on the order-1 target, argmax drafts (one-hot)"),
     Configuration("medusa", "medusa", {"head": "medusa"}, "one_hot", cases=HEAD_CASES, proposer="exact-medusa:3",
                   note="Medusa: the exactly-known heads on the order-1 target, argmax drafts (one-hot)"),
+    Configuration("eagle-prob", "eagle", {"head": "eagle", "draft_sample_method": "probabilistic"}, "token",
+                  cases=HEAD_CASES, efficiency=False,
+                  note="EAGLE-1 drafter sampling its drafts from softmax(head / T) (probabilistic drafts); standard "
+                       "rejection sampling"),
     Configuration("eagle3", "eagle3", {"head": "eagle3", "target_layers": 3}, "one_hot", cases=HEAD_CASES,
                   proposer="exact-eagle3",
                   note="EAGLE-3 drafter: the exactly-known head on the 3-layer deep target of the order-1 table (vLLM's "
@@ -252,6 +256,7 @@ ADAPTER = VLLMAdapter(
     max_model_len=ENGINE_ARGS["max_model_len"],
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
+    seed_probe=True,
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
              "B": "top-k-only path calls k.max() on an empty batch",
              "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel"},

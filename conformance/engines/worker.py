@@ -222,7 +222,29 @@ class Worker:
                                            "call_counters": counters,
                                            "case_counters": _per_request_sums(per_case[c.name])}
         self.save()
+        if self.adapter.seed_probe and self.adapter.conventions.seeds == "per_request":
+            self.seed_probe(session, group, items, outs)
         return True
+
+    def seed_probe(self, session, group, items, outs) -> None:
+        """The per-request seed probe (:mod:`conformance.engines.seeds`), after the batch and its counters."""
+        from .seeds import compare, probe_requests
+
+        batch, picked = probe_requests(items)
+        if not batch:
+            return
+        try:
+            again = session.generate(batch)
+        except Exception as exc:  # noqa: BLE001 - the probe's own batch crashed: recorded on the cases
+            for c in group:
+                self.state["cases"][c.name]["seed_probe"] = {"error": error_text(exc)}
+            self.save()
+            return
+        for c in group:
+            record = compare(c.name, items, outs, again[: len(picked)], picked)
+            if record is not None:
+                self.state["cases"][c.name]["seed_probe"] = record
+        self.save()
 
 
 def _per_request_sums(records) -> dict | None:

@@ -1,0 +1,71 @@
+"""The per-request seed probe: an engine that declares ``per_request`` seeds must give a seeded request the same
+completion whatever else is in its batch.
+
+The worker generates each case's batch as usual; then it generates again the first :data:`PROBE_N` seeded requests
+of every case in that batch, in reverse order and beside :data:`PROBE_FILLERS` unseeded requests of the same cases
+(another batch composition, and other draws from any global generator). Each probed request must give the same
+completion, token for token. A departure names the first seed and position that differ and how many of the probed
+requests differ.
+
+The bug class: a sampling step that draws from a global or per-batch generator instead of the request's own, so that
+a seeded request's output depends on its neighbours and on the requests before it. The law of the outputs stays
+exact, so no distribution test can see it. In speculative decoding the drafts are the usual place: a draft sampled
+from the global generator changes the emitted tokens through the verifier's coupling, even when the verifier draws
+from the request's generator. Found in vLLM 0.32.0 with ``draft_sample_method="probabilistic"`` (docs/engines.md).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+__all__ = ["PROBE_N", "PROBE_FILLERS", "probe_requests", "compare", "seed_check"]
+
+#: Seeded requests per case generated a second time.
+PROBE_N = 32
+#: Unseeded requests beside them in the probe's batch.
+PROBE_FILLERS = 32
+
+
+def probe_requests(items) -> tuple[list, list[int]]:
+    """``(the probe batch, the indices in items of its probed requests)``: per case the first :data:`PROBE_N` seeded
+    requests of ``items`` (the case's batch, in its order), all of them reversed, then :data:`PROBE_FILLERS` unseeded
+    copies of requests of those cases."""
+    picked, per_case = [], {}
+    for i, r in enumerate(items):
+        if r.seed is not None and per_case.get(r.case, 0) < PROBE_N:
+            per_case[r.case] = per_case.get(r.case, 0) + 1
+            picked.append(i)
+    picked.reverse()
+    if not picked:
+        return [], []
+    fillers = [replace(items[picked[j % len(picked)]], seed=None) for j in range(PROBE_FILLERS)]
+    return [items[i] for i in picked] + fillers, picked
+
+
+def compare(case: str, items, outs, probe_outs, picked) -> dict | None:
+    """The probe's record for ``case``: ``{compared, differing, first}`` (``first``: seed, 1-based position, both
+    completions), or None when the case had no seeded request in the probe."""
+    pairs = [(items[i].seed, outs[i]["completion_ids"], again["completion_ids"])
+             for i, again in zip(picked, probe_outs) if items[i].case == case]
+    if not pairs:
+        return None
+    differing = [(seed, a, b) for seed, a, b in pairs if list(a) != list(b)]
+    out = {"compared": len(pairs), "differing": len(differing)}
+    if differing:
+        seed, a, b = differing[0]
+        pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        out["first"] = {"seed": seed, "position": pos + 1, "batch": [int(t) for t in a], "again": [int(t) for t in b]}
+    return out
+
+
+def seed_check(probe: dict | None) -> dict | None:
+    """The runner's check of a case's probe record: ``{passed, text}``."""
+    if not probe:
+        return None
+    if not probe["differing"]:
+        return {"passed": True, "compared": probe["compared"],
+                "text": f"every one of {probe['compared']} seeded requests gave the same completion in another batch"}
+    f = probe["first"]
+    return {"passed": False, "compared": probe["compared"], "differing": probe["differing"],
+            "text": f"SEEDS NOT HONOURED: {probe['differing']} of {probe['compared']} seeded requests gave another "
+                    f"completion when generated again in another batch (first: seed {f['seed']}, position "
+                    f"{f['position']}: {f['batch']} vs {f['again']})"}
