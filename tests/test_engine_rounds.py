@@ -263,3 +263,23 @@ def test_eagle3_rounds_match_their_law_and_a_late_feature_is_named():
     records, counters = _simulate(EAGLE3, late, 200, seed=2)
     out = R.check_rounds(EAGLE3, records, 3, prefill=True, counters=counters)
     assert out["passed"] is False and "request " in out["problems"][0], out["text"]
+
+
+def test_sampled_rounds_are_placed_from_the_engines_per_request_rounds():
+    """Sampled drafts: the engine's per-request rounds place each round in its completion (the first after the prompt
+    and the prefill token, each emitting accepted + 1 tokens, a round with nothing drafted a plain step); rounds that do
+    not fit the completion are named."""
+    from conformance.engines.rounds import engine_rounds
+
+    rec = {"prompt_ids": [5, 0], "completion_ids": [1, 2, 3, 4, 5, 6, 7], "rounds": [[3, 1], [0, 0], [3, 3]]}
+    rounds, problem = engine_rounds([rec], prefill=True)
+    assert problem is None
+    assert [(r.start, r.accepted, len(r.drafts), r.censored) for r in rounds] == [(3, 1, 3, False), (6, 3, 3, False)]
+    cut, problem = engine_rounds([dict(rec, completion_ids=[1, 2, 3, 4, 5], rounds=[[3, 1], [3, 3]])], prefill=True)
+    assert problem is None and [(r.start, r.censored) for r in cut] == [(3, False), (5, True)]  # 3 accepted, 2 visible
+    _, problem = engine_rounds([dict(rec, rounds=[[3, 0]])], prefill=True)
+    assert problem and "end at token 4 of a text of 9" in problem
+    _, problem = engine_rounds([dict(rec, rounds=[[3, 3], [3, 3], [3, 0]])], prefill=True)
+    assert problem and "round 3 of 3 starts at 11" in problem
+    _, problem = engine_rounds([{k: v for k, v in rec.items() if k != "rounds"}], prefill=True)
+    assert problem and "no per-request rounds" in problem

@@ -120,8 +120,10 @@ class Configuration:
     (:func:`conformance.engines.rounds.proposal_law`: ``draft``, ``exact-eagle``, ``exact-medusa:H``, ``exact-eagle3``,
     ``ngram:MIN:MAX``): its rounds are rebuilt from the efficiency set's completions and compared with the engine's
     counters, and (other than ``draft``) its efficiency expectation is the exact one given those rounds;
-    ``efficiency``: False where no exact efficiency expectation is stated (a proposer whose sampled drafts' law the
-    efficiency module does not have): the counters are reported without a verdict."""
+    ``sampled_proposer``: the exact law a ``token``-scheme configuration samples its drafts from (the same names as
+    ``proposer``): the engine's per-request rounds place every round in its completion, and the acceptance per
+    position is tested against the exact expectation given those rounds' texts
+    (:func:`conformance.engines.rounds.sampled_rounds_of`)."""
 
     name: str
     method: str | None
@@ -134,7 +136,7 @@ class Configuration:
     k: int | None = None
     scale: float = 1.0
     proposer: str | None = None
-    efficiency: bool = True
+    sampled_proposer: str | None = None
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:
@@ -145,6 +147,9 @@ class Configuration:
             raise ValueError(f"configuration {self.name!r}: a scheme or a proposer needs a speculative method")
         if self.proposer is not None and self.scheme != "one_hot":
             raise ValueError(f"configuration {self.name!r}: a declared proposer drafts its argmax (scheme one_hot)")
+        if self.sampled_proposer is not None and (self.scheme != "token" or self.proposer is not None):
+            raise ValueError(f"configuration {self.name!r}: a sampled proposer is judged token-wise (scheme token, no "
+                             f"argmax proposer)")
 
     @property
     def speculative(self) -> bool:

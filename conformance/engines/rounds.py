@@ -18,6 +18,10 @@ before the completion is cut, so the last round of a request is *censored* when 
 rejected: its accepted count is then only bounded, ``[visible, drafts]`` (greedy requests: settled by the target's
 argmax chain). The totals must lie within the bounds and equal them where no round is censored.
 
+Sampled drafts cannot be rebuilt from a completion, but an engine that reports each request's rounds places them in
+it (:func:`engine_rounds`: a round that accepts ``m`` drafts emits ``m + 1`` tokens), which is all the conditional
+expectation needs (:func:`sampled_rounds_of`, a configuration's ``sampled_proposer``).
+
 :func:`conditional_acceptance` is the statistical half: given every reconstructed round's text, the engine's
 ``accepted_per_pos[i]`` has the exact mean ``sum_rounds P(m >= i | text)``
 (:func:`properties.proposals.round_acceptance` under the declared scheme) and, the rounds being a martingale
@@ -35,7 +39,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 __all__ = ["DraftArgmaxLaw", "Round", "proposal_law", "argmax_drafts", "reconstruct", "check_rounds",
-           "conditional_acceptance", "rounds_of", "TOLERANCE_SE", "greedy_next"]
+           "conditional_acceptance", "rounds_of", "engine_rounds", "sampled_rounds_of", "TOLERANCE_SE", "greedy_next"]
 
 TOLERANCE_SE = 5.0
 
@@ -342,3 +346,67 @@ def rounds_of(ad, cfg, state: dict) -> dict | None:
             e["drafts"] = eff.get("drafts")
         out["efficiency"] = e
     return out
+
+
+def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round], str | None]:
+    """The rounds an engine reports per request (``rec["rounds"] = [[drafted, accepted], ...]``) placed in each
+    completion: the first starts after the prompt (and the first token when ``prefill``), each emits ``accepted + 1``
+    tokens; a round with nothing drafted is a plain step (one token, no round). ``(rounds, problem)``: ``problem``
+    names the first request whose rounds do not fit its completion (a round starting past its end, or rounds that end
+    before it), else None. Drafts are unknown (sampled): ``drafts`` holds ``drafted`` placeholders (-1)."""
+    rounds: list[Round] = []
+    for i, rec in enumerate(records):
+        text = list(rec["prompt_ids"]) + list(rec["completion_ids"])
+        start = len(rec["prompt_ids"]) + (1 if prefill else 0)
+        reported = rec.get("rounds")
+        if reported is None:
+            return rounds, f"request {i} (prompt {list(rec['prompt_ids'])}) has no per-request rounds"
+        for j, (drafted, accepted) in enumerate(reported):
+            if start >= len(text):
+                return rounds, (f"request {i} (prompt {list(rec['prompt_ids'])}): round {j + 1} of {len(reported)} starts at "
+                                f"{start}, past its text of {len(text)} tokens")
+            if drafted:
+                visible = min(accepted, len(text) - start)
+                rounds.append(Round(i, start, (-1,) * int(drafted), int(accepted), censored=start + accepted >= len(text)
+                                    and visible < accepted))
+            start += int(accepted) + 1
+        if start < len(text):
+            return rounds, (f"request {i} (prompt {list(rec['prompt_ids'])}): its rounds end at token {start} of a text of "
+                            f"{len(text)} (prompt and completion)")
+    return rounds, None
+
+
+def sampled_rounds_of(ad, cfg, state: dict) -> dict | None:
+    """The runner's half for a configuration that declares a ``sampled_proposer``: the efficiency set's rounds as the
+    engine reports them (:func:`engine_rounds`), their totals against its counters, and the acceptance per position
+    against the exact expectation given the rounds' texts, the proposer's law sampled under the efficiency set's
+    settings (:func:`conditional_acceptance`). None when there is nothing to place."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from specdec_ref.exact_models import exact_pair
+
+    from .matrix import EFFICIENCY
+
+    eff = state.get("efficiency")
+    if cfg.sampled_proposer is None or not eff or eff.get("status") != "ok" or not eff.get("file"):
+        return None
+    records = [json.loads(line) for line in Path(eff["file"]).read_text().splitlines()]
+    pair_name = ad.families[EFFICIENCY.family]
+    law = replace(proposal_law(cfg.sampled_proposer, pair_name), sample=True)
+    k = ad.k_of(cfg)
+    rounds, problem = engine_rounds(records, prefill=ad.conventions.first_token_at_prefill)
+    base = {"scheme": cfg.scheme, "n_requests": eff["n"], "seconds": eff.get("seconds"),
+            "counters_source": eff.get("counters_source"), "proposer": f"sampled {cfg.sampled_proposer}"}
+    if problem:
+        return {**base, "passed": False, "verdict": f"FAILS: the engine's per-request rounds {problem}"}
+    per_pos = eff.get("accepted_per_pos")
+    mine = {"drafts": len(rounds), "draft_tokens": sum(len(r.drafts) for r in rounds),
+            "accepted": sum(r.accepted for r in rounds)}
+    differ = [f"{key} {eff.get(key)} counted, {mine[key]} in the per-request rounds" for key in mine
+              if eff.get(key) is not None and int(eff[key]) != mine[key]]
+    if differ:
+        return {**base, "passed": False, "verdict": "FAILS: the counters differ from the per-request rounds: " + "; ".join(differ)}
+    e = conditional_acceptance(exact_pair(pair_name).target.name, law, records, rounds, EFFICIENCY.sampling, k, per_pos)
+    return {**e, **base, "draft_tokens": mine["draft_tokens"], "accepted": mine["accepted"]}

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .matrix import EFFICIENCY
-from .rounds import rounds_of
+from .rounds import rounds_of, sampled_rounds_of
 from .report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
     patch_key, write_json
 
@@ -299,7 +299,7 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     rates = cfg.options.get("synthetic_acceptance_rates") if cfg.scheme == "synthetic" else None
     exp = None
     if cfg.scheme in ("token", "one_hot", "block", "sample_match") and (cfg.proposer or "draft") == "draft" \
-            and cfg.efficiency:
+            and cfg.sampled_proposer is None:
         exp = expectation_for(ad.families[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, k,
                               tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens,
                               prefill=ad.conventions.first_token_at_prefill)
@@ -419,6 +419,9 @@ def run(args) -> dict:
             entry["rounds"] = rounds["check"]
             entry["efficiency"] = rounds["efficiency"] or entry["efficiency"]
             print(f"    rounds: {rounds['check']['text'][:300]}", flush=True)
+        sampled = sampled_rounds_of(ad, cfg, state)  # sampled drafts: acceptance given the engine's own rounds
+        if sampled is not None:
+            entry["efficiency"] = sampled
         if entry["efficiency"]:
             print(f"    efficiency: {entry['efficiency']['verdict']}", flush=True)
         results["configs"][n] = entry

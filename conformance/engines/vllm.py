@@ -59,7 +59,7 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("medusa", "medusa", {"head": "medusa"}, "one_hot", cases=HEAD_CASES, proposer="exact-medusa:3",
                   note="Medusa: the exactly-known heads on the order-1 target, argmax drafts (one-hot)"),
     Configuration("eagle-prob", "eagle", {"head": "eagle", "draft_sample_method": "probabilistic"}, "token",
-                  cases=HEAD_CASES, efficiency=False,
+                  cases=HEAD_CASES, sampled_proposer="exact-eagle",
                   note="EAGLE-1 drafter sampling its drafts from softmax(head / T) (probabilistic drafts); standard "
                        "rejection sampling"),
     Configuration("eagle3", "eagle3", {"head": "eagle3", "target_layers": 3}, "one_hot", cases=HEAD_CASES,
@@ -171,7 +171,7 @@ class VLLMSession:
         from vllm import LLM
 
         self.cfg = cfg
-        extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer else {}  # each request's rounds
+        extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer or cfg.sampled_proposer else {}
         self.llm = LLM(model=target_path(cfg, pair),
                        speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
                        **ENGINE_ARGS, **extra)
