@@ -326,7 +326,7 @@ class TreeSpeculativeDecoder:
             untruncated = [x for x in row if x >= 0][: max_new_tokens - len(result.tokens)]  # accepted path, final token
             emitted, hit_eos = _truncate(untruncated, eos_id)
             kept = self.kept_in_cache(emitted, untruncated)
-            result.draft_calls += drafter.repair(start, kept, levels == 0, path[: kept - 1], slots, path_tokens)
+            result.draft_calls += drafter.repair(start, kept, levels == 0, path[: kept - 1], slots, path_tokens, emitted)
             committed += len(emitted)
             result.tokens.extend(emitted)
             pending = path_tokens[:, len(emitted) - 1 : len(emitted)]
@@ -356,8 +356,10 @@ class DraftModelTrees:
     def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
         return self.decoder.grow(self.view, pending, levels, width, sampling, generator)
 
-    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
-        """Both caches hold the committed text but the pending token; returns the draft calls (the plain step's one)."""
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens,
+               emitted: list[int]) -> int:
+        """Both caches hold the committed text but the pending token; returns the draft calls (the plain step's one).
+        ``emitted``: the round's committed tokens (host ints; a drafter that reads them needs no device read)."""
         if plain:
             self.target_cache.commit(start + kept)
             self.view.commit(start + kept)

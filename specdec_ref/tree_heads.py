@@ -113,7 +113,8 @@ class MedusaTrees:
     def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
         return grow_medusa_tree(self.decoder, self.proposer, self.feature, levels, width, sampling, generator)
 
-    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens,
+               emitted: list[int]) -> int:
         """The target's cache keeps the pending token and the kept path (compaction); the next feature is the target's
         at the last kept position (:meth:`~specdec_ref.tree_decode.TreeSpeculativeDecoder.head_feature`). No drafter
         call."""
@@ -207,9 +208,11 @@ class HeadTrees:
         return DraftTree(tokens, parents, qs, torch.full((tree_nodes(levels, width),), -1, dtype=torch.long,
                                                          device=tokens.device), levels)
 
-    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens) -> int:
+    def repair(self, start: int, kept: int, plain: bool, path: list[int], slots: list[int], path_tokens,
+               emitted: list[int]) -> int:
         """The target's cache keeps the pending token and the kept path; the head's cache drops the tree; the committed
-        tokens join the head's backlog with the target's features of the positions before them. No drafter call."""
+        tokens (``emitted``, host ints) join the head's backlog with the target's features of the positions before
+        them. No drafter call."""
         p = self.proposer
         block = p.fused(self.target_cache.features())[0]  # of the last forward: [1 (+ n), H]
         if plain:
@@ -222,6 +225,6 @@ class HeadTrees:
             p.head_cache.commit([self.keep_head])  # the tree's nodes ran on the head's own features: dropped
         old_tokens, old_features = p.backlog[0]
         merged = features[:kept] if old_features is None else torch.cat([old_features, features[:kept]])
-        p.backlog = [(old_tokens + path_tokens[0, :kept].tolist(), merged)]
+        p.backlog = [(old_tokens + list(emitted[:kept]), merged)]
         p.lengths = [start + kept]
         return 0
