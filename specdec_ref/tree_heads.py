@@ -88,27 +88,16 @@ class MedusaTrees:
     @classmethod
     def open(cls, decoder, target, spec, prompt: torch.Tensor, needed: int, result: DecodeResult) -> "MedusaTrees":
         """The target's cache holding the prompt but its last token, capturing the heads' feature layer."""
-        cache = decoder.make_cache(target, check_ids=False, max_length=min(needed, model_dims(target)["max_positions"] or needed))
-        if not hasattr(cache, "features"):
-            raise NotSupportedError(f"Medusa trees read the target's hidden states: they need the lean forward (llama / "
-                                    f"qwen2), not {type(cache).__name__}")
-        trees = cls(decoder, cache, spec, None)
-        cache.capture = (trees.layer,)
-        t = prompt.shape[1]
-        if t > 1:
-            cache.feed(prompt[:, :-1])
-            result.target_calls += 1
-            trees.feature = cache.features()[trees.layer][:, -1]
-        cache.commit(t - 1)
-        return trees
+        layer = spec.target_capture[0]
+        cache, prefill = _open_target(decoder, target, spec, prompt, needed, (layer,), result)
+        return cls(decoder, cache, spec, prefill[layer][:, -1] if prefill else None)
 
     def ready(self) -> bool:
         """A feature to draft from (a one-token prompt has none before the first target forward)."""
         return self.feature is not None
 
     def plain(self, pending, sampling, generator) -> torch.Tensor:
-        logits = self.target_cache.feed(pending)
-        return _choose(self.decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
+        return _plain_step(self, pending, sampling, generator)
 
     def grow(self, pending, levels, width, sampling, generator) -> DraftTree:
         return grow_medusa_tree(self.decoder, self.proposer, self.feature, levels, width, sampling, generator)
@@ -126,6 +115,13 @@ class MedusaTrees:
             self.feature = self.decoder.head_feature(block, path)
         self.target_cache.commit(start + kept)
         return 0
+
+
+def _plain_step(trees, pending, sampling, generator) -> torch.Tensor:
+    """A plain target step of a heads' drafter: the pending token fed to the target, the next token drawn from its
+    warped row (the target's features of that position are captured for the next round)."""
+    logits = trees.target_cache.feed(pending)
+    return _choose(trees.decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
 
 
 def _open_target(decoder, target, spec, prompt: torch.Tensor, needed: int, capture: tuple, result: DecodeResult):
@@ -170,8 +166,7 @@ class HeadTrees:
         return self.proposer.ready()
 
     def plain(self, pending, sampling, generator) -> torch.Tensor:
-        logits = self.target_cache.feed(pending)
-        return _choose(self.decoder.target_rows(logits, sampling)[:, -1], sampling, generator)
+        return _plain_step(self, pending, sampling, generator)
 
     def catch_up(self) -> torch.Tensor:
         """The head reads its backlog into its cache (committed there); its hidden state at the pending token ``[1, H]``."""
