@@ -359,20 +359,18 @@ def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round
         text = list(rec["prompt_ids"]) + list(rec["completion_ids"])
         start = len(rec["prompt_ids"]) + (1 if prefill else 0)
         reported = rec.get("rounds")
+        where = f"request {i} (prompt {list(rec['prompt_ids'])})"
         if reported is None:
-            return rounds, f"request {i} (prompt {list(rec['prompt_ids'])}) has no per-request rounds"
+            return rounds, f"{where} has no per-request rounds"
         for j, (drafted, accepted) in enumerate(reported):
             if start >= len(text):
-                return rounds, (f"request {i} (prompt {list(rec['prompt_ids'])}): round {j + 1} of {len(reported)} starts at "
-                                f"{start}, past its text of {len(text)} tokens")
-            if drafted:
-                visible = min(accepted, len(text) - start)
-                rounds.append(Round(i, start, (-1,) * int(drafted), int(accepted), censored=start + accepted >= len(text)
-                                    and visible < accepted))
+                return rounds, f"{where}: round {j + 1} of {len(reported)} starts at {start}, past its text of {len(text)} tokens"
+            if drafted:  # censored: the completion ends before every accepted draft shows
+                rounds.append(Round(i, start, (-1,) * int(drafted), int(accepted),
+                                    censored=len(text) - start < accepted))
             start += int(accepted) + 1
         if start < len(text):
-            return rounds, (f"request {i} (prompt {list(rec['prompt_ids'])}): its rounds end at token {start} of a text of "
-                            f"{len(text)} (prompt and completion)")
+            return rounds, f"{where}: its rounds end at token {start} of a text of {len(text)} (prompt and completion)"
     return rounds, None
 
 
@@ -407,6 +405,7 @@ def sampled_rounds_of(ad, cfg, state: dict) -> dict | None:
     differ = [f"{key} {eff.get(key)} counted, {mine[key]} in the per-request rounds" for key in mine
               if eff.get(key) is not None and int(eff[key]) != mine[key]]
     if differ:
-        return {**base, "passed": False, "verdict": "FAILS: the counters differ from the per-request rounds: " + "; ".join(differ)}
+        return {**base, "passed": False,
+                "verdict": "FAILS: the counters differ from the per-request rounds: " + "; ".join(differ)}
     e = conditional_acceptance(exact_pair(pair_name).target.name, law, records, rounds, EFFICIENCY.sampling, k, per_pos)
     return {**e, **base, "draft_tokens": mine["draft_tokens"], "accepted": mine["accepted"]}

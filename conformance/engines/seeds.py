@@ -11,7 +11,8 @@ The bug class: a sampling step that draws from a global or per-batch generator i
 a seeded request's output depends on its neighbours and on the requests before it. The law of the outputs stays
 exact, so no distribution test can see it. In speculative decoding the drafts are the usual place: a draft sampled
 from the global generator changes the emitted tokens through the verifier's coupling, even when the verifier draws
-from the request's generator. Found in vLLM 0.32.0 with ``draft_sample_method="probabilistic"`` (docs/engines.md).
+from the request's generator. Found in vLLM 0.32.0 with ``draft_sample_method="probabilistic"``
+(docs/vllm-verdict.md, defect D).
 """
 from __future__ import annotations
 
