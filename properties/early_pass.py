@@ -56,19 +56,10 @@ def planned_shift(record: dict, planned_n: float, beta: float = EARLY_PASS_BETA)
 
 
 def futility_bound(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> float | None:
-    """The largest :func:`futility_statistic` at which a test's ``record`` lets its case pass early, or None (no bound:
-    it cannot); :func:`futility_look` gives both."""
+    """The largest statistic at which a test's ``record`` lets its case pass early, or None (no bound: it cannot); the
+    statistic it applies to (the test's own, or its futility statistic) and the bound: :func:`futility_look`."""
     look = futility_look(record, beta, planned_n)
     return None if look is None else look[1]
-
-
-def futility_statistic(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> float:
-    """The statistic a look compares with :func:`futility_bound`: ``|z|`` of a total, else the chi-square statistic
-    :func:`futility_look` chose (the test's own, or its futility statistic)."""
-    look = futility_look(record, beta, planned_n)
-    if look is not None:
-        return look[0]
-    return abs(record["statistic"]) if record.get("kind") == "total" else record["statistic"]
 
 
 def futility_look(record: dict, beta: float = EARLY_PASS_BETA, planned_n: float | None = None) -> tuple[float, float] | None:
