@@ -44,6 +44,7 @@ from typing import Callable
 import torch
 
 from .cache import ModelCache
+from .capabilities import TREE_PROPOSER_NAMES
 from .contract import DecodeResult, NotSupportedError, RoundHook
 from .decode import _truncate, _validate_decode_args, end_round, open_caches
 from .draft_tree import DraftTree, fed_parents, tree_nodes
@@ -55,10 +56,7 @@ from .tree import SpecInferTreeVerifier, TreeVerifierBase
 from .verify import sample_from_weights
 from .warp import GREEDY, SamplingConfig, warp
 
-__all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode", "TREE_PROPOSERS"]
-
-#: The proposer kinds this tree decoder drafts with (:mod:`specdec_ref.tree_heads` for the heads).
-TREE_PROPOSERS = ("draft_model", "medusa", "eagle", "eagle3", "mtp")
+__all__ = ["TreeSpeculativeDecoder", "DraftTree", "tree_nodes", "tree_speculative_decode"]
 
 
 class TreeSpeculativeDecoder:
@@ -259,8 +257,8 @@ class TreeSpeculativeDecoder:
         if width > vocab:
             raise ValueError(f"width must be at most the vocabulary size {vocab} (distinct siblings), got {width}")
         kind = proposer_kind(draft)
-        if kind not in TREE_PROPOSERS:
-            raise NotSupportedError(f"the tree decoder drafts trees with {', '.join(TREE_PROPOSERS)}, not {kind} "
+        if kind not in TREE_PROPOSER_NAMES:  # every kind a tree decoder may declare (tree_heads for the heads)
+            raise NotSupportedError(f"the tree decoder drafts trees with {', '.join(TREE_PROPOSER_NAMES)}, not {kind} "
                                     f"(a chain proposer: use decode / decode_batch)")
         if kind == "medusa":
             depth = min(depth, len(draft.lm_heads))

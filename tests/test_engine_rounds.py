@@ -283,3 +283,31 @@ def test_sampled_rounds_are_placed_from_the_engines_per_request_rounds():
     assert problem and "round 3 of 3 starts at 11" in problem
     _, problem = engine_rounds([{k: v for k, v in rec.items() if k != "rounds"}], prefill=True)
     assert problem and "no per-request rounds" in problem
+
+
+def test_sampled_rounds_efficiency_names_acceptance_and_counters_that_depart(tmp_path):
+    """The sampled proposer's efficiency check can fail: rounds of the exact EAGLE head (T 0.7) that accept nothing,
+    far below the exact P(m >= 1 | text), fail at position 1; counters that differ from the per-request rounds are named
+    before any statistics."""
+    from types import SimpleNamespace
+
+    from conformance.engines.adapter import Conventions
+    from conformance.engines.rounds import sampled_rounds_of
+
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(300):  # first token at prefill, then nine rounds of 3 drafts that accept none: one token each
+        records.append({"prompt_ids": [5, i % 7], "completion_ids": [int(t) for t in rng.integers(0, 8, 10)],
+                        "rounds": [[3, 0]] * 9})
+    path = tmp_path / "efficiency.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    ad = SimpleNamespace(families={"order1": "order1-close"}, k_of=lambda cfg: 3,
+                         conventions=Conventions(first_token_at_prefill=True))
+    cfg = Configuration("eagle-prob", "eagle", {}, "token", sampled_proposer="exact-eagle")
+    eff = {"status": "ok", "file": str(path), "n": len(records), "drafts": 2700, "draft_tokens": 8100, "accepted": 0,
+           "accepted_per_pos": [0, 0, 0], "counters_source": "engine"}
+    out = sampled_rounds_of(ad, cfg, {"efficiency": eff})
+    assert out["passed"] is False and out["verdict"].startswith("FAILS efficiency: position 1"), out["verdict"]
+    assert out["drafts"] == 2700 and out["positions"][0]["expected"] > 0.5
+    wrong = sampled_rounds_of(ad, cfg, {"efficiency": dict(eff, accepted=5)})
+    assert wrong["passed"] is False and "accepted 5 counted, 0 in the per-request rounds" in wrong["verdict"]
