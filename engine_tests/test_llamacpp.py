@@ -11,6 +11,9 @@ collection (:class:`EngineMissingError` naming the build command), never a skip.
   no warning), while ``--spec-type draft-simple`` does;
 * finding: the ``llama-speculative`` example aborts with branching drafts (``-np 4``) on the order-2 pair;
 * per-seed identity of every ``--spec-type`` with no speculation on requests long enough for n-gram drafts;
+* ``draft-eagle3`` on the exactly-known EAGLE-3 head in GGUF and ``draft-mtp`` on a qwen35 target with an
+  exactly-known MTP block: every request's drafts are the exact law's (a head reading the wrong target layers, a
+  block reading the token instead of the feature, are caught);
 * a reduced matrix run through the shared runner (control, draft-simple, the ignored draft).
 """
 from __future__ import annotations
@@ -252,3 +255,116 @@ def test_reduced_matrix_run(tmp_path):
         assert v["draft-k3"]["cases"][name]["identity"]["passed"], v["draft-k3"]["cases"][name]["identity"]
         assert v["draft-k3"]["cases"][name]["speculation"]["passed"]
     assert v["draft-ignored"]["cases"]["warp"]["level"] == "not_speculating"
+
+
+def _eagle3_rounds(prompt, completion, k=3):
+    """``(draft tokens, accepted, accepted per position)`` of one request under the exact EAGLE-3 head's law
+    (:class:`properties.proposals.Eagle3FeatureLaw`, first-index argmax) and llama.cpp's rule: the first token at
+    prefill, then rounds of ``min(k, r - 1)`` drafts with ``r`` tokens still to emit; a draft is kept while it equals
+    the target's sample (sample-and-match), so every round is rebuilt from the completion."""
+    from conformance.engines.rounds import argmax_drafts, proposal_law
+
+    law = proposal_law("exact-eagle3", "order1-close")
+    text, pos, drafted, accepted, per_pos = list(prompt) + list(completion), len(prompt) + 1, 0, 0, [0] * k
+    while pos < len(text):
+        n = min(k, len(text) - pos - 1)
+        if n <= 0:
+            pos += 1
+            continue
+        drafts = argmax_drafts(law, text[:pos], k)[0][:n]
+        m = 0
+        while m < n and text[pos + m] == drafts[m]:
+            per_pos[m] += 1
+            m += 1
+        drafted, accepted, pos = drafted + n, accepted + m, pos + m + 1
+    return drafted, accepted, per_pos
+
+
+def _table_check(srv):
+    """The server's probabilities at every last token (3 generated positions each) against the order-1 table."""
+    from specdec_ref.exact_models import exact_model
+
+    table = exact_model("order1-target")
+    for a in range(8):
+        r = srv.complete(_body([a], 3, n_probs=8, seed=a, cache_prompt=False))
+        seq = [a]
+        for step in r["completion_probabilities"]:
+            got = np.zeros(8)
+            for c in step["top_logprobs"]:
+                got[int(c["id"])] = float(np.exp(c["logprob"]))
+            z = np.asarray(table.next_logits([seq]), dtype=np.float64)[0]
+            want = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+            assert np.abs(got - want).max() < 2e-6, (seq, got, want)
+            seq.append(int(step["id"]))
+
+
+#: Greedy two-token and one-token prompts, then sampled requests (T 0.7, 10 tokens): (prompt, temperature, seed).
+_HEAD_REQUESTS = [([a, b], 0.0, 100 + 8 * a + b) for a in range(8) for b in range(8)] + \
+    [([a], 0.0, 200 + a) for a in range(8)] + [([5, i % 7], 0.7, 300 + i) for i in range(240)]
+
+
+def _head_run(target, args):
+    """Every request of :data:`_HEAD_REQUESTS` through one server; ``(outputs, /metrics, law rounds, differing)``:
+    ``differing`` lists the requests whose ``draft_n`` / ``draft_n_accepted`` differ from the law's rounds."""
+    with lc.Server(BINARY, target, args=args) as srv:
+        outs = [srv.complete(_body(p, 10, temperature=t, seed=s, cache_prompt=True,
+                                   response_fields=["tokens", "timings/draft_n", "timings/draft_n_accepted"]))
+                for p, t, s in _HEAD_REQUESTS]
+        m = srv.metrics()
+    law = [_eagle3_rounds(p, o["tokens"]) for (p, _, _), o in zip(_HEAD_REQUESTS, outs)]
+    got = [(int(o.get("timings/draft_n", 0)), int(o.get("timings/draft_n_accepted", 0))) for o in outs]
+    bad = [(_HEAD_REQUESTS[i][0], outs[i]["tokens"], got[i], law[i][:2]) for i in range(len(outs)) if got[i] != law[i][:2]]
+    return outs, m, law, bad
+
+
+def _assert_exact(m, law, bad, what):
+    assert not bad, f"{what}: {len(bad)} requests differ from the law's rounds; first: {bad[0]}"
+    assert m["draft_tokens"] == sum(x[0] for x in law) and m["accepted"] == sum(x[1] for x in law), m
+    assert m["accepted_per_pos"] == [sum(x[2][j] for x in law) for j in range(3)], m
+    assert m["draft_tokens"] > 2000 and 0 < m["accepted"] < m["draft_tokens"]
+    print(f"{what} on {len(_HEAD_REQUESTS)} requests: {m}")
+
+
+def test_eagle3_head_drafts_the_exact_law(tmp_path):
+    """The exactly-known EAGLE-3 head in GGUF (``conformance.engines.gguf_heads``: arch ``eagle3``, target layers
+    0, 1, 2 of the deep target, draft vocabulary through ``d2t``) under ``--spec-type draft-eagle3``:
+
+    * the deep target's probabilities equal the order-1 table (every last token, KV cache and positions exercised);
+    * on 64 greedy two-token prompts, 8 one-token prompts and 240 sampled requests (T 0.7, 10 tokens), every
+      request's ``draft_n`` / ``draft_n_accepted`` and the server's accepted-per-position counters equal the rounds
+      rebuilt from the completions under :class:`properties.proposals.Eagle3FeatureLaw`: the head drafts exactly
+      the law's tokens (the draft is only ever accepted when it equals the completion's next token);
+    * the same head told to read target layers 0, 2, 1 (fused features of the wrong layers) drafts other tokens:
+      the counters differ from the law, so a head written wrong fails here."""
+    from conformance.engines import gguf_heads
+
+    paths = gguf_heads.export_eagle3()
+    target, head = paths[(gguf_heads.DEEP, "plain")], paths[(gguf_heads.HEAD, "plain")]
+    cfg = lc.ADAPTER.config("draft-eagle3")
+    with lc.Server(BINARY, target) as srv:  # the deep target alone: its probabilities are the table's
+        _table_check(srv)
+    _, m, law, bad = _head_run(target, lc.server_args(cfg, str(head)))
+    _assert_exact(m, law, bad, "draft-eagle3")
+    wrong = gguf_heads.write_head_gguf(tmp_path / "eagle3-wrong-layers.gguf", "plain", target_layers=(0, 2, 1))
+    _, m, _, bad = _head_run(target, lc.server_args(cfg, str(wrong)))
+    print(f"the head reading layers 0, 2, 1: {len(bad)} of {len(_HEAD_REQUESTS)} requests differ from the law; {m}")
+    assert len(bad) > 20, f"a head reading layers 0, 2, 1 matched the law on all but {len(bad)} requests"
+
+
+def test_mtp_block_drafts_the_exact_law(tmp_path):
+    """``--spec-type draft-mtp`` on the order-1 table written as a ``qwen35`` target with one exactly-known MTP block
+    (``conformance.engines.gguf_heads.write_mtp_gguf``): the target's probabilities are the table's, and every
+    request's drafts are the law's (the block proposes what the EAGLE-3 head proposes, from the target's feature of
+    the token before the pending one); a block that reads the token's embedding instead of the feature is caught."""
+    from conformance.engines import gguf_heads
+
+    target = gguf_heads.export_mtp()[(gguf_heads.MTP, "plain")]
+    args = lc.server_args(lc.ADAPTER.config("draft-mtp"), None)
+    with lc.Server(BINARY, target) as srv:
+        _table_check(srv)
+    _, m, law, bad = _head_run(target, args)
+    _assert_exact(m, law, bad, "draft-mtp")
+    wrong = gguf_heads.write_mtp_gguf(tmp_path / "mtp-reads-token.gguf", "plain", read_token=True)
+    _, m, _, bad = _head_run(wrong, args)
+    print(f"the MTP block reading the token: {len(bad)} of {len(_HEAD_REQUESTS)} requests differ from the law; {m}")
+    assert len(bad) > 20, f"an MTP block reading the token matched the law on all but {len(bad)} requests"

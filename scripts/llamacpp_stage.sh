@@ -10,8 +10,9 @@
 #    tables (conformance.engines.gguf_export, then python -m conformance.engines.llamacpp --check-gguf);
 # 3. engine tests (engine_tests/test_llamacpp.py): conventions (EOS returned, ignore_eos bans EOS, top-k keeps
 #    exactly k, the lowest-ids law on every row the matrix reaches), the findings (-md without --spec-type
-#    silently ignored; top-k ties are not the lowest ids in general; llama-speculative aborts with -np 4); its
-#    reduced matrix run is left to the full matrix below;
+#    silently ignored; top-k ties are not the lowest ids in general; llama-speculative aborts with -np 4), the
+#    exactly-known EAGLE-3 head and MTP block drafting their law's tokens request by request; its reduced matrix
+#    run is left to the full matrix below;
 # 4. the black-box matrix (python -m conformance.engines llamacpp --check-expected) against
 #    conformance/engines/expected/llamacpp-0.3.36.json, and its verdict table.
 # The stage fails when our tooling errors, the engine is missing or unbuildable, or a verdict differs from the
@@ -51,6 +52,7 @@ bash scripts/llamacpp_env.sh
 
 step "GGUF files and their logits against the tables"
 "$PY" -m conformance.engines.gguf_export
+"$PY" -m conformance.engines.gguf_heads  # the EAGLE-3 head, its deep target, the qwen35 target with its MTP block
 "$PY" -m conformance.engines.llamacpp --check-gguf | tee "$OUT/gguf-check.txt"
 
 step "engine tests (the GGUF check, conventions, findings, per-seed identity on long requests)"

@@ -212,6 +212,8 @@ _PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("control-deep3", "
                                                                 "block", "ngram", "eagle3-one-layer", "mtp", "dflash",
                                                                 "suffix", "synthetic")}.items()
                   for cfg in configs}
+#: vLLM's "patch A,C,D,E" (the seed fixes): the stage runs eagle-prob only
+_PATCH_SUBSETS |= {("patch A,C,D,E", c.name) for c in adapters.adapter("vllm").configurations if c.name != "eagle-prob"}
 
 
 def test_markdown_table_rows():

@@ -158,3 +158,46 @@ def test_expectation_for_routes_sample_match():
     import json
 
     json.dumps(x)
+
+
+def test_head_expectation_with_the_draft_model_is_sample_match_expected():
+    """The pair-state expectation (``sample_match_head_expected``) with the draft model's argmax proposer gives
+    ``sample_match_expected``'s numbers exactly."""
+    tails = [(5, a) for a in range(7)] * 3
+    a = eff.sample_match_expected("order1-close", T, 3, [t[-1] for t in tails], 6)
+    b = eff.sample_match_head_expected("order1-close", T, 3, tails, 6, "draft")
+    for key in ("mean", "cov"):
+        assert np.allclose(a[key], b[key], rtol=0, atol=1e-12)
+    assert np.allclose(a["totals"]["mean"], b["totals"]["mean"], rtol=0, atol=1e-12)
+
+
+def test_head_expectation_equals_brute_force_over_every_completion():
+    """llama.cpp's ``draft-eagle3`` / ``draft-mtp`` on the exactly-known heads: drafts ``argmax M_2[y]`` (``y`` the
+    token before the pending one) ``min(k, r - 1)`` times; the rounds are a function of the completion, so the exact
+    means are sums over every completion weighted by the target's law."""
+    import itertools
+
+    from conformance.engines.rounds import argmax_drafts, proposal_law
+
+    R, k = 4, 3
+    p = eff.tables("order1-close", SamplingConfig(temperature=T), "token")[0].target
+    law = proposal_law("exact-eagle3", "order1-close")
+    drafts_total, per_pos = 0.0, np.zeros(k)
+    for a in range(7):
+        for comp in itertools.product(range(8), repeat=R):
+            text, w, last = [5, a, *comp], 1.0, a
+            for t in comp:
+                w, last = w * p[last, t], t
+            pos = 3
+            while pos < len(text):
+                n = min(k, len(text) - pos - 1)
+                if n <= 0:
+                    pos += 1
+                    continue
+                d, m = argmax_drafts(law, text[:pos], k)[0][:n], 0
+                while m < n and text[pos + m] == d[m]:
+                    per_pos[m] += w
+                    m += 1
+                drafts_total, pos = drafts_total + w, pos + m + 1
+    e = eff.sample_match_head_expected("order1-close", T, k, [(5, a) for a in range(7)], R, "exact-eagle3")
+    assert np.allclose(e["mean"], [drafts_total, *per_pos], rtol=0, atol=1e-12), (e["mean"], drafts_total, per_pos)

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MODELS", "VARIANTS", "CHECKED", "cache_root", "gguf_dir", "gguf_path", "write_gguf", "export",
-           "check_logits", "main"]
+__all__ = ["MODELS", "VARIANTS", "CHECKED", "cache_root", "gguf_dir", "gguf_path", "write_gguf", "add_tokenizer",
+           "export", "check_logits", "main"]
 
 #: The checkpoints llama.cpp loads (targets and drafts of the pairs the adapter uses, and the others cheaply too).
 MODELS = ("order1-target", "order1-draft-close", "order1-draft-far", "order1-draft-same", "order2-target",
@@ -63,10 +63,12 @@ def gguf_path(name: str, variant: str = "eos", root: Path | None = None) -> Path
     return Path(root or gguf_dir()) / f"{name}-{variant}.gguf"
 
 
-def _source(name: str) -> tuple[Path, dict, dict, str]:
+def _source(name: str, folder: Path | None = None) -> tuple[Path, dict, dict, str]:
+    """``(folder, config, tokenizer, digest)`` of a shipped checkpoint, or of the checkpoint ``folder`` (a model
+    written at run time, e.g. :func:`specdec_ref.exact_head_files.deep_target_folder`)."""
     from specdec_ref.exact_models import exact_model
 
-    folder = Path(exact_model(name).path)
+    folder = Path(folder) if folder is not None else Path(exact_model(name).path)
     cfg = json.loads((folder / "config.json").read_text())
     tok = json.loads((folder / "tokenizer.json").read_text())
     h = hashlib.sha256(WRITER_VERSION.encode())
@@ -90,39 +92,14 @@ def _digest_of(path: Path) -> str | None:
         return None
 
 
-def write_gguf(name: str, path: Path, variant: str = "eos") -> Path:
-    """Write one model's GGUF file (see the module docstring); returns the path."""
+def add_tokenizer(w, cfg: dict, tok: dict, variant: str) -> None:
+    """The minimal vocabulary of the module docstring (``variant`` ``eos`` or ``plain``) into GGUF writer ``w``:
+    shared by the targets, the drafts and the heads (:mod:`conformance.engines.gguf_heads`), whose vocabularies
+    llama.cpp compares."""
     import gguf
-    from safetensors.numpy import load_file
 
-    folder, cfg, tok, digest = _source(name)
-    if cfg.get("model_type") != "llama" or cfg.get("tie_word_embeddings"):
-        raise ValueError(f"{name}: only untied Llama checkpoints are exported (got {cfg.get('model_type')})")
-    n_head, n_kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
-    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
     vocab = int(cfg["vocab_size"])
     eos, bos = cfg.get("eos_token_id"), cfg.get("bos_token_id")
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    w = gguf.GGUFWriter(str(tmp), arch="llama")
-    w.add_name(f"specdec-ref {name} ({variant})")
-    w.add_string("specdec.source_digest", digest)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_context_length(int(cfg["max_position_embeddings"]))
-    w.add_embedding_length(int(cfg["hidden_size"]))
-    w.add_block_count(int(cfg["num_hidden_layers"]))
-    w.add_feed_forward_length(int(cfg["intermediate_size"]))
-    w.add_head_count(n_head)
-    w.add_head_count_kv(n_kv)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
-    rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
-    w.add_rope_freq_base(float(rope))
-    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
-    w.add_vocab_size(vocab)
-
     names = {i: t for t, i in tok["model"]["vocab"].items()}
     special = {a["id"] for a in tok.get("added_tokens", []) if a.get("special")} | {x for x in (bos, eos) if x is not None}
     tokens, types = [], []
@@ -146,6 +123,60 @@ def write_gguf(name: str, path: Path, variant: str = "eos") -> Path:
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
 
+
+def attention_header(w, cfg: dict, *, blocks: int, rms_eps: float | None = None) -> tuple[int, int, int]:
+    """The keys every attention model of ours shares (f32 tensors, context, widths, heads, RoPE, RMS eps) from a
+    checkpoint config, written to the GGUFWriter ``w``; returns ``(heads, kv heads, head dim)``."""
+    import gguf
+
+    n_head, n_kv = int(cfg["num_attention_heads"]), int(cfg["num_key_value_heads"])
+    head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(int(cfg["max_position_embeddings"]))
+    w.add_embedding_length(int(cfg["hidden_size"]))
+    w.add_block_count(blocks)
+    w.add_feed_forward_length(int(cfg["intermediate_size"]))
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    rope = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
+    w.add_rope_freq_base(float(rope))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]) if rms_eps is None else rms_eps)
+    return n_head, n_kv, head_dim
+
+
+def finish(w, tmp: Path, path: Path) -> Path:
+    """Write the GGUFWriter ``w`` (opened on ``tmp``) out and move it to ``path`` (a reader never sees half a file)."""
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def write_gguf(name: str, path: Path, variant: str = "eos", *, folder: Path | None = None) -> Path:
+    """Write one model's GGUF file (see the module docstring); returns the path. ``folder``: a checkpoint folder
+    written at run time instead of the shipped ``name`` (``name`` then only names it)."""
+    import gguf
+    from safetensors.numpy import load_file
+
+    folder, cfg, tok, digest = _source(name, folder)
+    if cfg.get("model_type") != "llama" or cfg.get("tie_word_embeddings"):
+        raise ValueError(f"{name}: only untied Llama checkpoints are exported (got {cfg.get('model_type')})")
+    vocab = int(cfg["vocab_size"])
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    w = gguf.GGUFWriter(str(tmp), arch="llama")
+    w.add_name(f"specdec-ref {name} ({variant})")
+    w.add_string("specdec.source_digest", digest)
+    n_head, n_kv, _ = attention_header(w, cfg, blocks=int(cfg["num_hidden_layers"]))
+    w.add_vocab_size(vocab)
+    add_tokenizer(w, cfg, tok, variant)
+
     t = load_file(str(folder / "model.safetensors"))
     f32 = lambda k: np.ascontiguousarray(t[k].astype(np.float32))  # noqa: E731
     w.add_tensor("token_embd.weight", f32("model.embed_tokens.weight"))
@@ -162,12 +193,7 @@ def write_gguf(name: str, path: Path, variant: str = "eos") -> Path:
         w.add_tensor(b + "ffn_down.weight", f32(p + "mlp.down_proj.weight"))
     w.add_tensor("output_norm.weight", f32("model.norm.weight"))
     w.add_tensor("output.weight", f32("lm_head.weight"))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    os.replace(tmp, path)
-    return path
+    return finish(w, tmp, path)
 
 
 def export(names=MODELS, root: Path | None = None, *, force: bool = False) -> dict[tuple[str, str], Path]:

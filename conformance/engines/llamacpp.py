@@ -39,6 +39,14 @@ request's own sampler and keeps drafts while they equal its samples, so a seed's
 without speculation (``identical_to="control"``, checked request by request). ``draft-simple`` drafts the draft
 model's argmax (scheme ``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the
 n-gram types draft from the context (lossless by the same argument; no exact acceptance law stated).
+``draft-eagle3`` (the exactly-known EAGLE-3 head on the deep target) and ``draft-mtp`` (the order-1 table in a
+``qwen35`` target with an exactly-known MTP block), both written by :mod:`conformance.engines.gguf_heads`, propose
+:class:`properties.proposals.Eagle3FeatureLaw`'s one-hot drafts: their exact acceptance is
+:func:`efficiency.sample_match_head_expected` (option ``sample_match_proposer``). Both need
+``--no-spec-draft-backend-sampling`` (the default backend top-k 10 aborts on a vocabulary of 8); that abort and
+``draft-mtp``'s refusal of a Llama target are recorded as load errors (``draft-eagle3-backend``,
+``draft-mtp-llama``): a set-up with ``start_at_open`` starts its server when the session opens, and a server that
+does not start reports its log's error lines.
 """
 from __future__ import annotations
 
@@ -79,6 +87,26 @@ SHORT = ("warp-1tok", "eos", "position", "greedy")
 
 def _draft(k: int, **extra) -> dict:
     return {"spec_type": "draft-simple", "draft_model": True, "draft_max": k, "draft_min": 0, "p_min": 0.0, **extra}
+
+
+#: ``draft-eagle3`` on the exactly-known EAGLE-3 head (:mod:`conformance.engines.gguf_heads`) over the deep target
+#: of the order-1 table: order-1 cases only (one- and two-token prompts, EOS inside a draft, EOS ordinary, greedy).
+#: ``--no-spec-draft-backend-sampling``: with the default (on), the drafter's backend top-k 10 aborts on a vocabulary
+#: of 8 (``draft-eagle3-backend`` records it). Its acceptance is exact given the head's one-hot proposals
+#: (:func:`efficiency.sample_match_head_expected`, option ``sample_match_proposer``).
+EAGLE3_CASES = ("warp-1tok", "eos", "temperature", "greedy-1tok")
+
+
+def _eagle3(k: int, **extra) -> dict:
+    return {"spec_type": "draft-eagle3", "draft_model": True, "head": "eagle3", "draft_max": k, "draft_min": 0,
+            "p_min": 0.0, "backend_sampling": False, "sample_match_proposer": "exact-eagle3", **extra}
+
+
+def _mtp(k: int, **extra) -> dict:
+    """``draft-mtp`` on the qwen35 target whose MTP block proposes exactly what the EAGLE-3 head proposes
+    (:func:`conformance.engines.gguf_heads.write_mtp_gguf`): the same expectation."""
+    return {"spec_type": "draft-mtp", "head": "mtp", "draft_max": k, "draft_min": 0, "p_min": 0.0,
+            "backend_sampling": False, "sample_match_proposer": "exact-eagle3", **extra}
 
 
 #: The n-gram types draft from the request's own context (ngram-mod: from a hash shared across requests), and
@@ -123,6 +151,21 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("ngram-cache", "ngram-cache", {"spec_type": "ngram-cache"}, None, cases=NGRAM_CASES,
                   identical_to="control", k=8,
                   note="n-gram cache of the context (up to 8 drafts; drafted nothing in any setting tried)"),
+    Configuration("draft-eagle3", "draft-eagle3", _eagle3(3), "sample_match", cases=EAGLE3_CASES,
+                  identical_to="control", k=3,
+                  note="the exactly-known EAGLE-3 head (GGUF arch eagle3, target layers 0, 1, 2, d2t) on the 3-layer "
+                       "deep target: --spec-type draft-eagle3 --spec-draft-n-max 3 --no-spec-draft-backend-sampling"),
+    Configuration("draft-eagle3-backend", "draft-eagle3", _eagle3(3, backend_sampling=True, start_at_open=True),
+                  "sample_match", cases=("greedy-1tok",), k=3,
+                  note="draft-eagle3 with llama.cpp's default backend draft sampling: its top-k 10 in the sampling "
+                       "graph aborts at load on a vocabulary of 8 (recorded error)"),
+    Configuration("draft-mtp", "draft-mtp", _mtp(3), "sample_match", cases=EAGLE3_CASES, identical_to="control", k=3,
+                  note="the order-1 table in a qwen35 target with an exactly-known MTP block (nextn_predict_layers 1): "
+                       "--spec-type draft-mtp --spec-draft-n-max 3 --no-spec-draft-backend-sampling"),
+    Configuration("draft-mtp-llama", "draft-mtp", {"spec_type": "draft-mtp", "draft_max": 3, "start_at_open": True},
+                  "sample_match", cases=("greedy-1tok",), k=3,
+                  note="--spec-type draft-mtp on the order-1 Llama target: refused, no NextN (MTP) layers (recorded "
+                       "error)"),
     Configuration("penalty-window", None, {}, cases=("penalty",),
                   note="the penalty case alone: llama.cpp's presence penalty counts the prompt (NOT CERTIFIED by "
                        "definition, recorded)"),
@@ -186,6 +229,11 @@ def server_args(cfg: Configuration, draft: str | None, *, ctx_per_slot: int = 12
         args += ["-md", str(draft), "-td", "1", "-tbd", "1", "-ctkd", "f32", "-ctvd", "f32",
                  "--spec-draft-n-max", str(o.get("draft_max", 3)), "--spec-draft-n-min", str(o.get("draft_min", 0)),
                  "--spec-draft-p-min", str(o.get("p_min", 0.0))]
+    elif o.get("spec_type") == "draft-mtp":  # the MTP layers are the target's own
+        args += ["--spec-draft-n-max", str(o.get("draft_max", 3)), "--spec-draft-n-min", str(o.get("draft_min", 0)),
+                 "--spec-draft-p-min", str(o.get("p_min", 0.0))]
+    if o.get("backend_sampling") is False:
+        args += ["--no-spec-draft-backend-sampling"]
     if o.get("spec_type"):
         args += ["--spec-type", o["spec_type"]]
     for flag, value in (o.get("flags") or {}).items():
@@ -244,6 +292,18 @@ class Server:
         except OSError:
             return ""
 
+    def log_errors(self, n: int = 4) -> str:
+        """The server log's error lines (level ``E``, ``GGML_ASSERT``, ``... MTP layers``), timestamps and the
+        build's path stripped: what a refused set-up says, the same on every machine."""
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        keep = [re.sub(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ", "", re.sub(r"^/\S*?/src/(?=ggml/|src/|common/|tools/)", "", ln)).strip()
+                for ln in lines if re.match(r"^\d+\.\d+\.\d+\.\d+ E ", ln) or "GGML_ASSERT" in ln
+                or "doesn't contain" in ln]
+        return " | ".join(dict.fromkeys(keep[:n]))
+
     def start(self) -> None:
         for attempt in range(3):
             self.port = _free_port()
@@ -268,7 +328,8 @@ class Server:
             self.stop()
             if "bind" not in self.log_tail(20).lower():  # a port race is retried, anything else is the failure
                 break
-        raise RuntimeError(f"llama-server did not become healthy ({' '.join(cmd[2:])}): {self.log_tail()}")
+        raise RuntimeError(f"llama-server did not become healthy: {self.log_errors() or self.log_tail()} "
+                           f"({' '.join(cmd[2:])})")
 
     def _conn(self, timeout):
         c = getattr(self._local, "conn", None)
@@ -323,16 +384,32 @@ class LlamaCppSession:
         from .gguf_export import export
 
         self.cfg, self.pair = cfg, pair
-        self.paths = export((pair.target.name, pair.draft.name))
+        if cfg.options.get("head") == "eagle3":  # the head and the deep target it reads (same table as the target)
+            from .gguf_heads import DEEP, HEAD, export_eagle3
+
+            if pair.target.name != "order1-target":
+                raise ValueError(f"{cfg.name}: the EAGLE-3 head is written for order1-target, not {pair.target.name}")
+            self.paths, self.models = export_eagle3(), (DEEP, HEAD)
+        elif cfg.options.get("head") == "mtp":  # the order-1 table in a qwen35 target with its MTP block
+            from .gguf_heads import MTP, export_mtp
+
+            if pair.target.name != "order1-target":
+                raise ValueError(f"{cfg.name}: the MTP target is written for order1-target, not {pair.target.name}")
+            self.paths, self.models = export_mtp(), (MTP, MTP)
+        else:
+            self.paths, self.models = export((pair.target.name, pair.draft.name)), (pair.target.name, pair.draft.name)
         self.parallel = int(cfg.options.get("parallel", 1))
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")
         self.servers: dict[str, Server] = {}
+        if cfg.options.get("start_at_open"):  # a set-up llama.cpp refuses: its error is the row's load error
+            self.server("plain")
 
     def server(self, variant: str) -> Server:
         if variant not in self.servers:
-            draft = self.paths[(self.pair.draft.name, variant)] if self.cfg.options.get("draft_model") else None
-            srv = Server(server_binary(), self.paths[(self.pair.target.name, variant)], parallel=self.parallel,
-                         args=server_args(self.cfg, draft), log_dir=self.log_dir)
+            target, draft = (self.paths[(m, variant)] for m in self.models)
+            srv = Server(server_binary(), target, parallel=self.parallel,
+                         args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None),
+                         log_dir=self.log_dir)
             srv.start()
             self.servers[variant] = srv
         return self.servers[variant]
