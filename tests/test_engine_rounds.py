@@ -53,9 +53,10 @@ def test_ngram_without_a_match_is_a_plain_step_and_proposals_may_be_short():
     assert R.reconstruct(law, [7, 7], [7, 7], 3)[0].drafts == (7,)  # the tokens until the end of the context
 
 
-def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7):
+def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7, to_end=False):
     """A vLLM-like engine: the first token at prefill, rounds of argmax drafts from ``engine_law``, a draft accepted
-    when the target's sample equals it, acceptance counted past the cut."""
+    when the target's sample equals it, acceptance counted past the cut. ``to_end``: llama.cpp-like instead, rounds
+    of ``min(k, r - 1)`` drafts with ``r`` tokens still to emit, each request reporting its totals only."""
     from specdec_ref.exact_heads import order1_table
 
     t = order1_table("order1-target") / temperature
@@ -70,7 +71,8 @@ def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7):
             text.append(int(rng.choice(8, p=p[text[-1]])))
         pos, end, steps = len(prompt) + 1, len(prompt) + max_new, []
         while pos < end:
-            drafts = list(R.argmax_drafts(engine_law, text[:pos], k)[0])
+            room = min(k, end - pos - 1) if to_end else k
+            drafts = list(R.argmax_drafts(engine_law, text[:pos], room)[0]) if room > 0 else []
             if not drafts:  # n-gram without a match: a plain step, not counted
                 pos += 1
                 continue
@@ -84,7 +86,10 @@ def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7):
             for j in range(m):
                 counters["accepted_per_pos"][j] += 1
             pos += m + 1
-        records.append({"prompt_ids": prompt, "completion_ids": text[len(prompt):end], "seed": i, "rounds": steps})
+        rec = {"prompt_ids": prompt, "completion_ids": text[len(prompt):end], "seed": i}
+        rec.update({"draft_tokens": sum(s[0] for s in steps), "accepted": sum(s[1] for s in steps)} if to_end
+                   else {"rounds": steps})
+        records.append(rec)
     return records, counters
 
 
@@ -109,6 +114,27 @@ def test_a_drafter_reading_the_feature_one_position_early_is_named_at_its_first_
     assert R.check_rounds(EAGLE, bare, 3, prefill=True, counters=counters)["passed"] is False
 
 
+def test_drafts_to_the_end_are_rebuilt_per_request_and_a_wrong_drafter_or_rule_is_named():
+    """llama.cpp's rule (``drafts_to_end``: ``min(k, r - 1)`` drafts, none in the last position) and its per-request
+    totals: the rebuild equals every request's totals with no censored round; a drafter reading the feature one
+    position early, or the rebuild assuming vLLM's full count, is named at its first differing request."""
+    records, counters = _simulate(EAGLE, EAGLE, 300, seed=2, to_end=True)
+    totals = {"draft_tokens": counters["draft_tokens"], "accepted": counters["accepted"]}
+    out = R.check_rounds(EAGLE, records, 3, prefill=True, counters=totals, max_new=8)
+    assert out["passed"] is True and "every request's totals" in out["text"], out["text"]
+    assert out["reconstructed"]["censored"] == 0
+    assert max(len(r.drafts) for r in out["rounds"] if r.start == 2 + 8 - 2) <= 1  # one token left to emit: 1 draft
+    eff = R.conditional_acceptance("order1-target", EAGLE, records, out["rounds"], SamplingConfig(temperature=0.7), 3,
+                                   counters["accepted_per_pos"])
+    assert eff["passed"] is True, eff["verdict"]
+    early = EagleLaw("order1-target", EAGLE_ALPHA, False, feature_back=2)
+    wrong, wrong_counters = _simulate(EAGLE, early, 300, seed=2, to_end=True)
+    bad = R.check_rounds(EAGLE, wrong, 3, prefill=True, counters=None, max_new=8)
+    assert bad["passed"] is False and bad["problems"][0].startswith("request "), bad["text"]
+    full = R.check_rounds(EAGLE, records, 3, prefill=True, counters=totals)  # vLLM's rule on llama.cpp's rounds
+    assert full["passed"] is False, full["text"]
+
+
 def test_the_draft_model_law_and_configuration_declarations():
     law = R.proposal_law("draft", "order1-close")
     assert isinstance(law, R.DraftArgmaxLaw) and law.count([3], 3) == 3
@@ -117,6 +143,9 @@ def test_the_draft_model_law_and_configuration_declarations():
         R.proposal_law("suffix", "order1-close")
     with pytest.raises(ValueError):
         Configuration("x", "eagle", {}, None, proposer="exact-eagle")  # a proposer drafts its argmax: one_hot
+    with pytest.raises(ValueError):
+        Configuration("x", "eagle", {}, "token", proposer="exact-eagle")
+    assert Configuration("x", "draft-eagle3", {}, "sample_match", proposer="exact-eagle3").proposer == "exact-eagle3"
     with pytest.raises(ValueError):
         Configuration("x", None, proposer="exact-eagle")
 

@@ -73,11 +73,14 @@ class Conventions:
     ``top_k_ties``: :data:`TOP_K_TIES`; ``first_token_at_prefill``: the first generated token is a plain target
     sample at prefill and speculative rounds start after it (vLLM), else rounds start from the prompt (the
     efficiency expectation follows it); ``seeds``: ``per_request`` (each request's seed fixes its output),
-    ``global`` (one engine seed) or ``none``; ``notes``: other conventions, stated for the verdict table."""
+    ``global`` (one engine seed) or ``none``; ``drafts_to_end``: a round drafts at most the tokens still to emit but
+    one (``min(k, r - 1)``, llama.cpp), else always the proposer's full count (vLLM, which then counts drafts past
+    ``max_tokens``); ``notes``: other conventions, stated for the verdict table."""
 
     top_k_ties: str = "all"
     first_token_at_prefill: bool = True
     seeds: str = "per_request"
+    drafts_to_end: bool = False
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):

@@ -39,7 +39,7 @@ import math
 import numpy as np
 
 __all__ = ["TOLERANCE_SE", "tables", "round_law", "expected", "compare", "expectation_for", "draft_path",
-           "sample_match_round", "variable_moments", "sample_match_expected", "sample_match_head_expected"]
+           "sample_match_round", "variable_moments", "sample_match_expected"]
 
 #: An observed per-position acceptance below the exact expectation by more than this many standard errors
 #: fails efficiency (one-sided normal tail 2.9e-7 per position, below the suite's alpha 1e-6).
@@ -328,69 +328,14 @@ def sample_match_expected(pair_name: str, temperature: float, n_max: int, prompt
             "rejection_acceptance_per_token": float(rm[2 + k] / rm[1 + k]) if rm[1 + k] > 0 else None}
 
 
-def sample_match_head_expected(pair_name: str, temperature: float, n_max: int, prompts_tail, max_new_tokens: int,
-                               proposer: str, *, prefill: bool = True) -> dict:
-    """:func:`sample_match_expected` for a proposer whose argmax drafts are a function of the last two tokens of the
-    text (:func:`conformance.engines.rounds.proposal_law`: ``exact-eagle3`` in llama.cpp's ``draft-eagle3``, whose
-    drafts read the feature of the token before the pending one; ``draft`` gives :func:`sample_match_expected`'s
-    numbers, tested): the Markov state is the pair (previous, last token) and ``prompts_tail`` holds each request's
-    last two prompt tokens (one-token prompts: any previous token). A round from ``(y, x)`` drafts the law's argmax
-    chain from ``[y, x]`` (first maximal index on a tied row: what llama.cpp's ``std::partial_sort`` keeps on the
-    exactly-known heads' rows), cut to ``min(n_max, r - 1)``; then ``(y', x')`` is ``(x, z)`` after a rejection of
-    the first draft, else ``(d_m, z)``. No rejection-sampling comparison (``None``)."""
-    from specdec_ref.warp import SamplingConfig
-
-    from .rounds import argmax_drafts, proposal_law
-
-    if not prefill:
-        raise ValueError("the head expectation is stated for engines that sample the first token at prefill")
-    k = int(n_max)
-    p = tables(pair_name, SamplingConfig(temperature=temperature), "token")[0].target
-    vocab = p.shape[0]
-    law = proposal_law(proposer, pair_name)
-    if law.context is None or law.context > 2:
-        raise ValueError(f"proposer {proposer!r} does not draft from the last two tokens")
-    paths = {(y, x): list(argmax_drafts(law, [y, x], k)[0]) for y in range(vocab) for x in range(vocab)}
-    p2 = np.zeros((vocab * vocab, vocab * vocab))  # (y, x) -> (x, z) with p[x, z]
-    for y in range(vocab):
-        for x in range(vocab):
-            p2[y * vocab + x, x * vocab:(x + 1) * vocab] = p[x]
-
-    def length(s, r):
-        L = min(len(paths[divmod(s, vocab)]), r - 1)
-        return 0 if L < 1 else L
-
-    def round_of(s, L):
-        y, x = divmod(s, vocab)
-        path = paths[(y, x)][:L]
-        law_m = sample_match_round(p, path, x)
-        out = np.zeros((L + 1, vocab * vocab))
-        for m in range(L + 1):
-            prev = x if m == 0 else path[m - 1]
-            out[m, prev * vocab:(prev + 1) * vocab] = law_m[m]
-        return out
-
-    mean, second = variable_moments(p2, round_of, length, k, max_new_tokens)
-    starts = [(int(t[-2]) if len(t) > 1 else 0) * vocab + int(t[-1]) for t in prompts_tail]
-    tm, tc = _totals(p2, mean, second, starts, max_new_tokens, prefill)
-    pos = list(range(0, 1 + k))
-    return {"mean": tm[pos], "cov": tc[np.ix_(pos, pos)], "n": len(starts),
-            "totals": {"mean": tm[[1 + k, 2 + k]], "cov": tc[np.ix_([1 + k, 2 + k], [1 + k, 2 + k])]},
-            "rejection_acceptance_per_token": None}
-
-
 @functools.lru_cache(maxsize=None)
 def expectation_for(pair_name: str, scheme: str, temperature: float, k: int, prompts_last: tuple[int, ...],
-                    max_new_tokens: int, prefill: bool = True, proposer: str = "draft",
-                    prompts_tail: tuple[tuple[int, ...], ...] = ()) -> dict:
-    """:func:`expected` for a configuration's scheme, cached (lists, JSON-ready). ``sample_match`` with a
-    ``proposer`` other than the pair's draft model: :func:`sample_match_head_expected` on ``prompts_tail``."""
+                    max_new_tokens: int, prefill: bool = True) -> dict:
+    """:func:`expected` for a configuration's scheme, cached (lists, JSON-ready)."""
     from specdec_ref.warp import SamplingConfig
 
-    if scheme == "sample_match":  # llama.cpp's draft-simple at its defaults p_min = 0, n_min = 0, or a head's drafts
-        e = sample_match_expected(pair_name, temperature, k, prompts_last, max_new_tokens, prefill=prefill) \
-            if proposer == "draft" else \
-            sample_match_head_expected(pair_name, temperature, k, prompts_tail, max_new_tokens, proposer, prefill=prefill)
+    if scheme == "sample_match":  # llama.cpp's draft-simple at its defaults p_min = 0, n_min = 0
+        e = sample_match_expected(pair_name, temperature, k, prompts_last, max_new_tokens, prefill=prefill)
         return {"mean": e["mean"].tolist(), "cov": e["cov"].tolist(), "n": e["n"],
                 "totals": {"mean": e["totals"]["mean"].tolist(), "cov": e["totals"]["cov"].tolist()},
                 "rejection_acceptance_per_token": e["rejection_acceptance_per_token"]}

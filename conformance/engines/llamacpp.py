@@ -36,13 +36,16 @@ Conventions (declared, and each checked by ``engine_tests/test_llamacpp.py``):
 
 Speculation: every ``--spec-type`` verifies by *sample-and-match*: the target samples each position with the
 request's own sampler and keeps drafts while they equal its samples, so a seed's output is the same with and
-without speculation (``identical_to="control"``, checked request by request). ``draft-simple`` drafts the draft
-model's argmax (scheme ``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the
-n-gram types draft from the context (lossless by the same argument; no exact acceptance law stated).
-``draft-eagle3`` (the exactly-known EAGLE-3 head on the deep target) and ``draft-mtp`` (the order-1 table in a
-``qwen35`` target with an exactly-known MTP block), both written by :mod:`conformance.engines.gguf_heads`, propose
-:class:`properties.proposals.Eagle3FeatureLaw`'s one-hot drafts: their exact acceptance is
-:func:`efficiency.sample_match_head_expected` (option ``sample_match_proposer``). Both need
+without speculation (``identical_to="control"``, checked request by request). A round drafts ``min(k, r - 1)``
+tokens with ``r`` still to emit (``drafts_to_end``). ``draft-simple`` drafts the draft model's argmax (scheme
+``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the n-gram types draft from the
+context (lossless by the same argument; no exact acceptance law stated). ``draft-eagle3`` (the exactly-known EAGLE-3
+head on the deep target) and ``draft-mtp`` (the order-1 table in a ``qwen35`` target with an exactly-known MTP
+block), both written by :mod:`conformance.engines.gguf_heads`, propose
+:class:`properties.proposals.Eagle3FeatureLaw`'s one-hot drafts (``proposer="exact-eagle3"``): their acceptance is
+tested against the exact expectation given each round's text. For every configuration with a ``proposer`` the
+rounds are rebuilt from the efficiency set's completions and must equal each request's ``draft_n`` /
+``draft_n_accepted`` (:mod:`conformance.engines.rounds`). Both heads need
 ``--no-spec-draft-backend-sampling`` (the default backend top-k 10 aborts on a vocabulary of 8); that abort and
 ``draft-mtp``'s refusal of a Llama target are recorded as load errors (``draft-eagle3-backend``,
 ``draft-mtp-llama``): a set-up with ``start_at_open`` starts its server when the session opens, and a server that
@@ -92,21 +95,21 @@ def _draft(k: int, **extra) -> dict:
 #: ``draft-eagle3`` on the exactly-known EAGLE-3 head (:mod:`conformance.engines.gguf_heads`) over the deep target
 #: of the order-1 table: order-1 cases only (one- and two-token prompts, EOS inside a draft, EOS ordinary, greedy).
 #: ``--no-spec-draft-backend-sampling``: with the default (on), the drafter's backend top-k 10 aborts on a vocabulary
-#: of 8 (``draft-eagle3-backend`` records it). Its acceptance is exact given the head's one-hot proposals
-#: (:func:`efficiency.sample_match_head_expected`, option ``sample_match_proposer``).
+#: of 8 (``draft-eagle3-backend`` records it). Its rounds and acceptance follow the head's one-hot proposals
+#: (``proposer="exact-eagle3"``, :mod:`conformance.engines.rounds`).
 EAGLE3_CASES = ("warp-1tok", "eos", "temperature", "greedy-1tok")
 
 
 def _eagle3(k: int, **extra) -> dict:
     return {"spec_type": "draft-eagle3", "draft_model": True, "head": "eagle3", "draft_max": k, "draft_min": 0,
-            "p_min": 0.0, "backend_sampling": False, "sample_match_proposer": "exact-eagle3", **extra}
+            "p_min": 0.0, "backend_sampling": False, **extra}
 
 
 def _mtp(k: int, **extra) -> dict:
     """``draft-mtp`` on the qwen35 target whose MTP block proposes exactly what the EAGLE-3 head proposes
     (:func:`conformance.engines.gguf_heads.write_mtp_gguf`): the same expectation."""
     return {"spec_type": "draft-mtp", "head": "mtp", "draft_max": k, "draft_min": 0, "p_min": 0.0,
-            "backend_sampling": False, "sample_match_proposer": "exact-eagle3", **extra}
+            "backend_sampling": False, **extra}
 
 
 #: The n-gram types draft from the request's own context (ngram-mod: from a hash shared across requests), and
@@ -131,14 +134,17 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("control-np4", None, {"parallel": 4}, cases=("position",), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
     Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT, identical_to="control", k=3,
+                  proposer="draft",
                   note="draft model, --spec-type draft-simple --spec-draft-n-max 3 --spec-draft-n-min 0 "
                        "--spec-draft-p-min 0 (llama.cpp's defaults)"),
     Configuration("draft-k1", "draft-simple", _draft(1), "sample_match", cases=("warp",), identical_to="control", k=1,
+                  proposer="draft",
                   note="draft-simple, --spec-draft-n-max 1"),
     Configuration("draft-k5", "draft-simple", _draft(5), "sample_match", cases=("eos", "position"),
-                  identical_to="control", k=5, note="draft-simple, --spec-draft-n-max 5"),
+                  identical_to="control", k=5, proposer="draft", note="draft-simple, --spec-draft-n-max 5"),
     Configuration("draft-k3-np4", "draft-simple", _draft(3, parallel=4), "sample_match", cases=("position",),
-                  identical_to="control", k=3, note="draft-simple --spec-draft-n-max 3 with four parallel slots (-np 4)"),
+                  identical_to="control", k=3, proposer="draft",
+                  note="draft-simple --spec-draft-n-max 3 with four parallel slots (-np 4)"),
     Configuration("draft-ignored", "draft-model (no --spec-type)", {"draft_model": True, "draft_max": 3},
                   "sample_match", cases=("warp",), k=3,
                   note="-md DRAFT without --spec-type: llama.cpp loads the draft and silently does not speculate"),
@@ -152,7 +158,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", k=8,
                   note="n-gram cache of the context (up to 8 drafts; drafted nothing in any setting tried)"),
     Configuration("draft-eagle3", "draft-eagle3", _eagle3(3), "sample_match", cases=EAGLE3_CASES,
-                  identical_to="control", k=3,
+                  identical_to="control", k=3, proposer="exact-eagle3",
                   note="the exactly-known EAGLE-3 head (GGUF arch eagle3, target layers 0, 1, 2, d2t) on the 3-layer "
                        "deep target: --spec-type draft-eagle3 --spec-draft-n-max 3 --no-spec-draft-backend-sampling"),
     Configuration("draft-eagle3-backend", "draft-eagle3", _eagle3(3, backend_sampling=True, start_at_open=True),
@@ -160,6 +166,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="draft-eagle3 with llama.cpp's default backend draft sampling: its top-k 10 in the sampling "
                        "graph aborts at load on a vocabulary of 8 (recorded error)"),
     Configuration("draft-mtp", "draft-mtp", _mtp(3), "sample_match", cases=EAGLE3_CASES, identical_to="control", k=3,
+                  proposer="exact-eagle3",
                   note="the order-1 table in a qwen35 target with an exactly-known MTP block (nextn_predict_layers 1): "
                        "--spec-type draft-mtp --spec-draft-n-max 3 --no-spec-draft-backend-sampling"),
     Configuration("draft-mtp-llama", "draft-mtp", {"spec_type": "draft-mtp", "draft_max": 3, "start_at_open": True},
@@ -489,8 +496,9 @@ class LlamaCppAdapter(EngineAdapter):
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty",), timeout_s=900.0,
+    seed_probe=True,
     conventions=Conventions(
-        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
+        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True,
         notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
                "applies the temperature last)",
                "top-k keeps exactly k; tied tokens are chosen by std::partial_sort's heap, not by a stated rule (not "

@@ -145,8 +145,9 @@ class Configuration:
             raise ValueError(f"configuration {self.name!r}: scale must be in (0, 1], and below 1 only with identical_to")
         if self.method is None and (self.scheme is not None or self.proposer is not None):
             raise ValueError(f"configuration {self.name!r}: a scheme or a proposer needs a speculative method")
-        if self.proposer is not None and self.scheme != "one_hot":
-            raise ValueError(f"configuration {self.name!r}: a declared proposer drafts its argmax (scheme one_hot)")
+        if self.proposer is not None and self.scheme not in ("one_hot", "sample_match"):
+            raise ValueError(f"configuration {self.name!r}: a declared proposer drafts its argmax (scheme one_hot, or "
+                             f"sample_match: the same acceptance for an argmax draft)")
         if self.sampled_proposer is not None and (self.scheme != "token" or self.proposer is not None):
             raise ValueError(f"configuration {self.name!r}: a sampled proposer is judged token-wise (scheme token, no "
                              f"argmax proposer)")

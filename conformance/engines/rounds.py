@@ -12,11 +12,14 @@ them, in total (``drafts``, ``draft_tokens``, ``accepted_per_pos``) and, where t
 rounds, round by round, naming the first request and round that differ.
 
 Conventions an adapter declares (:class:`~conformance.engines.adapter.Conventions`): ``first_token_at_prefill``
-(vLLM: the first token is a plain target sample and rounds start after it), and a configuration's ``proposer``
-(:func:`proposal_law`). vLLM always proposes the law's full count near ``max_tokens`` and counts the accepted drafts
-before the completion is cut, so the last round of a request is *censored* when the text ends before a draft was
-rejected: its accepted count is then only bounded, ``[visible, drafts]`` (greedy requests: settled by the target's
-argmax chain). The totals must lie within the bounds and equal them where no round is censored.
+(vLLM: the first token is a plain target sample and rounds start after it), ``drafts_to_end`` and a configuration's
+``proposer`` (:func:`proposal_law`). vLLM always proposes the law's full count near ``max_tokens`` and counts the
+accepted drafts before the completion is cut, so the last round of a request is *censored* when the text ends
+before a draft was rejected: its accepted count is then only bounded, ``[visible, drafts]`` (greedy requests:
+settled by the target's argmax chain). The totals must lie within the bounds and equal them where no round is
+censored. llama.cpp drafts ``min(k, r - 1)`` with ``r`` tokens still to emit (``drafts_to_end``; none: a plain
+step), so its rounds are never cut. The same rebuild serves sample-and-match verification (llama.cpp): an argmax
+draft is kept exactly when the target's sample equals it, which is the one-hot draft's acceptance too.
 
 Sampled drafts cannot be rebuilt from a completion, but an engine that reports each request's rounds places them in
 it (:func:`engine_rounds`: a round that accepts ``m`` drafts emits ``m + 1`` tokens), which is all the conditional
@@ -133,16 +136,19 @@ def greedy_next(target_name: str) -> Callable[[int], int]:
 
 
 def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *, prefill: bool = True,
-                request: int = 0, extend: Callable[[int], int] | None = None) -> list[Round]:
+                request: int = 0, extend: Callable[[int], int] | None = None,
+                max_new: int | None = None) -> list[Round]:
     """The rounds of one request (module docstring). ``prefill``: the first token is a plain target sample (no
     round); a text on which the law proposes nothing is a plain target step (no round counted, as vLLM's n-gram
     without a match). ``extend(last) -> next``: the deterministic continuation past the completion's end (greedy
-    requests), which settles a censored round; None leaves it censored."""
+    requests), which settles a censored round; None leaves it censored. ``max_new``: the request's ``max_tokens``
+    under ``drafts_to_end`` (a round drafts at most the tokens still to emit but one); None: always ``k``."""
     text = list(prompt) + list(completion)
     pos = len(prompt) + (1 if prefill and completion else 0)
     rounds = []
     while pos < len(text):
-        drafts, ties = argmax_drafts(law, text[:pos], k)
+        room = k if max_new is None else min(k, len(prompt) + max_new - pos - 1)
+        drafts, ties = argmax_drafts(law, text[:pos], room) if room > 0 else ((), 0)
         if not drafts:
             pos += 1
             continue
@@ -174,21 +180,26 @@ def _totals(rounds: Sequence[Round], k: int) -> dict:
 
 
 def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counters: dict | None,
-                 extend: Callable[[int], int] | None = None) -> dict:
+                 extend: Callable[[int], int] | None = None, max_new: int | None = None) -> dict:
     """The engine's counters (and per-request rounds where each record has ``rounds``: ``[[drafted, accepted], ...]``
-    in order) against the rounds rebuilt from the records' ``prompt_ids`` / ``completion_ids``. ``passed`` False on
+    in order; else per-request totals where each has ``draft_tokens`` and ``accepted``) against the rounds rebuilt
+    from the records' ``prompt_ids`` / ``completion_ids`` (``max_new``: see :func:`reconstruct`). ``passed`` False on
     the first difference, with ``text`` naming it; None when the engine reports nothing to compare."""
     rounds: list[Round] = []
     first = None
     per_request = all("rounds" in r for r in records) and bool(records)
+    totals = not per_request and bool(records) and all("draft_tokens" in r and "accepted" in r for r in records)
     for i, rec in enumerate(records):
-        mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend)
+        mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend,
+                           max_new=max_new)
         rounds.extend(mine)
         if per_request and first is None:
             engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
             bad = _first_difference(mine, engine)
             if bad is not None:
                 first = _describe(i, rec, mine, engine, bad)
+        elif totals and first is None:
+            first = _totals_difference(i, rec, mine)
     total = _totals(rounds, k)
     out = {"reconstructed": total, "rounds": rounds, "per_request": per_request, "requests": len(records)}
     problems = []
@@ -209,12 +220,12 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
                 if not lo <= int(pos[j]) <= hi:
                     problems.append(f"accepted at position {j + 1}: engine {pos[j]}, reconstructed "
                                     + (f"{lo}" if lo == hi else f"{lo}..{hi}"))
-    elif not per_request:
+    elif not per_request and not totals:
         out.update(passed=None, text="the engine reports no counters to compare with the reconstruction")
         return out
     if first is not None:
         problems.insert(0, first)
-    where = "totals" + (" and every request's rounds" if per_request else "")
+    where = "totals" + (" and every request's rounds" if per_request else " and every request's totals" if totals else "")
     bounds = (f"; {total['censored']} rounds cut by max_tokens before a rejection, counted within their bounds"
               if total["censored"] else "")
     if problems:
@@ -224,6 +235,20 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
                                      f"completions ({total['draft_tokens']} drafts){bounds}")
     out["problems"] = problems
     return out
+
+
+def _totals_difference(i: int, rec: dict, mine: Sequence[Round]) -> str | None:
+    """A request whose own ``draft_tokens`` / ``accepted`` totals differ from its rebuilt rounds' (named), else None."""
+    drafted = sum(len(r.drafts) for r in mine)
+    lo, hi = sum(r.accepted for r in mine), sum(r.upper for r in mine)
+    if int(rec["draft_tokens"]) == drafted and lo <= int(rec["accepted"]) <= hi:
+        return None
+    seed = rec.get("seed")
+    want = f"{lo}" if lo == hi else f"{lo}..{hi}"
+    return (f"request {i}" + (f" (seed {seed})" if seed is not None else "") +
+            f", prompt {list(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: the engine counts "
+            f"{rec['draft_tokens']} drafts and {rec['accepted']} accepted, the rebuilt rounds "
+            f"{[(len(r.drafts), r.accepted) for r in mine]} give {drafted} and {want}")
 
 
 def _first_difference(mine: Sequence[Round], engine: Sequence[tuple[int, int]]) -> int | None:
@@ -269,9 +294,10 @@ def conditional_acceptance(target_name: str, law, records: Sequence[dict], round
     for r in rounds:
         rec = records[r.request]
         text = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[:r.start]
-        key = round_key(law, text, k)
+        kr = len(r.drafts)  # k, or fewer where the engine drafts to the end (drafts_to_end)
+        key = (round_key(law, text, kr), kr)
         if key not in memo:
-            law_m = round_acceptance(target, law, text, [], config, k, scheme)
+            law_m = round_acceptance(target, law, text, [], config, kr, scheme)
             tail = np.cumsum(law_m[::-1])[::-1]  # P(m >= j)
             memo[key] = np.array([tail[j] if j < len(tail) else 0.0 for j in range(1, k + 1)])
         p = memo[key]
@@ -332,8 +358,9 @@ def rounds_of(ad, cfg, state: dict) -> dict | None:
         counters = {"draft_tokens": eff.get("draft_tokens"), "accepted": eff.get("accepted")} \
             if eff.get("counters_source") == "per-request" else None
     extend = greedy_next(target) if EFFICIENCY.sampling.greedy else None
+    max_new = EFFICIENCY.max_new_tokens if ad.conventions.drafts_to_end else None
     check = check_rounds(law, records, k, prefill=ad.conventions.first_token_at_prefill, counters=counters,
-                         extend=extend)
+                         extend=extend, max_new=max_new)
     rounds = check.pop("rounds")
     out = {"check": {**check, "proposer": cfg.proposer}, "efficiency": None}
     if cfg.proposer.partition(":")[0] != "draft" and rounds:

@@ -300,13 +300,9 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     exp = None
     if cfg.scheme in ("token", "one_hot", "block", "sample_match") and (cfg.proposer or "draft") == "draft" \
             and cfg.sampled_proposer is None:
-        head = cfg.options.get("sample_match_proposer")  # a head's argmax drafts (llama.cpp's draft-eagle3)
-        tails = tuple(tuple(json.loads(line)["prompt_ids"][-2:]) for line in
-                      Path(eff["file"]).read_text().splitlines()) if head and eff.get("file") else ()
         exp = expectation_for(ad.families[EFFICIENCY.family], cfg.scheme, EFFICIENCY.sampling.temperature, k,
                               tuple(eff["prompts_last"]), EFFICIENCY.max_new_tokens,
-                              prefill=ad.conventions.first_token_at_prefill, proposer=head or "draft",
-                              prompts_tail=tails)
+                              prefill=ad.conventions.first_token_at_prefill)
     out = compare(eff, exp, k=k, rates=rates)
     out.update(scheme=cfg.scheme, n_requests=eff["n"], seconds=eff.get("seconds"),
                counters_source=eff.get("counters_source"))
