@@ -76,7 +76,7 @@ step "engine level: the black-box matrix with the defect-A patch"
 step "engine level: the EAGLE (argmax and sampled drafts), EAGLE-3 and Medusa heads with defects A and C patched"
 # unpatched they ran above (every configuration); the rounds rebuilt from the completions must equal the counters
 "$PY" -m conformance.engines vllm --out "$OUT/engine-patch-AC" --patch A,C --check-expected --jobs 2 \
-    --configs eagle,medusa,eagle3,eagle-prob
+    --configs eagle,medusa,eagle3,eagle-prob,mtp
 
 step "engine level: sampled EAGLE drafts with defects D and E fixed too (seeds honoured)"
 # with A,C the seed probe fails on eagle-prob (recorded); with the drafts' noise and q per request it must pass

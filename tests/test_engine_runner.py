@@ -207,9 +207,10 @@ def test_recorded_expectations_cover_the_matrix():
 
 #: (patch key, configuration) pairs a patched section does not record: the stage runs that patch on other configurations
 _PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("control-deep3", "eagle", "medusa", "eagle3",
-                                                              "eagle3-one-layer", "mtp", "dflash", "eagle-prob"),
+                                                              "eagle3-one-layer", "mtp", "mtp-llama", "dflash",
+                                                              "eagle-prob"),
                                                   "patch A,C": ("control", "control-deep3", "draft-prob", "draft-greedy",
-                                                                "block", "ngram", "eagle3-one-layer", "mtp", "dflash",
+                                                                "block", "ngram", "eagle3-one-layer", "dflash",
                                                                 "suffix", "synthetic")}.items()
                   for cfg in configs}
 #: vLLM's "patch A,C,D,E" (the seed fixes): the stage runs eagle-prob only

@@ -13,7 +13,8 @@ sample at prefill, rounds of exactly ``k`` drafts follow; a request's ``seed`` f
 proposer, each request's rounds (``per_request_spec_decode_metrics="detailed"``): the runner rebuilds the rounds from
 the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAGLE-3 and Medusa configurations load
 the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
-target of the same table (option ``target_layers``: same logits, layers that differ). Patches:
+target of the same table (option ``target_layers``: same logits, layers that differ); ``mtp`` loads the table as a
+MiMo checkpoint with an exactly-known MTP layer (option ``target``, :mod:`specdec_ref.exact_mtp_target`). Patches:
 :mod:`conformance.engines.vllm_patch` (defects A to E). Importing this module never imports vLLM.
 """
 from __future__ import annotations
@@ -68,7 +69,10 @@ CONFIGS: tuple[Configuration, ...] = (
                        "default aux layers 0, 1, 2), argmax drafts (one-hot)"),
     Configuration("eagle3-one-layer", "eagle3", {"head": "eagle3-default-aux"}, cases=("greedy-1tok",),
                   note="EAGLE-3 head with vLLM's default auxiliary layers (three) on the one-layer target"),
-    Configuration("mtp", "mtp", {}, cases=("greedy-1tok",), note="MTP on a Llama target (it has no MTP layers)"),
+    Configuration("mtp", "mtp", {"target": "mimo-mtp"}, "one_hot", cases=HEAD_CASES, proposer="exact-eagle3",
+                  note="MTP: the order-1 table as a MiMo checkpoint (Qwen2 layers) with one exactly-known MTP layer "
+                       "(specdec_ref.exact_mtp_target; it proposes what the EAGLE-3 head does), argmax drafts (one-hot)"),
+    Configuration("mtp-llama", "mtp", {}, cases=("greedy-1tok",), note="MTP on the Llama target (it has no MTP layers)"),
     Configuration("dflash", "dflash", {"head": "eagle"}, cases=("greedy-1tok",),
                   note="DFlash given a Llama-architecture head (the EAGLE head's folder)"),
     Configuration("suffix", "suffix", {}, None, cases=("warp",), note="suffix decoding (needs Arctic Inference)"),
@@ -103,13 +107,19 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
 
 
 #: Configuration options the adapter reads itself (never passed to vLLM's ``speculative_config``).
-_OWN_OPTIONS = ("head", "target_layers")
+_OWN_OPTIONS = ("head", "target_layers", "target")
 
 
 def target_path(cfg: Configuration, pair) -> str:
     """The folder vLLM loads as the target: the pair's checkpoint, or with the option ``target_layers`` the deep
     target of the same table with that many layers (:func:`specdec_ref.exact_head_files.deep_target_folder`: the
-    same logits bit for bit, layers whose residual streams differ), written at run time."""
+    same logits bit for bit, layers whose residual streams differ), or with the option ``target="mimo-mtp"`` the
+    table as a MiMo checkpoint with an exactly-known MTP layer (:func:`specdec_ref.exact_mtp_target.mtp_target_folder`),
+    written at run time."""
+    if cfg.options.get("target") == "mimo-mtp":  # the table as a MiMo checkpoint with an exact MTP layer
+        from specdec_ref.exact_mtp_target import mtp_target_folder
+
+        return str(mtp_target_folder(pair.target.name))
     layers = cfg.options.get("target_layers")
     if layers is None:
         return str(pair.target.path)
