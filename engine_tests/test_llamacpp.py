@@ -257,27 +257,16 @@ def test_reduced_matrix_run(tmp_path):
     assert v["draft-ignored"]["cases"]["warp"]["level"] == "not_speculating"
 
 
-def _eagle3_rounds(prompt, completion, k=3):
+def _eagle3_rounds(prompt, completion, k=3, max_new=10):
     """``(draft tokens, accepted, accepted per position)`` of one request under the exact EAGLE-3 head's law
-    (:class:`properties.proposals.Eagle3FeatureLaw`, first-index argmax) and llama.cpp's rule: the first token at
-    prefill, then rounds of ``min(k, r - 1)`` drafts with ``r`` tokens still to emit; a draft is kept while it equals
-    the target's sample (sample-and-match), so every round is rebuilt from the completion."""
-    from conformance.engines.rounds import argmax_drafts, proposal_law
+    (:class:`properties.proposals.Eagle3FeatureLaw`, first-index argmax) and llama.cpp's rule (the first token at
+    prefill, then rounds of ``min(k, r - 1)`` drafts with ``r`` of ``max_new`` tokens still to emit; a draft is kept
+    while it equals the target's sample): the runner's own rebuild, :func:`conformance.engines.rounds.reconstruct`."""
+    from conformance.engines.rounds import proposal_law, reconstruct
 
-    law = proposal_law("exact-eagle3", "order1-close")
-    text, pos, drafted, accepted, per_pos = list(prompt) + list(completion), len(prompt) + 1, 0, 0, [0] * k
-    while pos < len(text):
-        n = min(k, len(text) - pos - 1)
-        if n <= 0:
-            pos += 1
-            continue
-        drafts = argmax_drafts(law, text[:pos], k)[0][:n]
-        m = 0
-        while m < n and text[pos + m] == drafts[m]:
-            per_pos[m] += 1
-            m += 1
-        drafted, accepted, pos = drafted + n, accepted + m, pos + m + 1
-    return drafted, accepted, per_pos
+    rounds = reconstruct(proposal_law("exact-eagle3", "order1-close"), prompt, completion, k, max_new=max_new)
+    per_pos = [sum(r.accepted > j for r in rounds) for j in range(k)]
+    return sum(len(r.drafts) for r in rounds), sum(r.accepted for r in rounds), per_pos
 
 
 def _table_check(srv):

@@ -103,17 +103,24 @@ def _generate(llm, prompts):
     return outs, counters
 
 
+def _records(prompts, outs, what=""):
+    """The black-box records of greedy outputs (each must be the target's greedy continuation), with vLLM's per-step
+    drafted / accepted counts as their rounds."""
+    records = []
+    for p, o in zip(prompts, outs):
+        ids = [int(t) for t in o.outputs[0].token_ids]
+        assert ids == _greedy(p, MAX_TOKENS), (what, p, ids)
+        m = o.outputs[0].spec_decode_metrics
+        records.append({"prompt_ids": p, "completion_ids": ids,
+                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
+    return records
+
+
 def test_greedy_equals_the_targets_greedy_continuation_and_the_rounds_equal_the_counters(engine):
     name, llm = engine
     prompts = [[y, x] for y in range(8) for x in range(8)]
     outs, counters = _generate(llm, prompts)
-    records = []
-    for p, o in zip(prompts, outs):
-        ids = [int(t) for t in o.outputs[0].token_ids]
-        assert ids == _greedy(p, MAX_TOKENS), (name, p, ids)
-        m = o.outputs[0].spec_decode_metrics
-        records.append({"prompt_ids": p, "completion_ids": ids,
-                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
+    records = _records(prompts, outs, name)
     assert counters["accepted"] > 0, counters
     out = R.check_rounds(R.proposal_law(HEADS[name], "order1-close"), records, K, prefill=True, counters=counters,
                          extend=R.greedy_next(TARGET))
@@ -154,13 +161,7 @@ def test_an_eagle3_head_reading_a_wrong_layer_is_named_by_the_rounds_check(tmp_p
         outs, counters = _generate(llm, prompts)
     finally:
         llm.llm_engine.engine_core.shutdown()
-    records = []
-    for p, o in zip(prompts, outs):
-        ids = [int(t) for t in o.outputs[0].token_ids]
-        assert ids == _greedy(p, MAX_TOKENS), (p, ids)
-        m = o.outputs[0].spec_decode_metrics
-        records.append({"prompt_ids": p, "completion_ids": ids,
-                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
+    records = _records(prompts, outs, "eagle3 [0, 1, 3]")
     out = R.check_rounds(R.proposal_law(HEADS["eagle3"], "order1-close"), records, K, prefill=True, counters=counters,
                          extend=R.greedy_next(TARGET))
     assert out["passed"] is False and out["problems"][0].startswith("request "), out["text"]
@@ -178,17 +179,6 @@ def _mtp_llm(root, *, read_token=False, **extra):
     folder = mtp_target_folder(TARGET, read_token=read_token, root=root)
     return LLM(model=str(folder), per_request_spec_decode_metrics="detailed",
                speculative_config={"method": "mtp", "num_speculative_tokens": K}, **ENGINE_ARGS, **extra)
-
-
-def _records(prompts, outs):
-    records = []
-    for p, o in zip(prompts, outs):
-        ids = [int(t) for t in o.outputs[0].token_ids]
-        assert ids == _greedy(p, MAX_TOKENS), (p, ids)
-        m = o.outputs[0].spec_decode_metrics
-        records.append({"prompt_ids": p, "completion_ids": ids,
-                        "rounds": [[d, a] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]})
-    return records
 
 
 @pytest.fixture(scope="module")
