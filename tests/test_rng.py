@@ -3,7 +3,8 @@ verifies bit for bit the same alone or anywhere in any batch, for every referenc
 import pytest
 import torch
 
-from specdec_ref.rng import check_generators, exponential_like, uniform
+import specdec_ref.rng as rng
+from specdec_ref.rng import check_generators, exponential_, exponential_like, uniform
 from specdec_ref.schemes import BlockwiseVerifier, OneHotDraftVerifier, TypicalAcceptanceVerifier
 from specdec_ref.tree import TREE_VERIFIERS
 from specdec_ref.verify import BlockVerifier, verify_block
@@ -29,6 +30,26 @@ def test_per_row_draws_are_the_rows_own_stream():
         assert torch.equal(u[b], torch.rand(4, generator=torch.Generator().manual_seed(s)))
         assert torch.equal(e[b], torch.empty(5).exponential_(generator=torch.Generator().manual_seed(s)))
     assert torch.equal(uniform((2, 3), torch.Generator().manual_seed(1), "cpu"), torch.rand(2, 3, generator=torch.Generator().manual_seed(1)))
+
+
+@pytest.mark.parametrize("shape", [(65536, 16), (3, 4096), (rng.FAST_EXPONENTIAL_MIN,), (5, 7)])
+@pytest.mark.parametrize("seed", [0, 1, 987654321])
+def test_the_vectorised_exponential_is_exponential_value_for_value(shape, seed):
+    """Guards a fast path that changes the stream (replays, equality with transformers' multinomial): the values and
+    the generator state afterwards equal ``Tensor.exponential_``'s, bit for bit."""
+    assert rng.float32_exponential_is_log1p(), "this torch build's exponential_ is not -log1p(-u): the fast path is off"
+    g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    for _ in range(2):  # and the next draw from each generator
+        assert torch.equal(exponential_(torch.empty(shape), g1), torch.empty(shape).exponential_(generator=g2))
+    assert torch.equal(g1.get_state(), g2.get_state())
+
+
+def test_the_fast_exponential_is_off_where_the_identity_does_not_hold(monkeypatch):
+    """A torch build whose exponential_ is computed otherwise gets exponential_ itself (no silent change of stream)."""
+    called = []
+    monkeypatch.setattr(rng, "float32_exponential_is_log1p", lambda: called.append(1) or False)
+    e = exponential_(torch.empty(4, 4096), torch.Generator().manual_seed(3))
+    assert called and torch.equal(e, torch.empty(4, 4096).exponential_(generator=torch.Generator().manual_seed(3)))
 
 
 @pytest.mark.parametrize(
