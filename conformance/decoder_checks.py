@@ -407,7 +407,10 @@ ROWS_TV_SHARE = 2 / 3
 
 def answers_in_rows(backend) -> bool:
     """Whether ``decoder_sequence_law`` draws its sample as rows of ``backend.decode_batch`` (it claims
-    ``batched_decoder`` and has one; a tree decoder seen as a chain has none)."""
+    ``batched_decoder`` and has one; a tree decoder seen as a chain says so itself: it claims ``batched_tree_decoder``)."""
+    declared = getattr(backend, "answers_in_rows", None)
+    if declared is not None:
+        return bool(declared)
     return backend.capabilities.has("batched_decoder") and callable(getattr(backend, "decode_batch", None))
 
 
@@ -453,10 +456,11 @@ def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, ta
     outputs = streams.draws(ctx.streams, ("sequence-rows", case, seed), n, start=lambda: None, draw=draw,
                             chunk=SEQUENCE_ROWS_BATCH)
     alike = min(decodes_alike(tv), len(outputs))
+    one, rows_call = getattr(backend, "call_names", ("decode()", "decode_batch()"))
     assert_continuations_follow(
         cells, outputs, ctx, tv=row_tv, seed=seed, sensitive_to=spec.sensitive_to,
-        what=f"{what}; rows of decode_batch, each its own generator (decode() must give the same continuation for the "
-        f"first {alike} generators; the two together: power {TARGET_POWER} against every decode() law at TV >= {tv:g})",
+        what=f"{what}; rows of {rows_call}, each its own generator ({one} must give the same continuation for the "
+        f"first {alike} generators; the two together: power {TARGET_POWER} against every {one} law at TV >= {tv:g})",
     )
     checked = streams.memo(ctx.streams, ("sequence-decodes", case, seed))
     for i in range(alike):
@@ -464,9 +468,9 @@ def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, ta
             continue
         got = tuple(_decode(backend, target, draft, prompt, generator=torch.Generator().manual_seed(seed + i), **run).tokens)
         assert got == outputs[i], (
-            f"decode() and decode_batch() differ for the same generator (seed {seed + i}; {what}):\n"
-            f"  decode():             {list(got)}\n  decode_batch() row {i}: {list(outputs[i])}\n"
-            "the contract: decode is decode_batch's one-request case, and a seeded row is bit-identical alone or in any "
+            f"{one} and {rows_call} differ for the same generator (seed {seed + i}; {what}):\n"
+            f"  {one}:{' ' * max(1, 21 - len(one))}{list(got)}\n  {rows_call} row {i}: {list(outputs[i])}\n"
+            f"the contract: {one} is {rows_call}'s one-request case, and a seeded row is bit-identical alone or in any "
             f"batch\n  replay: {ctx.replay}"
         )
         checked[i] = True

@@ -71,16 +71,24 @@ TREE_SEQUENCE_CASES = {"position": SEQUENCE_TV, "position_limit": 0.09}
 
 
 class TreeAsChain:
-    """A tree decoder seen as a chain decoder: ``decode(..., k=K, ...)`` calls ``decode_tree(..., depth=K, width=width, ...)``."""
+    """A tree decoder seen as a chain decoder: ``decode(..., k=K, ...)`` calls ``decode_tree(..., depth=K, width=width, ...)``;
+    for a backend claiming ``batched_tree_decoder``, ``decode_batch(..., k=K)`` calls ``decode_tree_batch`` (its rows
+    then answer ``decoder_sequence_law``: :func:`~conformance.decoder_checks.answers_in_rows`)."""
 
     def __init__(self, backend, width: int):
         self.backend = backend
         self.width = width
         self.name = getattr(backend, "name", "?")
         self.capabilities = backend.capabilities
+        self.call_names = ("decode_tree()", "decode_tree_batch()")
+        self.answers_in_rows = backend.capabilities.has("batched_tree_decoder") and callable(
+            getattr(backend, "decode_tree_batch", None))
 
     def decode(self, target, draft, prompt, *, k, **kwargs):
         return self.backend.decode_tree(target, draft, prompt, depth=k, width=self.width, **kwargs)
+
+    def decode_batch(self, target, draft, requests, *, k, **kwargs):
+        return self.backend.decode_tree_batch(target, draft, requests, depth=k, width=self.width, **kwargs)
 
 
 def _as_tree(run, width: int):
@@ -150,7 +158,9 @@ def check_tree_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: f
 
     Case ``position``: the order-2, position-dependent target (its logits read the previous token through
     attention over the KV cache and the parity of the position through RoPE), so a misplaced K/V entry after
-    compaction or a node written at the wrong position changes the law. N = 7 958 at the ``ci`` profile.
+    compaction or a node written at the wrong position changes the law. N = 7 958 at the ``ci`` profile. A backend
+    claiming ``batched_tree_decoder`` answers in rows of ``decode_tree_batch`` at TV ``2/3 tv`` and then ``decode_tree``
+    seed for seed on the first rows (``decoder_sequence_law``'s argument, :func:`~conformance.decoder_checks.rows_law_then_decodes_alike`).
     Case ``position_limit``: the same pair at its 128 positions, where the tree shrinks and then gives way to plain
     target steps (``TREE_SEQUENCE_CASES`` states the effect of a wrong plain step there).
     """

@@ -37,6 +37,7 @@ class ReferenceBackend:
         row_generators=True,
         tree_decoder=True,
         batched_decoder=True,
+        batched_tree_decoder=True,
         min_p=True,
         history_sampling=True,
         phase_timings=True,
@@ -117,6 +118,11 @@ class ReferenceBackend:
             generator=generator,
             on_round=on_round,
         )
+
+    def decode_tree_batch(self, target, draft, requests, *, depth, width, on_round=None):
+        """Batched tree speculative decoding (:mod:`specdec_ref.tree_batch`): one result per request, each row's
+        draws from its own generator (a seeded request gives what :meth:`decode_tree` gives it alone)."""
+        return self.tree_decoder.decode_tree_batch(target, draft, requests, depth=depth, width=width, on_round=on_round)
 
     def make_cache(self, model) -> ModelCache:
         """The KV cache adapter the decoder uses (checked by the stateful cache machine)."""

@@ -90,6 +90,25 @@ def _tree_layout_on_device(parents: torch.Tensor) -> tuple[torch.Tensor, torch.T
     ancestors = ancestors[:n, :n]
     return ancestors.sum(-1) - 1, ancestors
 
+def batched_tree_layout(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tree_layout` of one tree per row: ``parents [B, N]`` gives ``depth [B, N]`` and ``ancestors [B, N, N]``
+    (pointer doubling on the device, no host read)."""
+    b, n = parents.shape
+    device = parents.device
+    sink = n
+    jump = torch.where(parents < 0, sink, parents.long())
+    rows = torch.arange(n, device=device)
+    ancestors = torch.zeros(b, n + 1, n + 1, dtype=torch.bool, device=device)
+    ancestors[:, rows, rows] = True
+    ancestors.scatter_(2, jump[:, :, None], True)
+    jump = torch.cat([jump, jump.new_full((b, 1), sink)], 1)
+    for _ in range(max(n - 1, 0).bit_length()):
+        ancestors = ancestors | ancestors.gather(1, jump[:, :, None].expand(b, n + 1, n + 1))
+        jump = jump.gather(1, jump)
+    ancestors = ancestors[:, :n, :n]
+    return ancestors.sum(-1) - 1, ancestors
+
+
 #: Tolerances of the fresh-prefill guarantee in float32 (block vs incremental kernels).
 ATOL = 1e-5
 RTOL = 1e-4

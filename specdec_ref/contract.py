@@ -303,6 +303,9 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``min_p``           the decoder honours ``SamplingConfig.min_p``
 ``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
 ``phase_timings``   ``decode`` / ``decode_batch`` report each round's phase seconds in ``RoundRecord.seconds`` (below)
+``batched_tree_decoder`` exposes ``decode_tree_batch(target, draft, requests, *, depth, width, on_round=None)``: the
+                    tree decoder's rows, as ``decode_batch`` is the chain decoder's (draft-model proposers; a seeded
+                    request gives what ``decode_tree`` gives it alone)
 ==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
@@ -514,6 +517,12 @@ _CAPABILITY_METHODS: dict[str, tuple[str, tuple, dict, str]] = {
         (None, None, None),
         dict(k=1, on_round=None),
         "decode_batch(target, draft, requests, *, k, on_round=None)",
+    ),
+    "batched_tree_decoder": (
+        "decode_tree_batch",
+        (None, None, None),
+        dict(depth=1, width=1, on_round=None),
+        "decode_tree_batch(target, draft, requests, *, depth, width, on_round=None)",
     ),
     "tree_decoder": (
         "decode_tree",

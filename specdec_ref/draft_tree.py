@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["DraftTree", "tree_nodes", "fed_parents"]
+__all__ = ["DraftTree", "tree_nodes", "fed_parents", "same_path_rows"]
 
 
 def tree_nodes(depth: int, width: int) -> int:
@@ -25,6 +25,19 @@ def fed_parents(level: int, chosen: torch.Tensor, width: int) -> torch.Tensor:
     if level == 1:
         return torch.full((width,), -1, dtype=torch.long, device=chosen.device)
     return (level - 2) * width + torch.div(chosen, width, rounding_mode="floor")
+
+
+def same_path_rows(rows: torch.Tensor, parent_ids: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row per distinct path among the ``w`` nodes a drafter just fed: ``rows [..., w, V]``, ``parent_ids [..., w]``
+    (each node's parent's path id, -1 for the root) and ``tokens [..., w]``. Nodes with the same parent path and token
+    (i.i.d. siblings drawn twice) have the same context, so the same row in exact arithmetic, but their forward reads
+    the keys at other slots and rounds otherwise; each takes the row of its first occurrence, so that its children's
+    scores tie exactly (and :meth:`~specdec_ref.tree_decode.TreeSpeculativeDecoder.expand` breaks the tie by index,
+    whatever the batch). Returns the rows and each node's path id (the index of its first occurrence)."""
+    same = (parent_ids.unsqueeze(-1) == parent_ids.unsqueeze(-2)) & (tokens.unsqueeze(-1) == tokens.unsqueeze(-2))
+    first = same.to(torch.uint8).argmax(-1)  # the first j with node j's path: j <= i
+    picked = rows.gather(-2, first.unsqueeze(-1).expand(*first.shape, rows.shape[-1]))
+    return picked, first
 
 
 @dataclass

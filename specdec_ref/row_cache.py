@@ -126,6 +126,74 @@ class RowCaches:
         self.commit(lengths)
         return True
 
+    def feed_tree(self, ids: torch.Tensor, parents: torch.Tensor, tree_starts: Sequence[int]) -> torch.Tensor:
+        """One tree per row: the last ``n`` nodes ``ids [B, n]`` of row ``b``'s tree, whose nodes occupy the slots from
+        ``tree_starts[b]`` (``parents [B, N]``: every node of each row's tree so far, ``-1`` under the prefix; the rows'
+        trees may differ). Each node gets position ``tree_starts[b] + depth`` and sees the prefix, its ancestors and
+        itself (:meth:`~specdec_ref.cache.ModelCache.feed_tree` per row). Float32 logits ``[B, n, V]``."""
+        from .cache import batched_tree_layout
+
+        n = ids.shape[1]
+        if self.scalar:
+            logits = self.cache.feed_tree(ids, parents[0], tree_start=int(tree_starts[0]))
+            self.tentative = [self.cache.tentative_length]
+            return logits
+        depth, ancestors = batched_tree_layout(parents)
+        device = ids.device
+        first = torch.tensor(tree_starts, dtype=torch.long, device=device)
+        starts = torch.tensor(self.tentative, dtype=torch.long, device=device)
+        logits = self.cache.ragged_tree_forward(ids, starts, first, first[:, None] + depth[:, -n:], ancestors[:, -n:],
+                                                max(self.tentative) + n)
+        self.tentative = [t + n for t in self.tentative]
+        return logits
+
+    def compact(self, keeps: Sequence[Sequence[int]]) -> None:
+        """Row ``b`` keeps its committed prefix and its tentative slots ``keeps[b]`` (strictly increasing), moved right
+        after the prefix (:meth:`~specdec_ref.cache.ModelCache.compact` per row)."""
+        keeps = [list(k) for k in keeps]
+        if self.scalar:
+            self.cache.compact(keeps[0])
+            self.tentative = [self.cache.tentative_length]
+            return
+        for b, keep in enumerate(keeps):
+            c = self.committed[b]
+            if not keep or keep[0] < c or keep[-1] >= self.tentative[b] or any(x >= y for x, y in zip(keep, keep[1:])):
+                raise ValueError(f"compact: row {b} keeps {keep}, not strictly increasing in [committed {c}, "
+                                 f"tentative {self.tentative[b]})")
+        moves = [(b, keep) for b, keep in enumerate(keeps) if keep != list(range(self.committed[b], self.committed[b] + len(keep)))]
+        if moves:
+            self.cache.compact_rows([self.committed[b] for b in range(len(keeps))], keeps)
+        self.tentative = [c + len(k) for c, k in zip(self.committed, keeps)]
+
+    def take(self, rows: Sequence[int]) -> "RowCaches":
+        """A copy of ``rows`` (B > 1) as a batch of their own (:meth:`put` writes it back)."""
+        import copy
+
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.cache.device)
+        cache = copy.copy(self.cache)
+        cache._cache = type(self.cache._cache)([k.index_select(0, index) for k in self.cache._cache.keys],
+                                               [v.index_select(0, index) for v in self.cache._cache.values])
+        cache.batch_size = len(rows)
+        part = RowCaches.__new__(RowCaches)
+        part.cache = cache
+        part.tentative = [self.tentative[i] for i in rows]
+        part.committed = [self.committed[i] for i in rows]
+        part.scalar = len(rows) == 1
+        if part.scalar:
+            cache._tentative, cache._committed = part.tentative[0], part.committed[0]
+        return part
+
+    def put(self, rows: Sequence[int], part: "RowCaches") -> None:
+        """Write a :meth:`take` copy of ``rows`` back: its buffers and lengths."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.cache.device)
+        with torch.inference_mode():
+            for mine, theirs in zip((*self.cache._cache.keys, *self.cache._cache.values),
+                                    (*part.cache._cache.keys, *part.cache._cache.values)):
+                mine.index_copy_(0, index, theirs)
+        for r, i in enumerate(rows):
+            self.tentative[i] = part.tentative[r]
+            self.committed[i] = part.committed[r]
+
     def commit(self, lengths: Sequence[int]) -> None:
         """Row ``b`` keeps its first ``lengths[b]`` slots, all committed (``committed[b] <= lengths[b] <= tentative[b]``)."""
         lengths = [int(n) for n in lengths]

@@ -47,12 +47,13 @@ from .cache import ModelCache
 from .capabilities import TREE_PROPOSER_NAMES
 from .contract import DecodeResult, NotSupportedError, RoundHook
 from .decode import _truncate, _validate_decode_args, end_round, open_caches
-from .draft_tree import DraftTree, fed_parents, tree_nodes
+from .draft_tree import DraftTree, fed_parents, same_path_rows, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 from .proposers import is_model, proposer_kind
 from .static_cache import fastest_cache
 from .tree import SpecInferTreeVerifier, TreeVerifierBase
+from .tree_batch import decode_tree_batch
 from .verify import sample_from_weights
 from .warp import GREEDY, SamplingConfig, warp
 
@@ -138,12 +139,17 @@ class TreeSpeculativeDecoder:
         tree_start = draft_cache.tentative_length
         draft_slots = torch.full((tree_nodes(depth, width),), -1, dtype=torch.long, device=logits.device)
         fed: list[torch.Tensor] = []
+        path_ids: list[torch.Tensor] = []  # per fed node: the fed index of the first node with its path
         steps = torch.arange(width, device=logits.device)
 
         def level_rows(level, chosen, nodes, tokens):
-            fed.append(fed_parents(level, chosen, width))
+            parents = fed_parents(level, chosen, width)
+            fed.append(parents)
             rows = draft_cache.feed_tree(tokens[None], torch.cat(fed), tree_start=tree_start)[0]
             draft_slots[nodes] = tree_start + (level - 1) * width + steps
+            parent_ids = parents if level == 1 else torch.cat(path_ids)[parents]
+            rows, first = same_path_rows(rows, parent_ids, tokens)
+            path_ids.append((level - 1) * width + first)
             return self.draft_probs(rows, sampling)
 
         tokens, parents, qs = self.grow_levels(self.draft_probs(logits, sampling), depth, width, sampling, generator,
@@ -160,7 +166,9 @@ class TreeSpeculativeDecoder:
         logits = target_cache.feed_tree(torch.cat([pending, tree.tokens[None]], 1), parents)
         rows = self.target_rows(logits, sampling)
         qs = None if sampling.greedy else tree.draft_probs[None]
-        return self.tree_verifier(tree.tokens[None], tree.parents[None], qs, rows, generator=generator, validate=False)
+        # a one-row list: the per-row order of draws (final-sample race, then coins), so that the request decodes bit
+        # for bit as a row of decode_tree_batch (specdec_ref.tree_batch)
+        return self.tree_verifier(tree.tokens[None], tree.parents[None], qs, rows, generator=[generator], validate=False)
 
     def target_keep(self, start: int, path: list[int]) -> list[int]:
         """Target slots to keep: the pending token's ``start`` and the kept path nodes' ``start + 1 + node``."""
@@ -336,6 +344,13 @@ class TreeSpeculativeDecoder:
         if timed:
             result.seconds = seconds
         return result
+
+
+    def decode_tree_batch(self, target, draft, requests, *, depth: int, width: int,
+                          on_round: RoundHook | None = None) -> list[DecodeResult]:
+        """Every request as a row of one batch (:func:`specdec_ref.tree_batch.decode_tree_batch`); a seeded request
+        gives what :meth:`decode` gives it alone."""
+        return decode_tree_batch(self, target, draft, requests, depth=depth, width=width, on_round=on_round)
 
 
 class DraftModelTrees:
