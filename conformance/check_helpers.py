@@ -18,6 +18,7 @@ from specdec_ref.decode import autoregressive_decode
 from specdec_ref.models import make_draft, tiny_lm
 from specdec_ref.warp import GREEDY, SamplingConfig, warp
 
+from . import streams
 from .registry import CheckContext, NotApplicable, exact_scheme
 
 
@@ -374,3 +375,62 @@ def _mixed_requests(seed: int, configs, count: int, vocab: int = 16) -> list[Req
         out.append(Request(prompt=prompt, max_new_tokens=int(torch.randint(3, 15, (1,), generator=g)), sampling=config,
                            eos_ids=eos, seed=seed * 100 + i if i % 2 == 0 else None))
     return out
+
+
+#: A backend claiming ``batched_decoder`` answers ``decoder_sequence_law`` in rows of ``decode_batch`` (the contract:
+#: ``decode`` is its one-request case and a seeded row is bit-identical alone or in any batch), this many per call.
+SEQUENCE_ROWS_BATCH = 1024
+#: The rows' chi-square is sized for this share of the case's TV; the rest is the decodes' part (below).
+ROWS_TV_SHARE = 2 / 3
+
+
+def rows_tv(tv: float) -> float:
+    """The TV the rows' chi-square is sized for when the case states ``tv`` for ``decode``."""
+    return tv * ROWS_TV_SHARE
+
+
+def decodes_alike(tv: float) -> int:
+    """M: the decodes compared seed for seed with the first M rows. A ``decode`` whose law is at TV ``g = tv -
+    rows_tv(tv)`` or more from the rows' law gives another continuation than its row under the same generator with
+    probability >= g per seed (any coupling of two laws differs with probability >= their TV), so M decodes alike
+    miss it with probability <= (1 - g)^M <= 1 - TARGET_POWER."""
+    from properties.stats import TARGET_POWER
+
+    return math.ceil(math.log1p(-TARGET_POWER) / math.log1p(-(tv - rows_tv(tv))))
+
+
+def law_in_rows_then_alike(backend, ctx: CheckContext, cells, *, key: tuple, seed: int, tv: float, what: str,
+                           sensitive_to: str, samples, request: dict, rows, one) -> None:
+    """The rows-then-alike test (:func:`rows_law_then_decodes_alike`) for any law of one request: ``samples(tv)`` rows
+    at TV ``rows_tv(tv)``, drawn ``SEQUENCE_ROWS_BATCH`` per ``rows(requests, where)`` call (row i: ``request`` with a
+    generator seeded ``seed + i``), then ``one(generator)`` (the one-request call) equal to the first M rows."""
+    from properties.stats import TARGET_POWER
+
+    row_tv = rows_tv(tv)
+    n = math.ceil(samples(row_tv) * ctx.sample_scale)
+
+    def draw(_, index, size):
+        ids = range(index * size, (index + 1) * size)
+        requests = [Request(**request, generator=torch.Generator().manual_seed(seed + i)) for i in ids]
+        return [tuple(r.tokens) for r in rows(requests, f"rows {ids[0]}..")]
+
+    outputs = streams.draws(ctx.streams, (*key, "rows"), n, start=lambda: None, draw=draw, chunk=SEQUENCE_ROWS_BATCH)
+    alike = min(decodes_alike(tv), len(outputs))
+    single, rows_call = getattr(backend, "call_names", ("decode()", "decode_batch()"))
+    assert_continuations_follow(
+        cells, outputs, ctx, tv=row_tv, seed=seed, sensitive_to=sensitive_to,
+        what=f"{what}; rows of {rows_call}, each its own generator ({single} must give the same continuation for the "
+        f"first {alike} generators; the two together: power {TARGET_POWER} against every {single} law at TV >= {tv:g})",
+    )
+    checked = streams.memo(ctx.streams, (*key, "alike"))
+    for i in range(alike):
+        if i in checked:
+            continue
+        got = tuple(one(torch.Generator().manual_seed(seed + i)).tokens)
+        assert got == outputs[i], (
+            f"{single} and {rows_call} differ for the same generator (seed {seed + i}; {what}):\n"
+            f"  {single}:{' ' * max(1, 21 - len(single))}{list(got)}\n  {rows_call} row {i}: {list(outputs[i])}\n"
+            f"the contract: {single} is {rows_call}'s one-request case, and a seeded row is bit-identical alone or in any "
+            f"batch\n  replay: {ctx.replay}"
+        )
+        checked[i] = True

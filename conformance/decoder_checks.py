@@ -44,11 +44,15 @@ from .check_helpers import (  # noqa: F401  (shared with the other check modules
     assert_numerical_flip,
     assert_rounds_accept_ideally,
     assert_stops,
+    decode_batch,
+    decodes_alike,
     efficiency_prompts,
     efficiency_scheme,
     efficiency_tables,
+    law_in_rows_then_alike,
     model_pair,
     prompts,
+    rows_tv,
     sequence_models,
 )
 from . import streams
@@ -398,13 +402,6 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float 
     assert_continuations_follow(cells, outputs, ctx, what=what, tv=tv, seed=seed, sensitive_to=spec.sensitive_to)
 
 
-#: A backend claiming ``batched_decoder`` answers ``decoder_sequence_law`` in rows of ``decode_batch`` (the contract:
-#: ``decode`` is its one-request case and a seeded row is bit-identical alone or in any batch), this many per call.
-SEQUENCE_ROWS_BATCH = 1024
-#: The rows' chi-square is sized for this share of the case's TV; the rest is the decodes' part (below).
-ROWS_TV_SHARE = 2 / 3
-
-
 def answers_in_rows(backend) -> bool:
     """Whether ``decoder_sequence_law`` draws its sample as rows of ``backend.decode_batch`` (it claims
     ``batched_decoder`` and has one; a tree decoder seen as a chain says so itself: it claims ``batched_tree_decoder``)."""
@@ -414,21 +411,6 @@ def answers_in_rows(backend) -> bool:
     return backend.capabilities.has("batched_decoder") and callable(getattr(backend, "decode_batch", None))
 
 
-def rows_tv(tv: float) -> float:
-    """The TV the rows' chi-square is sized for when the case states ``tv`` for ``decode``."""
-    return tv * ROWS_TV_SHARE
-
-
-def decodes_alike(tv: float) -> int:
-    """M: the decodes compared seed for seed with the first M rows. A ``decode`` whose law is at TV ``g = tv -
-    rows_tv(tv)`` or more from the rows' law gives another continuation than its row under the same generator with
-    probability >= g per seed (any coupling of two laws differs with probability >= their TV), so M decodes alike
-    miss it with probability <= (1 - g)^M <= 1 - TARGET_POWER."""
-    from properties.stats import TARGET_POWER
-
-    return math.ceil(math.log1p(-TARGET_POWER) / math.log1p(-(tv - rows_tv(tv))))
-
-
 def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, target, draft, prompt, run: dict,
                                 seed: int, tv: float, what: str) -> None:
     """N rows of ``decode_batch`` (row i with its own generator, seeded ``seed + i``) follow the case's law at power
@@ -436,44 +418,14 @@ def rows_law_then_decodes_alike(backend, ctx: CheckContext, case: str, cells, ta
     token for token (:func:`decodes_alike`). A law of ``decode`` at TV >= ``tv`` from the exact one is either at TV >=
     ``rows_tv(tv)`` in the rows (the chi-square's power) or at TV >= ``tv - rows_tv(tv)`` from them (the comparison's):
     missed with probability <= 1 - TARGET_POWER either way."""
-    from properties.stats import TARGET_POWER
-
-    from .check_helpers import decode_batch
-
     spec = SEQUENCE_CASES[case]
-    row_tv = rows_tv(tv)
-    n = math.ceil(sequence_samples(case, row_tv) * ctx.sample_scale)
-
-    def requests(rows):
-        return [Request(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling,
-                        eos_ids=run["eos_id"], generator=torch.Generator().manual_seed(seed + i)) for i in rows]
-
-    def draw(_, index, size):
-        rows = range(index * size, (index + 1) * size)
-        results = decode_batch(backend, target, draft, requests(rows), k=spec.k, where=f"case {case}, rows {rows[0]}..")
-        return [tuple(r.tokens) for r in results]
-
-    outputs = streams.draws(ctx.streams, ("sequence-rows", case, seed), n, start=lambda: None, draw=draw,
-                            chunk=SEQUENCE_ROWS_BATCH)
-    alike = min(decodes_alike(tv), len(outputs))
-    one, rows_call = getattr(backend, "call_names", ("decode()", "decode_batch()"))
-    assert_continuations_follow(
-        cells, outputs, ctx, tv=row_tv, seed=seed, sensitive_to=spec.sensitive_to,
-        what=f"{what}; rows of {rows_call}, each its own generator ({one} must give the same continuation for the "
-        f"first {alike} generators; the two together: power {TARGET_POWER} against every {one} law at TV >= {tv:g})",
+    request = dict(prompt=list(spec.prompt), max_new_tokens=spec.length, sampling=spec.sampling, eos_ids=run["eos_id"])
+    law_in_rows_then_alike(
+        backend, ctx, cells, key=("sequence", case, seed), seed=seed, tv=tv, what=what, sensitive_to=spec.sensitive_to,
+        samples=lambda row_tv: sequence_samples(case, row_tv), request=request,
+        rows=lambda requests, where: decode_batch(backend, target, draft, requests, k=spec.k, where=f"case {case}, {where}"),
+        one=lambda gen: _decode(backend, target, draft, prompt, generator=gen, **run),
     )
-    checked = streams.memo(ctx.streams, ("sequence-decodes", case, seed))
-    for i in range(alike):
-        if i in checked:
-            continue
-        got = tuple(_decode(backend, target, draft, prompt, generator=torch.Generator().manual_seed(seed + i), **run).tokens)
-        assert got == outputs[i], (
-            f"{one} and {rows_call} differ for the same generator (seed {seed + i}; {what}):\n"
-            f"  {one}:{' ' * max(1, 21 - len(one))}{list(got)}\n  {rows_call} row {i}: {list(outputs[i])}\n"
-            f"the contract: {one} is {rows_call}'s one-request case, and a seeded row is bit-identical alone or in any "
-            f"batch\n  replay: {ctx.replay}"
-        )
-        checked[i] = True
 
 
 @check(

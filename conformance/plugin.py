@@ -284,7 +284,7 @@ class StopAcrossWorkers:
 #: and 3.4 s sooner than with every statistical case first). The checks' own workload (samples, decodes) makes the
 #: same cases the costly ones for any backend.
 COST_HINTS: tuple[tuple[str, float], ...] = (
-    ("tree_proposer_sequence_law-*", 6.0),
+    ("tree_proposer_sequence_law-*", 2.5),
     ("batch_sequence_law-penalties", 9.0),
     ("batch_sequence_law-min_new_tokens", 7.0),
     ("tree_decoder_greedy_equals_ar_fp32-*", 5.0),

@@ -35,10 +35,11 @@ import torch
 
 from specdec_ref.warp import GREEDY, SamplingConfig
 
-from .check_helpers import assert_continuations_follow, call_backend
+from .check_helpers import assert_continuations_follow, call_backend, decode_batch, law_in_rows_then_alike
 from .proposer_checks import (GREEDY_NEW_TOKENS, GREEDY_PROMPTS, LAW_PROMPT, PROPOSER_PAIR, PROPOSER_TARGET,
                               _table_greedy, proposer_spec, proposer_target)
 from .registry import CheckContext, NotApplicable, check
+from .tree_decoder_checks import TreeAsChain
 from . import streams
 
 #: These checks run with the proposer checks (conformance/test_proposer.py).
@@ -166,7 +167,9 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, k
 def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
     """Sampled tree decoding with the exactly-known Medusa heads (children drawn from the heads' processed rows by the
     declared tree scheme, trees of :data:`LAW_TREE`) follows the target's exact law of the 2 tokens after a two-token
-    prompt, power 0.99 against TV >= :data:`TREE_LAW_TV` at alpha 1e-6."""
+    prompt, power 0.99 against TV >= :data:`TREE_LAW_TV` at alpha 1e-6. A backend whose ``decode_tree_batch`` takes
+    Medusa heads (``batched_tree_proposers``) answers in rows at TV ``2/3`` of that, then ``decode_tree`` seed for seed
+    on the first rows (:func:`~conformance.check_helpers.law_in_rows_then_alike`)."""
     from properties.sample_size import required_samples
     from properties.sequences import law_to_cells
 
@@ -180,18 +183,36 @@ def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
     seed = ctx.seed_for("tree-proposer-law", "medusa")
     depth, width = LAW_TREE
 
+    what = (f"Medusa trees (depth {depth}, width {width}), sampled: continuations of length {LAW_LENGTH} of "
+            f"{list(LAW_PROMPT)} on {PROPOSER_PAIR} ({TREE_LAW_SAMPLING.label()})")
+    sensitive_to = "Medusa children's q other than their row, unverified nodes"
+
+    def one(gen):
+        return _decode_tree(backend, target, spec, LAW_PROMPT, depth=depth, width=width, max_new_tokens=LAW_LENGTH,
+                            sampling=TREE_LAW_SAMPLING, generator=gen)
+
+    if _medusa_in_rows(backend):  # rows of decode_tree_batch, then decode_tree seed for seed (decoder_sequence_law's argument)
+        rows_backend = TreeAsChain(backend, width)
+        law_in_rows_then_alike(
+            rows_backend, ctx, cells, key=("tree-proposer-law", seed), seed=seed, tv=TREE_LAW_TV, what=what,
+            sensitive_to=sensitive_to, request=dict(prompt=list(LAW_PROMPT), max_new_tokens=LAW_LENGTH,
+                                                    sampling=TREE_LAW_SAMPLING),
+            samples=lambda tv: required_samples(np.asarray(list(law.values()), dtype=np.float64), tv),
+            rows=lambda requests, where: decode_batch(rows_backend, target, spec, requests, k=depth,
+                                                      where=f"Medusa trees, {where}"),
+            one=one)
+        return
+
     def draw(_, index, size):
-        out = []
-        for i in range(index * size, (index + 1) * size):
-            gen = torch.Generator().manual_seed(seed + i)
-            res = _decode_tree(backend, target, spec, LAW_PROMPT, depth=depth, width=width, max_new_tokens=LAW_LENGTH,
-                               sampling=TREE_LAW_SAMPLING, generator=gen)
-            out.append(tuple(res.tokens))
-        return out
+        return [tuple(one(torch.Generator().manual_seed(seed + i)).tokens) for i in range(index * size, (index + 1) * size)]
 
     outputs = streams.draws(ctx.streams, ("tree-proposer-law", seed), n, start=lambda: None, draw=draw, chunk=256)
-    assert_continuations_follow(
-        cells, outputs, ctx, tv=TREE_LAW_TV, seed=seed, sensitive_to="Medusa children's q other than their row, unverified nodes",
-        what=f"Medusa trees (depth {depth}, width {width}), sampled: continuations of length {LAW_LENGTH} of "
-        f"{list(LAW_PROMPT)} on {PROPOSER_PAIR} ({TREE_LAW_SAMPLING.label()})",
-    )
+    assert_continuations_follow(cells, outputs, ctx, tv=TREE_LAW_TV, seed=seed, sensitive_to=sensitive_to, what=what)
+
+
+def _medusa_in_rows(backend) -> bool:
+    """Whether the Medusa trees' law is drawn as rows of ``decode_tree_batch`` (the backend claims
+    ``batched_tree_decoder`` with ``medusa`` among its ``batched_tree_proposers``)."""
+    caps = backend.capabilities
+    return (caps.has("batched_tree_decoder") and "medusa" in caps.batched_tree_proposers
+            and callable(getattr(backend, "decode_tree_batch", None)))

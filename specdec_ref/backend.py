@@ -45,6 +45,7 @@ class ReferenceBackend:
         devices=("cpu", "cuda"),
         proposers=("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp"),
         tree_proposers=("draft_model", "medusa", "eagle", "eagle3", "mtp"),
+        batched_tree_proposers=("draft_model", "medusa"),
     )
 
     def __init__(

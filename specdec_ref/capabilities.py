@@ -83,6 +83,7 @@ class Capabilities:
     devices: tuple[str, ...] = ("cpu",)
     proposers: tuple[str, ...] = ("draft_model",)
     tree_proposers: tuple[str, ...] = ("draft_model",)
+    batched_tree_proposers: tuple[str, ...] = ("draft_model",)
     scheme: str = "token"
     bonus: bool = True
     tree_scheme: str = "specinfer"
@@ -101,6 +102,9 @@ class Capabilities:
         unknown = [p for p in self.tree_proposers if p not in TREE_PROPOSER_NAMES]
         if unknown:
             raise ValueError(f"unknown tree proposer(s) {unknown}; known: {', '.join(TREE_PROPOSER_NAMES)}")
+        unknown = [p for p in self.batched_tree_proposers if p not in self.tree_proposers]
+        if unknown and self.batched_tree_decoder:
+            raise ValueError(f"batched_tree_proposers {unknown} are not among the tree_proposers {self.tree_proposers}")
 
     @property
     def lossless(self) -> bool:

@@ -304,8 +304,8 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
 ``phase_timings``   ``decode`` / ``decode_batch`` report each round's phase seconds in ``RoundRecord.seconds`` (below)
 ``batched_tree_decoder`` exposes ``decode_tree_batch(target, draft, requests, *, depth, width, on_round=None)``: the
-                    tree decoder's rows, as ``decode_batch`` is the chain decoder's (draft-model proposers; a seeded
-                    request gives what ``decode_tree`` gives it alone)
+                    tree decoder's rows, as ``decode_batch`` is the chain decoder's (the proposers in
+                    ``batched_tree_proposers``; a seeded request gives what ``decode_tree`` gives it alone)
 ==================  =====================================================================
 
 ``scheme`` (one of :data:`SCHEMES`, default ``"token"``) and ``bonus`` (default ``True``) declare
@@ -314,7 +314,8 @@ the verification scheme (above). ``dtypes`` (names from :data:`DTYPE_NAMES`, def
 checks require them as ``dtype:NAME`` / ``device:NAME``. ``proposers`` (from :data:`PROPOSER_NAMES`,
 default ``("draft_model",)``) lists what a decoder accepts as its ``draft`` (below); checks require
 them as ``proposer:NAME``; ``tree_proposers`` (from :data:`TREE_PROPOSER_NAMES`, default ``("draft_model",)``) what
-a tree decoder accepts, required as ``tree_proposer:NAME``. ``extra`` is free-form notes for the
+a tree decoder accepts, required as ``tree_proposer:NAME``; ``batched_tree_proposers`` (among those, default
+``("draft_model",)``) what ``decode_tree_batch`` accepts. ``extra`` is free-form notes for the
 certificate. Unclaimed modes must raise :class:`NotSupportedError`; checks needing an
 unclaimed capability are skipped with the reason (``backend does not claim [...]``).
 """

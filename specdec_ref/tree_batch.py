@@ -21,8 +21,10 @@ from .contract import DecodeResult, NotSupportedError, Request, RoundHook
 from .decode import _Batch, _open_row_caches, _truncate, end_round, validate_requests
 from .draft_tree import fed_parents, same_path_rows, tree_nodes
 from .models import model_dims
-from .proposers import is_model
+from .proposers import proposer_kind
+from .verify import sample_from_weights
 from .row_cache import RowCaches
+from .tree_heads import HeadsView
 
 __all__ = ["decode_tree_batch"]
 
@@ -36,9 +38,12 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
     for name, value in (("depth", depth), ("width", width)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if not is_model(draft):
-        raise NotSupportedError("decode_tree_batch drafts trees with a draft model; heads decode one request at a time "
-                                "(decode_tree)")
+    kind = proposer_kind(draft)
+    if kind not in ("draft_model", "medusa"):
+        raise NotSupportedError(f"decode_tree_batch drafts trees with a draft model or Medusa heads; {kind} trees decode "
+                                "one request at a time (decode_tree)")
+    if kind == "medusa":
+        depth = min(depth, len(draft.lm_heads))
     batch = validate_requests(target, draft, requests, depth)
     for i, config in enumerate(batch.configs):
         if config.history_dependent:
@@ -54,65 +59,68 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
     sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in _FIELDS])
     tokens = [p[0].tolist() for p in sub.prompts]
     extra = tree_nodes(depth, width)
-    target_cache, fed = _open_row_caches(decoder.make_cache, target, sub, extra, tokens)
-    draft_cache, _ = _open_row_caches(decoder.make_draft_cache, draft, sub, extra, tokens)
-    limit = min(c.cache.max_positions or 1 << 30 for c in (target_cache, draft_cache))
-    calls = {"target": int(fed), "draft": int(fed)}
+    drafter_type = _ModelDrafter if kind == "draft_model" else _MedusaDrafter
+    target_cache, fed = _open_row_caches(decoder.make_cache, target, sub, extra, tokens, drafter_type.capture(draft))
+    drafter = drafter_type.open(decoder, draft, sub, extra, tokens, target_cache)
+    limit = min(c.max_positions or 1 << 30 for c in (target_cache.cache, drafter.cache_model))
+    calls = {"target": int(fed), "draft": int(fed) if kind == "draft_model" else 0}
     committed = [p.shape[1] for p in sub.prompts]
     pending = torch.cat([p[:, -1:] for p in sub.prompts])
     while live:
         starts = [c - 1 for c in committed]  # each row's pending-token slot
+        ready = drafter.ready()
         shapes = [decoder.shape(depth, width, sub.max_new[j] - len(results[i].tokens), limit - starts[j])
-                  for j, i in enumerate(live)]
+                  if ready[j] else (0, width) for j, i in enumerate(live)]
         groups: dict = {}
         for j in range(len(live)):
             groups.setdefault((shapes[j], sub.configs[j]), []).append(j)
         outcome: list = [None] * len(live)
         whole = len(groups) == 1
+        parts = []
         for ((levels, kids), config), rows in groups.items():
-            t_rows = target_cache if whole else target_cache.take(rows)
-            d_rows = draft_cache if whole else draft_cache.take(rows)
-            part = _Round(decoder, t_rows, d_rows, pending if whole else pending[rows], [starts[j] for j in rows],
-                          levels, kids, config, [sub.generators[j] for j in rows])
+            part = _Round(decoder, target_cache if whole else target_cache.take(rows), drafter if whole else drafter.take(rows),
+                          pending if whole else pending[rows], [starts[j] for j in rows], levels, kids, config,
+                          [sub.generators[j] for j in rows])
             flat = part.run()  # the one host sync of the group's round
             for r, j in enumerate(rows):
                 outcome[j] = (part, r, flat[r])
+            parts.append((part, rows))
             if not whole:
-                target_cache.put(rows, t_rows)
-                draft_cache.put(rows, d_rows)
+                target_cache.put(rows, part.target_cache)
+                drafter.put(rows, part.drafter)
         calls["target"] += len(groups)
-        calls["draft"] += sum(part.draft_calls for part in {id(o[0]): o[0] for o in outcome}.values())
-        # every row's tokens, then each group's repair (compaction and the draft's catch-up), as decode_tree does
+        calls["draft"] += sum(part.draft_calls for part, _ in parts)
+        # every row's tokens, then each group's repair (compaction and the drafter's catch-up), as decode_tree does
         done, new_pending, emitted_of, finals = [], [], [], []
-        repairs: dict = {}
+        repairs: dict = {id(part): [] for part, _ in parts}
         for j, i in enumerate(live):
             part, r, (accepted, path, row, slots) = outcome[j]
             res = results[i]
             untruncated = [x for x in row if x >= 0][: sub.max_new[j] - len(res.tokens)]
             emitted, hit_eos = _truncate(untruncated, sub.eos[j])
             kept = decoder.kept_in_cache(emitted, untruncated)
-            repairs.setdefault(id(part), (part, []))[1].append((r, kept, path[: kept - 1], slots))
+            repairs[id(part)].append((r, kept, path[: kept - 1], slots))
             res.tokens.extend(emitted)
             res.host_syncs += 1
             committed[j] += len(emitted)
-            new_pending.append(part.path_token(r, len(emitted) - 1))
+            new_pending.append(part.path_tokens[r, len(emitted) - 1])
             emitted_of.append(emitted)
-            finals.append((part, r, accepted, hit_eos))
+            finals.append((part, accepted, hit_eos))
             done.append(hit_eos or len(res.tokens) >= sub.max_new[j])
-        for part, row_repairs in repairs.values():
-            rows = [j for j in range(len(live)) if outcome[j][0] is part]
-            t_rows = target_cache if whole else target_cache.take(rows)
-            d_rows = draft_cache if whole else draft_cache.take(rows)
-            calls["draft"] += part.repair(t_rows, d_rows, row_repairs)
-            if not whole:
-                target_cache.put(rows, t_rows)
-                draft_cache.put(rows, d_rows)
+        for part, rows in parts:
+            if whole:
+                calls["draft"] += part.repair(repairs[id(part)])
+            else:  # the group's copies again: the repair writes the rows back
+                part.target_cache, part.drafter = target_cache.take(rows), drafter.take(rows)
+                calls["draft"] += part.repair(repairs[id(part)])
+                target_cache.put(rows, part.target_cache)
+                drafter.put(rows, part.drafter)
         pending = torch.stack(new_pending)[:, None]
         for j, i in enumerate(live):
-            part, r, accepted, hit_eos = finals[j]
+            part, accepted, hit_eos = finals[j]
             res = results[i]
             res.target_calls, res.draft_calls = calls["target"], calls["draft"]
-            end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j] + 1,
+            end_round(res, on_round, target_cache.row(j), drafter.view(j), start=starts[j] + 1,
                       proposed=part.size, accepted=accepted, emitted=len(emitted_of[j]), committed=committed[j],
                       hit_eos=hit_eos, row=i)
         stay = [j for j, d in enumerate(done) if not d]
@@ -122,30 +130,176 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
                 setattr(sub, f, [getattr(sub, f)[j] for j in stay])
             committed = [committed[j] for j in stay]
             target_cache.select(stay)
-            draft_cache.select(stay)
+            drafter.select(stay)
             pending = pending[stay] if stay else pending[:0]
     return results
 
 
+class _ModelDrafter:
+    """A draft model's side of the batch: its own cache of the rows (:class:`RowCaches`)."""
+
+    calls_per_level = 1
+
+    def __init__(self, decoder, cache: RowCaches):
+        self.decoder, self.cache = decoder, cache
+
+    @staticmethod
+    def capture(draft) -> tuple:
+        return ()
+
+    @classmethod
+    def open(cls, decoder, draft, sub: _Batch, extra: int, tokens, target_cache) -> "_ModelDrafter":
+        return cls(decoder, _open_row_caches(decoder.make_draft_cache, draft, sub, extra, tokens)[0])
+
+    @property
+    def cache_model(self):
+        return self.cache.cache
+
+    def ready(self) -> list[bool]:
+        return [True] * self.cache.batch_size
+
+    def take(self, rows) -> "_ModelDrafter":
+        return _ModelDrafter(self.decoder, self.cache.take(rows))
+
+    def put(self, rows, part: "_ModelDrafter") -> None:
+        self.cache.put(rows, part.cache)
+
+    def select(self, rows) -> None:
+        self.cache.select(rows)
+
+    def view(self, j: int):
+        return self.cache.row(j)
+
+    def plain(self, pending: torch.Tensor) -> None:
+        self.cache.feed(pending)  # the draft follows the pending token (its call is counted by the repair)
+
+    def root(self, pending: torch.Tensor, levels: int, config):
+        """``(sample from, q)`` ``[G, V]`` of the root's children: the draft fed the pending token."""
+        logits = self.cache.feed(pending)[:, -1]
+        self.tree_start = list(self.cache.tentative)
+        self.fed, self.path_ids = [], []
+        return self.decoder.draft_probs(logits, config)
+
+    def level(self, level: int, chosen: torch.Tensor, level_tokens: torch.Tensor, width: int, config):
+        """``(sample from, q)`` ``[G, w, V]`` of the expanded nodes ``chosen`` (fed to the draft in one tree forward;
+        same-path nodes share one row) and the slots they were fed at."""
+        g = chosen.shape[0]
+        fed_of = fed_parents(level, chosen, width) if level > 1 else chosen.new_full((g, width), -1)
+        self.fed.append(fed_of)
+        rows = self.cache.feed_tree(level_tokens, torch.cat(self.fed, 1), self.tree_start)  # [G, w, V]
+        parent_ids = fed_of if level == 1 else torch.cat(self.path_ids, 1).gather(1, fed_of)
+        rows, first = same_path_rows(rows, parent_ids, level_tokens)
+        self.path_ids.append((level - 1) * width + first)
+        starts = torch.tensor(self.tree_start, dtype=torch.long, device=chosen.device)[:, None]
+        return self.decoder.draft_probs(rows, config), starts + (level - 1) * width + torch.arange(width, device=chosen.device)
+
+    def repair(self, part: "_Round", rows: list) -> int:
+        """The draft's cache keeps each row's committed text but the pending token: the plain step's call, or the path
+        compacted to its fed nodes and the nodes it never fed (a last-level leaf) fed now, padded to the longest."""
+        starts, cache = part.starts, self.cache
+        if part.levels == 0:
+            cache.commit([starts[r] + kept for r, kept, _, _ in rows])
+            return 1
+        fed = [[s for s in slots[: len(path)] if s >= 0] for _, _, path, slots in rows]
+        cache.compact([[starts[r]] + f for (r, _, _, _), f in zip(rows, fed)])
+        missing = [len(path) - len(f) for (_, _, path, _), f in zip(rows, fed)]
+        calls = 0
+        if max(missing) > 0:
+            width = max(missing)
+            ids = torch.stack([torch.cat([part.path_tokens[r, len(f) : len(f) + n], part.path_tokens.new_zeros(width - n)])
+                               for (r, _, _, _), f, n in zip(rows, fed, missing)])
+            cache.feed(ids)
+            calls = 1
+        cache.commit([starts[r] + 1 + len(path) for r, _, path, _ in rows])
+        return calls
+
+
+class _MedusaDrafter:
+    """Medusa heads' side of the batch (:class:`~specdec_ref.tree_heads.MedusaTrees` per row): each row's feature (the
+    target's hidden state that produced its pending token), no draft forward; ``None`` before the first target forward
+    of a one-token prompt (that round is a plain target step)."""
+
+    calls_per_level = 0
+
+    def __init__(self, decoder, spec, target_cache: RowCaches, features: list):
+        self.decoder, self.spec, self.target_cache, self.features = decoder, spec, target_cache, features
+        self.proposer = spec.proposer_type.__new__(spec.proposer_type)  # the head arithmetic only
+        self.proposer.spec = spec
+        self.layer = spec.target_capture[0]
+
+    @staticmethod
+    def capture(draft) -> tuple:
+        return (draft.target_capture[0],)
+
+    @classmethod
+    def open(cls, decoder, spec, sub: _Batch, extra: int, tokens, target_cache: RowCaches) -> "_MedusaDrafter":
+        layer = spec.target_capture[0]
+        captured = target_cache.cache.captured.get(layer) if target_cache.cache.captured else None
+        features = [None if len(t) < 2 else _as_float(captured[b, len(t) - 2]) for b, t in enumerate(tokens)]
+        return cls(decoder, spec, target_cache, features)
+
+    @property
+    def cache_model(self):
+        return self.target_cache.cache
+
+    def ready(self) -> list[bool]:
+        return [f is not None for f in self.features]
+
+    def take(self, rows) -> "_MedusaDrafter":
+        return _MedusaDrafter(self.decoder, self.spec, None, [self.features[j] for j in rows])
+
+    def put(self, rows, part: "_MedusaDrafter") -> None:
+        for r, j in enumerate(rows):
+            self.features[j] = part.features[r]
+
+    def select(self, rows) -> None:
+        self.features = [self.features[j] for j in rows]
+
+    def view(self, j: int):
+        return HeadsView(self.target_cache.row(j))
+
+    def plain(self, pending: torch.Tensor) -> None:
+        pass
+
+    def root(self, pending: torch.Tensor, levels: int, config):
+        feature = torch.stack(self.features).to(self.spec.lm_heads[0].dtype)  # [G, H]
+        self.rows = self.decoder.medusa_rows(self.proposer, feature, levels, config)
+        return self.rows[0]
+
+    def level(self, level: int, chosen: torch.Tensor, level_tokens: torch.Tensor, width: int, config):
+        g = chosen.shape[0]
+        probs = tuple(r[:, None].expand(g, width, -1) for r in self.rows[level])
+        return probs, torch.full((g, width), -1, dtype=torch.long, device=chosen.device)
+
+    def repair(self, part: "_Round", rows: list) -> int:
+        """The next features: each row's target hidden state at its last kept node (the pending token's when none was
+        kept; the plain step's position). No drafter call."""
+        block = part.block  # the group's target forward: [G, 1 (+ n), H]
+        for r, _, path, _ in rows:
+            self.features[r] = block[r, -1] if part.levels == 0 else self.decoder.head_feature(block[r], path)[0]
+        return 0
+
+
+def _as_float(x: torch.Tensor) -> torch.Tensor:
+    return x.float() if x.dtype != torch.float32 else x.clone()
 class _Round:
     """One round of a group of rows that share the tree's shape and the sampling setting (module docstring)."""
 
-    def __init__(self, decoder, target_cache: RowCaches, draft_cache: RowCaches, pending: torch.Tensor,
-                 starts: list[int], levels: int, width: int, config, generators: list):
-        self.decoder, self.target_cache, self.draft_cache = decoder, target_cache, draft_cache
+    def __init__(self, decoder, target_cache: RowCaches, drafter, pending: torch.Tensor, starts: list[int], levels: int,
+                 width: int, config, generators: list):
+        self.decoder, self.target_cache, self.drafter = decoder, target_cache, drafter
         self.pending, self.starts, self.levels, self.width = pending, starts, levels, width
         self.config, self.generators = config, generators
-        self.size, self.draft_calls = 0, 0
+        self.size, self.draft_calls, self.block = 0, 0, None
 
     def run(self) -> list:
         """``(accepted, path, row tokens, path nodes' draft slots)`` per row (host lists, one read)."""
-        if self.levels == 0:  # no room for a tree: a plain target step (the draft follows the pending token)
-            self.draft_cache.feed(self.pending)
+        if self.levels == 0:  # no room for a tree (or no feature yet): a plain target step
+            self.drafter.plain(self.pending)
             logits = self.target_cache.feed(self.pending)
-            rows = self.decoder.target_rows(logits, self.config)[:, -1]
-            final = self._choose(rows)
+            self._keep_block()
+            final = self._choose(self.decoder.target_rows(logits, self.config)[:, -1])
             self.path_tokens = final[:, None]
-            self.draft_calls = 0  # counted by the repair (the plain step's draft call)
             return [(0, [], [x], []) for x in final.tolist()]
         tokens, parents, qs, draft_slots = self.grow()
         self.size = tokens.shape[1]
@@ -157,14 +311,14 @@ class _Round:
         flat = torch.cat([m[:, None], on_path, out[:, : levels + 1], slots], 1).tolist()
         return [(f[0], f[1 : 1 + f[0]], f[1 + levels : 2 + 2 * levels], f[2 + 2 * levels :]) for f in flat]
 
-    def path_token(self, r: int, index: int) -> torch.Tensor:
-        return self.path_tokens[r, index]
+    def _keep_block(self) -> None:
+        """The hidden states a heads' drafter reads next (Medusa: the target's, of this forward)."""
+        if isinstance(self.drafter, _MedusaDrafter):
+            self.block = _as_float(self.target_cache.cache.captured[self.drafter.layer])
 
     def _choose(self, probs: torch.Tensor) -> torch.Tensor:
         if self.config.greedy:
             return probs.argmax(-1)
-        from .verify import sample_from_weights
-
         return sample_from_weights(probs, list(self.generators))
 
     def _children(self, probs: torch.Tensor, per_row: int) -> torch.Tensor:
@@ -182,35 +336,21 @@ class _Round:
     def grow(self):
         """Every row's tree (``decode_tree``'s :meth:`grow_levels`, row-wise): tokens, parents, q rows ``[G, n(, V)]``
         and the draft slot each node was fed at (-1: never)."""
-        decoder, width, config, dc = self.decoder, self.width, self.config, self.draft_cache
-        logits = dc.feed(self.pending)[:, -1]  # [G, V]
-        self.draft_calls = 1
-        g = logits.shape[0]
-        tree_start = list(dc.tentative)
-        n = tree_nodes(self.levels, width)
-        draft_slots = torch.full((g, n), -1, dtype=torch.long, device=logits.device)
-        sample_probs, q = decoder.draft_probs(logits, config)
+        width, config, drafter = self.width, self.config, self.drafter
+        sample_probs, q = drafter.root(self.pending, self.levels, config)  # [G, V]
+        self.draft_calls = drafter.calls_per_level
+        g = q.shape[0]
+        draft_slots = torch.full((g, tree_nodes(self.levels, width)), -1, dtype=torch.long, device=q.device)
         kids = self._children(sample_probs, 1)  # [G, w]
         tokens, parents, qs = [kids], [kids.new_full((g, width), -1)], [q[:, None].expand(g, width, -1)]
         scores = q.gather(1, kids)
         offset = 0
-        fed: list[torch.Tensor] = []
-        path_ids: list[torch.Tensor] = []
-        steps = torch.arange(width, device=logits.device)
-        starts = torch.tensor(tree_start, dtype=torch.long, device=logits.device)[:, None]
         for level in range(1, self.levels):
             chosen = torch.sort(scores, dim=-1, descending=True, stable=True).indices[:, :width].sort(-1).values
             nodes = offset + chosen  # [G, w]
-            fed_of = fed_parents(level, chosen, width) if level > 1 else chosen.new_full((g, width), -1)
-            fed.append(fed_of)
-            level_tokens = tokens[-1].gather(1, chosen)
-            rows = dc.feed_tree(level_tokens, torch.cat(fed, 1), tree_start)  # [G, w, V]
-            self.draft_calls += 1
-            draft_slots.scatter_(1, nodes, starts + (level - 1) * width + steps)
-            parent_ids = fed_of if level == 1 else torch.cat(path_ids, 1).gather(1, fed_of)
-            rows, first = same_path_rows(rows, parent_ids, level_tokens)
-            path_ids.append((level - 1) * width + first)
-            sample_probs, q = decoder.draft_probs(rows, config)
+            (sample_probs, q), fed_at = drafter.level(level, chosen, tokens[-1].gather(1, chosen), width, config)
+            self.draft_calls += drafter.calls_per_level
+            draft_slots.scatter_(1, nodes, fed_at)
             kids = self._children(sample_probs.reshape(g * width, -1), width)  # [G, w * w]
             offset += tokens[-1].shape[1]
             tokens.append(kids)
@@ -225,34 +365,21 @@ class _Round:
         g = tokens.shape[0]
         block_parents = torch.cat([parents.new_full((g, 1), -1), torch.where(parents < 0, 0, parents + 1)], 1)
         logits = self.target_cache.feed_tree(torch.cat([self.pending, tokens], 1), block_parents, list(self.starts))
+        self._keep_block()
         rows = self.decoder.target_rows(logits, self.config)
         draft_probs = None if self.config.greedy else qs
         return self.decoder.tree_verifier(tokens, parents, draft_probs, rows, generator=list(self.generators),
                                           validate=False)
 
-    def repair(self, target_cache: RowCaches, draft_cache: RowCaches, rows: list) -> int:
+    def repair(self, rows: list) -> int:
         """Both caches keep each row's committed text but its new pending token: ``rows`` holds ``(row, kept, kept path
-        nodes, their draft slots)``. Returns the draft calls (the plain step's one, or the catch-up feed's)."""
+        nodes, their draft slots)``. The target's cache is compacted here, the drafter's side by the drafter; returns
+        its calls (the plain step's one, or the catch-up feed's)."""
         rows = sorted(rows)
         starts = self.starts
         if self.levels == 0:
-            lengths = [starts[r] + kept for r, kept, _, _ in rows]
-            target_cache.commit(lengths)
-            draft_cache.commit(lengths)
-            return 1
-        new_lens = [starts[r] + 1 + len(path) for r, _, path, _ in rows]
-        target_cache.compact([[starts[r]] + [starts[r] + 1 + node for node in path] for r, _, path, _ in rows])
-        target_cache.commit(new_lens)
-        fed = [[s for s in slots[: len(path)] if s >= 0] for _, _, path, slots in rows]
-        draft_cache.compact([[starts[r]] + f for (r, _, _, _), f in zip(rows, fed)])
-        missing = [len(path) - len(f) for (_, _, path, _), f in zip(rows, fed)]
-        calls = 0
-        if max(missing) > 0:  # path nodes the draft never fed (a last-level leaf): fed now, padded to the longest
-            width = max(missing)
-            ids = torch.stack([torch.cat([self.path_tokens[r, len(f) : len(f) + n],
-                                          self.path_tokens.new_zeros(width - n)])
-                               for (r, _, _, _), f, n in zip(rows, fed, missing)])
-            draft_cache.feed(ids)
-            calls = 1
-        draft_cache.commit(new_lens)
-        return calls
+            self.target_cache.commit([starts[r] + kept for r, kept, _, _ in rows])
+        else:
+            self.target_cache.compact([[starts[r]] + [starts[r] + 1 + node for node in path] for r, _, path, _ in rows])
+            self.target_cache.commit([starts[r] + 1 + len(path) for r, _, path, _ in rows])
+        return self.drafter.repair(self, rows)

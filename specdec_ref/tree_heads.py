@@ -45,10 +45,10 @@ from .draft_tree import DraftTree, fed_parents, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 
-__all__ = ["MedusaTrees", "HeadTrees", "grow_medusa_tree"]
+__all__ = ["MedusaTrees", "HeadTrees", "HeadsView", "grow_medusa_tree"]
 
 
-class _HeadsView:
+class HeadsView:
     """The heads' row view for ``on_round``: the target cache's length (the committed text but the pending token); no
     K/V."""
 
@@ -79,7 +79,7 @@ class MedusaTrees:
     """The Medusa heads' side of the tree decoder's rounds (module docstring): the target's features, no draft cache."""
 
     def __init__(self, decoder, target_cache, spec, feature: torch.Tensor | None):
-        self.decoder, self.target_cache, self.view = decoder, target_cache, _HeadsView(target_cache)
+        self.decoder, self.target_cache, self.view = decoder, target_cache, HeadsView(target_cache)
         self.proposer = spec.proposer_type.__new__(spec.proposer_type)  # the head arithmetic only (no rows, no backlog)
         self.proposer.spec = spec
         self.layer = spec.target_capture[0]
@@ -147,7 +147,7 @@ class HeadTrees:
 
     def __init__(self, decoder, target_cache, proposer):
         self.decoder, self.target_cache, self.proposer = decoder, target_cache, proposer
-        self.view = _HeadsView(target_cache)
+        self.view = HeadsView(target_cache)
         self.keep_head: int | None = None
 
     @classmethod

@@ -30,9 +30,12 @@ def test_every_flag_defaults_to_false():
     assert caps.has("tree_proposer:draft_model") and not caps.has("tree_proposer:medusa")
     assert caps.as_dict() == {
         **{flag: False for flag in CAPABILITY_FLAGS}, "dtypes": ("float32",), "devices": ("cpu",),
-        "proposers": ("draft_model",), "tree_proposers": ("draft_model",), "scheme": "token", "bonus": True,
+        "proposers": ("draft_model",), "tree_proposers": ("draft_model",), "batched_tree_proposers": ("draft_model",),
+        "scheme": "token", "bonus": True,
         "tree_scheme": "specinfer",
     }
+    with pytest.raises(ValueError, match="batched_tree_proposers"):
+        Capabilities(batched_tree_decoder=True, batched_tree_proposers=("medusa",))
     with pytest.raises(ValueError, match="unknown proposer"):
         Capabilities(proposers=("draft_model", "lookahead"))
     with pytest.raises(ValueError, match="unknown tree proposer"):

@@ -103,6 +103,12 @@ def test_bad_input_is_a_clear_error():
         decoder.decode_tree_batch(target, draft, ok, depth=0, width=2)
     with pytest.raises(ValueError, match="request 0: max_new_tokens"):
         decoder.decode_tree_batch(target, draft, [Request(prompt=[1], max_new_tokens=-1, sampling=GREEDY)], depth=2, width=2)
+    from specdec_ref.exact_heads import exact_eagle_head
+    from specdec_ref.exact_models import exact_pair
+
+    exact = exact_pair("order1-close").target.load(torch.float32)
+    with pytest.raises(NotSupportedError, match="eagle trees decode one request at a time"):
+        decoder.decode_tree_batch(exact, exact_eagle_head(exact, "order1-target"), ok, depth=2, width=2)
     with pytest.raises(NotSupportedError, match="history-dependent"):
         decoder.decode_tree_batch(target, draft, [Request(prompt=[1], max_new_tokens=2,
                                                           sampling=SamplingConfig(repetition_penalty=1.5))], depth=2, width=2)
@@ -116,3 +122,26 @@ def test_the_reference_backend_claims_and_serves_batched_trees():
                                      depth=2, width=2)
     assert rows[0].tokens == autoregressive_decode(target, torch.tensor([[1, 2, 3]]), max_new_tokens=5).tokens
     assert isinstance(ReferenceBackend().tree_decoder, TreeSpeculativeDecoder)
+
+
+def test_medusa_rows_are_what_decode_tree_gives_each_alone():
+    """Medusa heads (no draft forward; the next feature is the target's at the last kept node): one-token prompts start
+    with a plain step (no feature yet) while their neighbours draft; every row equals its decode_tree alone."""
+    from specdec_ref.exact_heads import exact_medusa_heads
+    from specdec_ref.exact_models import exact_pair
+
+    target = exact_pair("order1-close").target.load(torch.float32)
+    spec = exact_medusa_heads(target, "order1-target", heads=3, sample=True)
+    decoder = TreeSpeculativeDecoder()
+    prompts_ = [[2, 5], [3], [1, 4, 6], [2, 5]]
+    for depth, width in ((2, 2), (3, 2), (3, 3)):
+        requests = [Request(prompt=p, max_new_tokens=8 + i, sampling=SETTINGS[i % 3] if i % 3 != 1 else GREEDY,
+                            generator=torch.Generator().manual_seed(70 + i)) for i, p in enumerate(prompts_ * 2)]
+        lengths = []
+        rows = decoder.decode_tree_batch(target, spec, requests, depth=depth, width=width,
+                                         on_round=lambda rec, t, d: lengths.append(rec.target_len == d.tentative_length
+                                                                                   == rec.committed_len - 1))
+        assert all(lengths)
+        for i, r in enumerate(requests):
+            alone = _alone(decoder, target, spec, r, depth, width, 70 + i)
+            assert rows[i].tokens == alone.tokens, (depth, width, i)
