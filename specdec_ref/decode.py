@@ -144,14 +144,32 @@ def _truncate(emitted: list[int], eos_id) -> tuple[list[int], bool]:
 class _Batch:
     """The validated requests of one batched decode (rows in request order)."""
 
-    prompts: list[torch.Tensor]  # Long[1, t_b] on the target's device
+    prompts: list[torch.Tensor]  # Long[1, t_b] on the target's device (rows with the same plain prompt share one)
     configs: list[SamplingConfig]
     eos: list[tuple[int, ...]]
     max_new: list[int]
     generators: list[torch.Generator | None]
+    tokens: list[list[int]]  # the prompts as host ids (read once, at validation)
 
     def __len__(self) -> int:
         return len(self.prompts)
+
+    def rows(self, rows: Sequence[int]) -> "_Batch":
+        """The batch of ``rows`` (in that order)."""
+        return _Batch(*[[getattr(self, f)[i] for i in rows] for f in BATCH_FIELDS])
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (in that order), in place: whoever holds this batch sees the rows that stay."""
+        for f in BATCH_FIELDS:
+            setattr(self, f, [getattr(self, f)[i] for i in rows])
+
+    def pending(self) -> torch.Tensor:
+        """Every row's first pending token (its prompt's last), Long ``[B, 1]``: one host-to-device copy."""
+        return torch.tensor([[t[-1]] for t in self.tokens], dtype=torch.long, device=self.prompts[0].device)
+
+
+#: The per-row fields of :class:`_Batch`, in order.
+BATCH_FIELDS = ("prompts", "configs", "eos", "max_new", "generators", "tokens")
 
 
 def _eos_ids(eos, vocab: int, where: str) -> tuple[int, ...]:
@@ -184,16 +202,26 @@ def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Ba
         raise ValueError(f"requests must be a non-empty list of Request, got {requests!r}")
     vocab, max_pos = _shared_limits(target, draft)
     device = next(target.parameters()).device
-    batch = _Batch([], [], [], [], [])
+    batch = _Batch([], [], [], [], [], [])
+    plain: dict[tuple, tuple] = {}  # a plain prompt seen before: its tensor and host ids, checked once
     for i, r in enumerate(requests):
         where = f"request {i}"
         if not isinstance(r, Request):
             raise ValueError(f"{where}: must be a specdec_ref.contract.Request, got {type(r).__name__}")
         if not isinstance(r.sampling, SamplingConfig):
             raise ValueError(f"{where}: sampling must be a SamplingConfig, got {type(r.sampling).__name__}")
-        prompt = _plain_prompt(r.prompt, vocab, device)
-        if prompt is None:  # a tensor, or anything the fast path does not vouch for: the full checks and messages
-            prompt = as_prompt(r.prompt, vocab=vocab, device=device, what=f"{where}: prompt")
+        key = tuple(r.prompt) if type(r.prompt) in (list, tuple) else None
+        hit = plain.get(key) if key is not None else None
+        if hit is not None:
+            prompt, ids = hit[0], list(key)  # the tensor is shared (read-only), the host list is the row's own
+        else:
+            prompt = _plain_prompt(r.prompt, vocab, device)
+            if prompt is None:  # a tensor, or anything the fast path does not vouch for: the full checks and messages
+                prompt = as_prompt(r.prompt, vocab=vocab, device=device, what=f"{where}: prompt")
+                ids = prompt[0].tolist()
+            else:
+                ids = list(key)
+                plain[key] = (prompt, ids)
         n = r.max_new_tokens
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{where}: max_new_tokens must be an int >= 0, got {n!r}")
@@ -216,6 +244,7 @@ def validate_requests(target, draft, requests: Sequence[Request], k: int) -> _Ba
         batch.eos.append(_eos_ids(r.eos_ids, vocab, where))
         batch.max_new.append(n)
         batch.generators.append(gen)
+        batch.tokens.append(ids)
     return batch
 
 
@@ -252,12 +281,12 @@ def batched_autoregressive_decode(
     live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
     if not live:
         return results
-    sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
+    sub = batch.rows(live)
     vocab = model_dims(target)["vocab_size"]
-    tokens = [p[0].tolist() for p in sub.prompts]
+    tokens = sub.tokens
     state = SamplingState(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
     cache, fed = _open_row_caches(make_cache, target, sub, 0, tokens)
-    pending = torch.cat([p[:, -1:] for p in sub.prompts])
+    pending = sub.pending()
     calls = int(fed)  # the prompts' prefill, when any prompt has more than one token
     while live:
         logits = cache.feed(pending)
@@ -279,8 +308,7 @@ def batched_autoregressive_decode(
         cache.commit(cache.tentative)
         if len(keep) < len(live):
             live = [live[j] for j in keep]
-            for f in ("prompts", "configs", "eos", "max_new", "generators"):
-                setattr(sub, f, [getattr(sub, f)[j] for j in keep])
+            sub.keep(keep)
             state.select(keep)
             cache.select(keep)
             token = token[keep] if keep else token[:0]
@@ -457,12 +485,12 @@ class SpeculativeDecoder:
         live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
         if not live:
             return results
-        sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in ("prompts", "configs", "eos", "max_new", "generators")])
+        sub = batch.rows(live)
         clock = time.perf_counter  # always on: a few clock reads per round, next to forwards of ~0.1 ms and more
         seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
         tick = clock()
         vocab = model_dims(target)["vocab_size"]
-        tokens = [p[0].tolist() for p in sub.prompts]
+        tokens = sub.tokens
         state = self.sampling_state(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
         target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, tokens, getattr(draft, "target_capture", ()))
         proposer = open_proposer(self, target, draft, sub, k, tokens, target_cache,
@@ -471,8 +499,8 @@ class SpeculativeDecoder:
         draft_cache = getattr(proposer, "cache", proposer)
         limit = min(target_cache.cache.max_positions or 1 << 30, proposer.max_positions or 1 << 30)
         calls = {"target": int(fed), "draft": int(fed) if proposer.kind == "draft_model" else 0}
-        committed = [p.shape[1] for p in sub.prompts]
-        pending = torch.cat([p[:, -1:] for p in sub.prompts])
+        committed = [len(t) for t in sub.tokens]
+        pending = sub.pending()
         now = clock()
         seconds["prefill"] += now - tick
         round_seconds = {"prefill": now - tick}  # the first round's record also carries the prefill
@@ -542,8 +570,7 @@ class SpeculativeDecoder:
             stay = self.leave(live, done)
             if len(stay) < len(live):
                 live = [live[j] for j in stay]
-                for f in ("prompts", "configs", "eos", "max_new", "generators"):
-                    setattr(sub, f, [getattr(sub, f)[j] for j in stay])
+                sub.keep(stay)
                 committed = [committed[j] for j in stay]
                 state.select(stay)
                 target_cache.select(stay)

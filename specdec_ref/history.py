@@ -56,6 +56,8 @@ def _eos_mask(eos_ids: tuple[tuple[int, ...], ...], vocab: int, device: torch.de
 
 
 def _eos_tuple(eos) -> tuple[int, ...]:
+    if type(eos) is tuple:  # the decoders' validated ids (tuples of ints)
+        return eos
     if eos is None:
         return ()
     if isinstance(eos, int) and not isinstance(eos, bool):

@@ -28,8 +28,6 @@ from .tree_heads import HeadsView
 
 __all__ = ["decode_tree_batch"]
 
-_FIELDS = ("prompts", "configs", "eos", "max_new", "generators")
-
 
 def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, depth: int, width: int,
                       on_round: RoundHook | None = None) -> list[DecodeResult]:
@@ -56,16 +54,16 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
     live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
     if not live:
         return results
-    sub = _Batch(*[[getattr(batch, f)[i] for i in live] for f in _FIELDS])
-    tokens = [p[0].tolist() for p in sub.prompts]
+    sub = batch.rows(live)
+    tokens = sub.tokens
     extra = tree_nodes(depth, width)
     drafter_type = _ModelDrafter if kind == "draft_model" else _MedusaDrafter
     target_cache, fed = _open_row_caches(decoder.make_cache, target, sub, extra, tokens, drafter_type.capture(draft))
     drafter = drafter_type.open(decoder, draft, sub, extra, tokens, target_cache)
     limit = min(c.max_positions or 1 << 30 for c in (target_cache.cache, drafter.cache_model))
     calls = {"target": int(fed), "draft": int(fed) if kind == "draft_model" else 0}
-    committed = [p.shape[1] for p in sub.prompts]
-    pending = torch.cat([p[:, -1:] for p in sub.prompts])
+    committed = [len(t) for t in sub.tokens]
+    pending = sub.pending()
     while live:
         starts = [c - 1 for c in committed]  # each row's pending-token slot
         ready = drafter.ready()
@@ -126,8 +124,7 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
         stay = [j for j, d in enumerate(done) if not d]
         if len(stay) < len(live):
             live = [live[j] for j in stay]
-            for f in _FIELDS:
-                setattr(sub, f, [getattr(sub, f)[j] for j in stay])
+            sub.keep(stay)
             committed = [committed[j] for j in stay]
             target_cache.select(stay)
             drafter.select(stay)
