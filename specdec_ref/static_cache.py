@@ -439,10 +439,11 @@ class StaticModelCache(ModelCache):
 
     def compact_rows(self, committed: list[int], keeps: list[list[int]]) -> None:
         """Row ``b``'s entries at slots ``keeps[b]`` move to ``committed[b] ..`` (one gather and one scatter per buffer;
-        a shorter row is padded with its last kept slot, written past its new length: stale, never read)."""
+        a shorter row is padded by repeating its last move, the same value written to the same slot again)."""
         width = max(len(k) for k in keeps)
         source = torch.tensor([k + [k[-1]] * (width - len(k)) for k in keeps], dtype=torch.long, device=self.device)
-        target = torch.tensor([[c + i for i in range(width)] for c in committed], dtype=torch.long, device=self.device)
+        target = torch.tensor([[c + i for i in range(len(k))] + [c + len(k) - 1] * (width - len(k))
+                               for c, k in zip(committed, keeps)], dtype=torch.long, device=self.device)
         b, heads, _, d = self._cache.keys[0].shape
         source = source[:, None, :, None].expand(b, heads, width, d)
         target = target[:, None, :, None].expand(b, heads, width, d)

@@ -9,7 +9,9 @@ another shape (near the position limit) or another sampling setting run as their
 Invariant (the contract's batch invariance): a seeded request gives bit for bit what ``decode_tree`` gives it alone.
 Its draws come from its own generator in the same order: each level's children, then the verifier's final-sample
 exponentials, then its coins (``decode_tree`` verifies with the one-row list ``[generator]``, the per-row order).
-Draft models only (EAGLE / Medusa heads: ``decode_tree``), no history-dependent settings (as ``decode_tree``).
+Drafters: a draft model (:class:`_ModelDrafter`, its own row cache) and Medusa heads (:class:`_MedusaDrafter`: no
+draft forward, each row's feature is the target's hidden state at its last kept node); EAGLE-family heads decode one
+request at a time (``decode_tree``). No history-dependent settings (as ``decode_tree``).
 """
 from __future__ import annotations
 
@@ -22,9 +24,9 @@ from .decode import _Batch, _open_row_caches, _truncate, end_round, validate_req
 from .draft_tree import fed_parents, same_path_rows, tree_nodes
 from .models import model_dims
 from .proposers import proposer_kind
-from .verify import sample_from_weights
 from .row_cache import RowCaches
 from .tree_heads import HeadsView
+from .verify import sample_from_weights
 
 __all__ = ["decode_tree_batch"]
 
