@@ -186,9 +186,10 @@ class _ModelDrafter:
         fed_of = fed_parents(level, chosen, width) if level > 1 else chosen.new_full((g, width), -1)
         self.fed.append(fed_of)
         rows = self.cache.feed_tree(level_tokens, torch.cat(self.fed, 1), self.tree_start)  # [G, w, V]
-        parent_ids = fed_of if level == 1 else torch.cat(self.path_ids, 1).gather(1, fed_of)
-        rows, first = same_path_rows(rows, parent_ids, level_tokens)
-        self.path_ids.append((level - 1) * width + first)
+        if not (config.greedy or self.decoder.tree_scheme == "deterministic"):  # else siblings are distinct tokens
+            parent_ids = fed_of if level == 1 else torch.cat(self.path_ids, 1).gather(1, fed_of)
+            rows, first = same_path_rows(rows, parent_ids, level_tokens)
+            self.path_ids.append((level - 1) * width + first)
         starts = torch.tensor(self.tree_start, dtype=torch.long, device=chosen.device)[:, None]
         return self.decoder.draft_probs(rows, config), starts + (level - 1) * width + torch.arange(width, device=chosen.device)
 

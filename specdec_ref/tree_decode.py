@@ -140,6 +140,7 @@ class TreeSpeculativeDecoder:
         draft_slots = torch.full((tree_nodes(depth, width),), -1, dtype=torch.long, device=logits.device)
         fed: list[torch.Tensor] = []
         path_ids: list[torch.Tensor] = []  # per fed node: the fed index of the first node with its path
+        distinct = sampling.greedy or self.tree_scheme == "deterministic"
         steps = torch.arange(width, device=logits.device)
 
         def level_rows(level, chosen, nodes, tokens):
@@ -147,6 +148,8 @@ class TreeSpeculativeDecoder:
             fed.append(parents)
             rows = draft_cache.feed_tree(tokens[None], torch.cat(fed), tree_start=tree_start)[0]
             draft_slots[nodes] = tree_start + (level - 1) * width + steps
+            if distinct:  # greedy / deterministic siblings are distinct tokens: every node's path is its own
+                return self.draft_probs(rows, sampling)
             parent_ids = parents if level == 1 else torch.cat(path_ids)[parents]
             rows, first = same_path_rows(rows, parent_ids, tokens)
             path_ids.append((level - 1) * width + first)
