@@ -179,7 +179,7 @@ def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
     spec = proposer_spec("medusa", True)
     law = _tree_law()
     cells = law_to_cells(law)
-    n = math.ceil(required_samples(np.asarray(list(law.values()), dtype=np.float64), TREE_LAW_TV) * ctx.sample_scale)
+    probabilities = np.asarray(list(law.values()), dtype=np.float64)
     seed = ctx.seed_for("tree-proposer-law", "medusa")
     depth, width = LAW_TREE
 
@@ -197,7 +197,7 @@ def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
             rows_backend, ctx, cells, key=("tree-proposer-law", seed), seed=seed, tv=TREE_LAW_TV, what=what,
             sensitive_to=sensitive_to, request=dict(prompt=list(LAW_PROMPT), max_new_tokens=LAW_LENGTH,
                                                     sampling=TREE_LAW_SAMPLING),
-            samples=lambda tv: required_samples(np.asarray(list(law.values()), dtype=np.float64), tv),
+            samples=lambda tv: required_samples(probabilities, tv),
             rows=lambda requests, where: decode_batch(rows_backend, target, spec, requests, k=depth,
                                                       where=f"Medusa trees, {where}"),
             one=one)
@@ -206,6 +206,7 @@ def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
     def draw(_, index, size):
         return [tuple(one(torch.Generator().manual_seed(seed + i)).tokens) for i in range(index * size, (index + 1) * size)]
 
+    n = math.ceil(required_samples(probabilities, TREE_LAW_TV) * ctx.sample_scale)
     outputs = streams.draws(ctx.streams, ("tree-proposer-law", seed), n, start=lambda: None, draw=draw, chunk=256)
     assert_continuations_follow(cells, outputs, ctx, tv=TREE_LAW_TV, seed=seed, sensitive_to=sensitive_to, what=what)
 

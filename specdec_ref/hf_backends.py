@@ -310,7 +310,8 @@ class HFAssistedDecoderBackend:
     def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
         from transformers import GenerationConfig
 
-        from .decode import DecodeResult, RoundRecord, _truncate, _validate_decode_args
+        from .decode import DecodeResult, RoundRecord, _truncate
+        from .decode_inputs import _validate_decode_args
 
         if self.validate:
             prompt = _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling)

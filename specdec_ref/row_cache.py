@@ -160,8 +160,7 @@ class RowCaches:
             if not keep or keep[0] < c or keep[-1] >= self.tentative[b] or any(x >= y for x, y in zip(keep, keep[1:])):
                 raise ValueError(f"compact: row {b} keeps {keep}, not strictly increasing in [committed {c}, "
                                  f"tentative {self.tentative[b]})")
-        moves = [(b, keep) for b, keep in enumerate(keeps) if keep != list(range(self.committed[b], self.committed[b] + len(keep)))]
-        if moves:
+        if any(keep != list(range(c, c + len(keep))) for c, keep in zip(self.committed, keeps)):  # else a trim
             self.cache.compact_rows([self.committed[b] for b in range(len(keeps))], keeps)
         self.tentative = [c + len(k) for c, k in zip(self.committed, keeps)]
 

@@ -20,10 +20,11 @@ from typing import Sequence
 import torch
 
 from .contract import DecodeResult, NotSupportedError, Request, RoundHook
-from .decode import _Batch, _open_row_caches, _truncate, end_round, validate_requests
+from .decode import _open_row_caches, _truncate, end_round
 from .draft_tree import fed_parents, same_path_rows, tree_nodes
 from .models import model_dims
 from .proposers import proposer_kind
+from .decode_inputs import _Batch, validate_requests
 from .row_cache import RowCaches
 from .tree_heads import HeadsView
 from .verify import sample_from_weights
@@ -85,13 +86,10 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
             for r, j in enumerate(rows):
                 outcome[j] = (part, r, flat[r])
             parts.append((part, rows))
-            if not whole:
-                target_cache.put(rows, part.target_cache)
-                drafter.put(rows, part.drafter)
         calls["target"] += len(groups)
         calls["draft"] += sum(part.draft_calls for part, _ in parts)
         # every row's tokens, then each group's repair (compaction and the drafter's catch-up), as decode_tree does
-        done, new_pending, emitted_of, finals = [], [], [], []
+        done, emitted_of, finals = [], [], []
         repairs: dict = {id(part): [] for part, _ in parts}
         for j, i in enumerate(live):
             part, r, (accepted, path, row, slots) = outcome[j]
@@ -103,19 +101,18 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
             res.tokens.extend(emitted)
             res.host_syncs += 1
             committed[j] += len(emitted)
-            new_pending.append(part.path_tokens[r, len(emitted) - 1])
             emitted_of.append(emitted)
             finals.append((part, accepted, hit_eos))
             done.append(hit_eos or len(res.tokens) >= sub.max_new[j])
         for part, rows in parts:
-            if whole:
-                calls["draft"] += part.repair(repairs[id(part)])
-            else:  # the group's copies again: the repair writes the rows back
-                part.target_cache, part.drafter = target_cache.take(rows), drafter.take(rows)
-                calls["draft"] += part.repair(repairs[id(part)])
+            calls["draft"] += part.repair(repairs[id(part)])
+            if not whole:  # the group ran on copies of its rows (disjoint from the other groups'): written back
                 target_cache.put(rows, part.target_cache)
                 drafter.put(rows, part.drafter)
-        pending = torch.stack(new_pending)[:, None]
+        pending = torch.empty_like(pending)  # each row's last emitted token: one gather per group
+        for part, rows in parts:
+            last = torch.tensor([[len(emitted_of[j]) - 1] for j in rows], dtype=torch.long, device=pending.device)
+            pending[rows] = part.path_tokens.gather(1, last)
         for j, i in enumerate(live):
             part, accepted, hit_eos = finals[j]
             res = results[i]

@@ -46,11 +46,12 @@ import torch
 from .cache import ModelCache
 from .capabilities import TREE_PROPOSER_NAMES
 from .contract import DecodeResult, NotSupportedError, RoundHook
-from .decode import _truncate, _validate_decode_args, end_round, open_caches
+from .decode import _truncate, end_round, open_caches
 from .draft_tree import DraftTree, fed_parents, same_path_rows, tree_nodes
 from .draws import choose as _choose
 from .models import model_dims
 from .proposers import is_model, proposer_kind
+from .decode_inputs import _validate_decode_args
 from .static_cache import fastest_cache
 from .tree import SpecInferTreeVerifier, TreeVerifierBase
 from .tree_batch import decode_tree_batch
