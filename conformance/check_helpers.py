@@ -96,16 +96,27 @@ def _decode(backend, target, draft, prompt, **kw):
     return result
 
 
+#: AR greedy outputs of the suite's own seeded targets, by (recipe, dtype, prompt, max_new_tokens): the oracle is
+#: deterministic and the recipe fixes the weights, so the chain and tree checks (and both tree widths) share it.
+_AR_OF: dict = {}
+
+
+def _greedy_ar(target, prompt: torch.Tensor, dtype: str, max_new: int):
+    recipe = getattr(target, "specdec_recipe", None)
+    if recipe is None:
+        return autoregressive_decode(target, prompt, max_new_tokens=max_new)
+    key = (repr(recipe), dtype, tuple(prompt[0].tolist()), max_new)
+    if key not in _AR_OF:
+        _AR_OF[key] = autoregressive_decode(target, prompt, max_new_tokens=max_new)
+    return _AR_OF[key]
+
+
 def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new: int):
     verdicts, runs = [], 0
-    ar_of: dict = {}  # the families' targets are one recipe (model_pair): AR once per prompt
     for family, kw in DRAFT_FAMILIES:
         target, draft = model_pair(arch, family, kw.get("noise", 0.0), dtype)
         for prompt in prompts(ctx.seed_for("greedy", arch), 4):
-            key = (repr(getattr(target, "specdec_recipe", id(target))), dtype, tuple(prompt[0].tolist()))
-            if key not in ar_of:
-                ar_of[key] = autoregressive_decode(target, prompt, max_new_tokens=max_new)
-            ar = ar_of[key]
+            ar = _greedy_ar(target, prompt, dtype, max_new)  # the families' targets are one recipe (model_pair)
             for k in (1, 2, 4, 8):
                 spec = _decode(backend, target, draft, prompt, k=k, max_new_tokens=max_new, sampling=GREEDY)
                 runs += 1

@@ -1,4 +1,4 @@
-"""Independent float64 oracle of the history-dependent sampling steps (plain numpy, one row at a time).
+"""Independent float64 oracle of the history-dependent sampling steps (plain numpy; one row, or every row at once).
 
 This module deliberately does not import :mod:`specdec_ref.history` (the implementation under test): it
 re-states the five steps from their definition and only reads the settings off
@@ -102,4 +102,42 @@ def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Se
         raise ValueError(f"logits must be [F={len(generated)}, V], got {z.shape}")
     if not history_settings_on(config):
         return z
-    return np.stack([history_row(row, config, prompt, g, eos_id) for row, g in zip(z, generated)]) if len(z) else z
+    if not len(z):
+        return z
+    return _history_rows(z, config, list(prompt), [list(g) for g in generated], eos_id)
+
+
+def _history_rows(z: np.ndarray, config, prompt: list[int], generated: list[list[int]], eos_id) -> np.ndarray:
+    """:func:`history_row` of every row of ``z [F, V]`` at once (the same float64 operations, element for element):
+    one count matrix for the generated tokens, steps 1-3 on the whole array, 4-5 on the rows they concern."""
+    vocab = z.shape[-1]
+    eos = eos_set(eos_id)
+    flat = [t for g in generated for t in g]
+    for t in prompt + flat + [t for t, _ in config.logit_bias] + list(eos):
+        if not 0 <= t < vocab:
+            raise ValueError(f"token {t} is outside the vocabulary [0, {vocab})")
+    rows = np.repeat(np.arange(len(generated)), [len(g) for g in generated])
+    counts = np.bincount(rows * vocab + np.asarray(flat, dtype=np.int64), minlength=len(generated) * vocab)
+    counts = counts.reshape(len(generated), vocab).astype(np.float64)
+    for t, b in config.logit_bias:  # 1
+        z[:, t] += b
+    r = config.repetition_penalty
+    if r != 1.0:  # 2
+        seen = counts > 0
+        seen[:, prompt] = True
+        z = np.where(seen, np.where(z > 0, z / r, z * r), z)
+    z = z - (config.presence_penalty * (counts > 0) + config.frequency_penalty * counts)  # 3
+    if eos and config.min_new_tokens:  # 4
+        early = np.array([len(g) < config.min_new_tokens for g in generated])
+        z[np.ix_(early, list(eos))] = -np.inf
+    if config.constraint is not None:  # 5
+        for i, g in enumerate(generated):
+            table = np.asarray(config.constraint.transitions[automaton_state(config.constraint, g)])
+            if table.shape[0] != vocab:
+                raise ValueError(f"constraint automaton has {table.shape[0]} tokens per state, the vocabulary has V={vocab}")
+            z[i, table < 0] = -np.inf
+    dead = ~np.isfinite(z).any(-1)
+    if dead.any():
+        i = int(dead.nonzero()[0][0])
+        raise ValueError(f"no token is allowed after generated tokens {generated[i]} ({config.label()})")
+    return z

@@ -299,12 +299,13 @@ class BlockSampler:
         counts = self.empty()
         counts.n = b
         counts.length += np.bincount(m.numpy(), minlength=k + 1)
-        reached = torch.arange(k)[None, :] < m[:, None] + 1  # m >= j
-        accepted = torch.arange(k)[None, :] < m[:, None]  # m > j
-        cells = (torch.arange(k) * 2 * vocab)[None, :] + accepted.long() * vocab + tokens[:, :k].clamp_min(0)
-        counts.steps += np.bincount(cells[reached].numpy(), minlength=k * 2 * vocab).reshape(k, 2 * vocab)
-        emitted_bonus = tokens[m == k, k]
-        counts.bonus += np.bincount(emitted_bonus[emitted_bonus >= 0].numpy(), minlength=vocab)  # none without a bonus
+        positions, mm = torch.arange(k), m[:, None]
+        # position j's cell: (j, accepted there (m > j), token); a position not reached (m < j) goes to one extra cell
+        cells = (positions * 2 * vocab)[None, :] + (positions[None, :] < mm) * vocab + tokens[:, :k].clamp_min(0)
+        cells = torch.where(positions[None, :] <= mm, cells, k * 2 * vocab)
+        counts.steps += np.bincount(cells.numpy().ravel(), minlength=k * 2 * vocab + 1)[:-1].reshape(k, 2 * vocab)
+        bonus = torch.where(m == k, tokens[:, k], PAD_TOKEN)  # none without a bonus (PAD_TOKEN there)
+        counts.bonus += np.bincount(bonus.numpy() + 1, minlength=vocab + 1)[1:]
         self.done += b
         return counts
 

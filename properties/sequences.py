@@ -281,10 +281,14 @@ class Cells:
         return len(self.labels) - 1  # IMPOSSIBLE
 
     def counts(self, seqs: Iterable) -> np.ndarray:
-        """Counts per cell of an iterable of generated continuations."""
+        """Counts per cell of an iterable of generated continuations (each distinct continuation is looked up once)."""
         out = np.zeros(len(self.labels), dtype=np.int64)
+        tally: dict = {}
         for s in seqs:
-            out[self.index_of(s)] += 1
+            key = s if type(s) is tuple else tuple(int(t) for t in (s.reshape(-1).tolist() if isinstance(s, torch.Tensor) else s))
+            tally[key] = tally.get(key, 0) + 1
+        for key, count in tally.items():
+            out[self.index_of(key)] += count
         return out
 
     def impossible_examples(self, seqs: Iterable, limit: int = 5) -> list[str]:

@@ -67,6 +67,9 @@ def _as_context_list(contexts) -> list[list[int]]:
             ctx = ctx.reshape(-1).tolist()
         if isinstance(ctx, (str, bytes)):
             raise ValueError("a context must be a sequence of token ids, not a string")
+        if all(type(t) is int for t in ctx):  # plain ints (the usual case): nothing to convert
+            out.append(list(ctx))
+            continue
         seq = []
         for t in ctx:
             if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
@@ -124,6 +127,9 @@ class ExactModel:
         """The table cell a context selects: ``(last,)`` for order1, ``(a, b, c)`` for order2."""
         (ctx,) = _as_context_list([context])
         self._validate(ctx)
+        return self._cell_of(ctx)
+
+    def _cell_of(self, ctx: list[int]) -> tuple[int, ...]:
         if self.family == "order1":
             return (ctx[-1],)
         m = len(ctx) - 1
@@ -131,7 +137,10 @@ class ExactModel:
 
     def next_logits(self, contexts) -> torch.Tensor:
         """float64 table logits ``[len(contexts), V]`` after each context (prompt + generated ids)."""
-        rows = [self.table[self.cell(ctx)] for ctx in _as_context_list(contexts)]
+        rows = []
+        for ctx in _as_context_list(contexts):
+            self._validate(ctx)
+            rows.append(self.table[self._cell_of(ctx)])
         if not rows:
             return torch.empty((0, self.vocab), dtype=torch.float64)
         return torch.from_numpy(np.stack(rows).astype(np.float64))

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conformance.samples import split_ties
-from properties.history_law import history_row
+from properties.history_law import history_logits, history_row
 from properties.sequences import boundary_margin, continuation_law, next_token_law, processed_logits64, row_margins
 from specdec_ref.history import SamplingState, TokenAutomaton, process_logits, warp_rows
 from specdec_ref.warp import SamplingConfig, warp
@@ -304,3 +304,27 @@ def test_oracle_agrees_with_the_implementation(data):
     state.commit(torch.tensor([prefix[:k] + [rejected]], dtype=torch.long), torch.tensor([k]))
     got, want = implementation(state, prefix[k:], slice(k, n))
     assert torch.allclose(got.double(), want, atol=1e-5, rtol=0), (config, prompt, prefix, k, got, want)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    rep=st.sampled_from([1.0, 1.5, 0.7]), presence=st.sampled_from([0.0, 0.3]), frequency=st.sampled_from([0.0, 0.2]),
+    bias=st.sampled_from([{}, {2: -0.5}, {0: 1.0, 1: -2.0}]), min_new=st.integers(0, 2), constrained=st.booleans(),
+    prompt=st.lists(st.integers(0, 3), min_size=1, max_size=4),
+    prefixes=st.lists(st.lists(st.integers(0, 2), max_size=4), min_size=1, max_size=6),
+    eos=st.sampled_from([None, EOS, (EOS, 2)]),
+)
+def test_history_logits_is_history_row_on_every_row(rep, presence, frequency, bias, min_new, constrained, prompt, prefixes, eos):
+    """The all-rows form gives every row bit for bit what :func:`history_row` gives it alone (or the same error)."""
+    automaton = TokenAutomaton(((1, 0, 0, -1), (0, 1, -1, 0))) if constrained else None
+    config = SamplingConfig(repetition_penalty=rep, presence_penalty=presence, frequency_penalty=frequency,
+                            logit_bias=bias, min_new_tokens=min_new, constraint=automaton)
+    raw = np.array([TABLE[([*prompt, *p])[-1]] for p in prefixes], dtype=np.float64)
+    try:
+        expected = np.stack([history_row(row, config, prompt, p, eos) for row, p in zip(raw, prefixes)])
+    except ValueError as exc:
+        with pytest.raises(ValueError, match=str(exc).split("(")[0].split(" after")[0]):
+            history_logits(raw, config, prompt, prefixes, eos)
+        return
+    got = history_logits(raw, config, prompt, prefixes, eos)
+    assert np.array_equal(got, expected)
