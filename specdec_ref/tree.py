@@ -41,6 +41,8 @@ Computation is in float32 whatever the input dtype, on the input's device.
 """
 from __future__ import annotations
 
+import math
+
 from typing import NamedTuple
 
 import torch
@@ -200,6 +202,8 @@ class TreeVerifierBase:
         device = target_probs.device
         greedy = draft_probs is None
         p = target_probs.to(torch.float32)
+        if greedy and n and self._greedy_steps_are_the_reference():
+            return self._greedy_path(draft_tokens, parents, p)
         q = None if greedy else draft_probs.to(torch.float32)
         real = draft_tokens >= 0
         tokens = draft_tokens.clamp_min(0)
@@ -236,6 +240,38 @@ class TreeVerifierBase:
         final = self.greedy_choice(r) if greedy else self.sample(r, generator, race)
         return self.assemble(draft_tokens.long(), path, m, final)
 
+    def _greedy_steps_are_the_reference(self) -> bool:
+        """Whether the greedy walk's decisions are this module's own (a mutant overriding one walks node by node)."""
+        cls = type(self)
+        return all(getattr(cls, name) is getattr(TreeVerifierBase, name) for name in ("tried", "node_row", "greedy_choice"))
+
+    def _greedy_path(self, draft_tokens: torch.Tensor, parents: torch.Tensor, p: torch.Tensor) -> TreeResult:
+        """The greedy walk without the loop over nodes, node for node the same result: node ``i`` is accepted iff every
+        node on its path (itself included) is real, its token is the greedy choice of its parent's row (row 0 for the
+        root's children) and no earlier sibling is (the walk tries siblings in index order and moves to the first that
+        matches). "Every node on its path" is an AND along the parent pointers, by pointer doubling: after ``t`` steps
+        each node holds the AND over itself and its ``2^t - 1`` nearest ancestors (a root column, true and its own
+        parent, ends every chain); ``ceil(log2(n + 1))`` steps cover any depth (no host synchronisation, the step count
+        comes from the shape)."""
+        batch, n = draft_tokens.shape
+        device = p.device
+        choice = p.argmax(-1)  # [B, n + 1]: the greedy choice of every row (row i + 1: after node i's path)
+        slot = parents + 1  # the parent's row (0: the root's)
+        match = (draft_tokens == choice.gather(1, slot)) & (draft_tokens >= 0)
+        index = torch.arange(n, device=device).expand(batch, n)
+        first = torch.full((batch, n + 1), n, dtype=torch.long, device=device)  # per parent: its first matching child
+        first.scatter_reduce_(1, slot, torch.where(match, index, n), "amin")
+        # column n stands for the root: always true, its own parent, so that every pointer ends there
+        ok = torch.cat([match & (index == first.gather(1, slot)), match.new_ones(batch, 1)], 1)
+        up = torch.cat([torch.where(parents < 0, n, parents), index.new_full((batch, 1), n)], 1)
+        for _ in range(max(1, math.ceil(math.log2(n + 1)))):
+            ok = ok & ok.gather(1, up)
+            up = up.gather(1, up)
+        m, path = _path_of(ok[:, :n], n, device)
+        last = path.gather(1, (m - 1).clamp_min(0)[:, None]).squeeze(1)
+        final = choice.gather(1, torch.where(m > 0, last + 1, 0)[:, None]).squeeze(1)
+        return self.assemble(draft_tokens.long(), path, m, final)
+
     def __call__(
         self,
         draft_tokens: torch.Tensor,
@@ -261,7 +297,11 @@ def _accepted_path(accepted_at: list[torch.Tensor], batch: int, n: int, device) 
     in index order (the walk accepts at most one node per depth, parents first), ``PAD_TOKEN`` after the ``m``-th."""
     if not n:
         return torch.zeros(batch, dtype=torch.long, device=device), torch.full((batch, 0), PAD_TOKEN, dtype=torch.long, device=device)
-    accepted = torch.stack(accepted_at, 1)
+    return _path_of(torch.stack(accepted_at, 1), n, device)
+
+
+def _path_of(accepted: torch.Tensor, n: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_accepted_path` from the flags as one Bool ``[B, n]``."""
     order = torch.where(accepted, torch.arange(n, device=device), n).sort(1).values
     return accepted.sum(1), order.masked_fill_(order == n, PAD_TOKEN)
 

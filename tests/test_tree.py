@@ -190,3 +190,39 @@ def test_each_reference_tree_scheme_decodes_losslessly(factory):
     records = run_checks(backend, CheckContext(profile="ci"), names=["tree_decoder_sequence_law"])
     assert [r.status for r in records] == ["passed", "passed"], [(r.id, r.message[:500]) for r in records]  # position, position_limit
     assert all(s["power"] >= 0.99 for r in records for s in r.statistics)
+
+
+def _node_by_node(cls):
+    """``cls`` with its own ``tried`` re-stated: the greedy walk then runs its loop over nodes (the fast path is only
+    taken when the decisions are the reference's own)."""
+    return type(f"NodeByNode{cls.__name__}", (cls,), {"tried": lambda self, parents_i, current, real_i: real_i & (parents_i == current)})
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(block=tree_blocks(greedy=True))
+def test_greedy_path_without_the_loop_is_the_walk(block):
+    """The greedy walk's vectorised path (pointer doubling over the parents) is node for node the loop's result:
+    ragged and padded trees, ties broken by first index, deep chains and wide stars (Hypothesis trees)."""
+    for cls in TREE_VERIFIERS.values():
+        fast, slow = cls(), _node_by_node(cls)()
+        assert fast._greedy_steps_are_the_reference() and not slow._greedy_steps_are_the_reference()
+        a = fast(block.draft_tokens, block.parents, None, block.target_probs)
+        b = slow(block.draft_tokens, block.parents, None, block.target_probs)
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), (cls.__name__, a, b)
+
+
+def test_greedy_path_without_the_loop_on_a_deep_chain():
+    """A chain of 40 nodes all matching (every doubling step needed), then broken at node 17."""
+    n, vocab = 40, 5
+    p = torch.zeros(1, n + 1, vocab)
+    p[0, :, 2] = 1.0
+    tokens = torch.full((1, n), 2)
+    parents = torch.arange(-1, n - 1)[None]
+    for cls in TREE_VERIFIERS.values():
+        a, b = cls()(tokens, parents, None, p), _node_by_node(cls)()(tokens, parents, None, p)
+        assert int(a.num_accepted) == n and all(torch.equal(x, y) for x, y in zip(a, b))
+        tokens[0, 17] = 3  # the path breaks at node 17
+        a, b = cls()(tokens, parents, None, p), _node_by_node(cls)()(tokens, parents, None, p)
+        assert int(a.num_accepted) == 17 and all(torch.equal(x, y) for x, y in zip(a, b))
+        tokens[0, 17] = 2
