@@ -39,7 +39,7 @@ from properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, sp
 from properties.stats import alpha_spent, failed_tests, is_test, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
-from .allocator import keep_freed_memory
+from .heap import freeze_long_lived, keep_freed_memory
 from .profiles import DEFAULT_PROFILE, DEFAULT_SEED, INTERIM_ALPHA_SCALE, get_profile, use_profile
 from .watchdog import DEFAULT_TIMEOUT, BackendTimeout, time_limit  # noqa: F401  (BackendTimeout re-exported)
 
@@ -269,7 +269,8 @@ def run_case(case: CheckCase, backend, ctx: CheckContext, timeout: float | None 
     if missing:
         record.status, record.message, record.missing_capabilities = "skipped", skip_reason(missing, backend), missing
         return record
-    keep_freed_memory()  # the samples' large tensors reuse freed memory (conformance.allocator; once per process)
+    keep_freed_memory()  # the samples' large tensors reuse freed memory (conformance.heap; once per process)
+    freeze_long_lived()  # the collector stops walking what the imports built (conformance.heap; after large imports)
     ctx.streams = {}  # every look of this case takes a prefix of the same samples; no other case sees them
     try:
         return _run_looks(case, backend, ctx, timeout)
