@@ -67,6 +67,8 @@ def _as_context_list(contexts) -> list[list[int]]:
             ctx = ctx.reshape(-1).tolist()
         if isinstance(ctx, (str, bytes)):
             raise ValueError("a context must be a sequence of token ids, not a string")
+        if not isinstance(ctx, (list, tuple)):
+            ctx = list(ctx)  # read an iterator once
         if all(type(t) is int for t in ctx):  # plain ints (the usual case): nothing to convert
             out.append(list(ctx))
             continue
