@@ -6,7 +6,7 @@ glibc's malloc serves every request above its mmap threshold (128 KiB, raised on
 so far) with a fresh ``mmap``, and gives the heap's free top back to the system above its trim threshold: each draw
 then pays page faults, the kernel zeroing the pages, and the unmapping. :func:`keep_freed_memory` raises both
 (``mallopt``), so a process that runs checks keeps what it freed and reuses it: on the main job (two xdist workers)
-system time fell from about 6 to about 2.5 CPU-s, peak resident memory rose from 0.80 to 0.93 GB
+system time fell from about 6 to about 2.5 CPU-s, peak resident memory rose from 0.80 to 0.88-0.96 GB
 (``docs/benchmarks.md``). It changes how memory is obtained, never a value computed.
 
 The harness sets this in its own process, at its first case (``conformance.registry.run_case``), never through the
