@@ -21,7 +21,6 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from specdec_ref.contract import Request
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.forward import reference_logits
 from specdec_ref.models import tiny_lm

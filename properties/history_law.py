@@ -65,31 +65,7 @@ def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_
     Raises ValueError when a token id is outside the vocabulary or when no token is left (e.g. a
     constraint state allowing only EOS while ``min_new_tokens`` masks it).
     """
-    z = np.array(z, dtype=np.float64)
-    vocab = z.shape[-1]
-    eos = eos_set(eos_id)
-    for t in list(prompt) + list(generated) + [t for t, _ in config.logit_bias] + list(eos):
-        if not 0 <= t < vocab:
-            raise ValueError(f"token {t} is outside the vocabulary [0, {vocab})")
-    counts = np.bincount(np.asarray(list(generated), dtype=np.int64), minlength=vocab).astype(np.float64)
-    for t, b in config.logit_bias:  # 1
-        z[t] += b
-    r = config.repetition_penalty
-    if r != 1.0:  # 2
-        seen = counts > 0
-        seen[list(prompt)] = True
-        z = np.where(seen, np.where(z > 0, z / r, z * r), z)
-    z = z - (config.presence_penalty * (counts > 0) + config.frequency_penalty * counts)  # 3
-    if eos and len(generated) < config.min_new_tokens:  # 4
-        z[list(eos)] = -np.inf
-    if config.constraint is not None:  # 5
-        table = np.asarray(config.constraint.transitions[automaton_state(config.constraint, generated)])
-        if table.shape[0] != vocab:
-            raise ValueError(f"constraint automaton has {table.shape[0]} tokens per state, the vocabulary has V={vocab}")
-        z[table < 0] = -np.inf
-    if not np.isfinite(z).any():
-        raise ValueError(f"no token is allowed after generated tokens {list(generated)} ({config.label()})")
-    return z
+    return _history_rows(np.array(z, dtype=np.float64)[None], config, list(prompt), [list(generated)], eos_id)[0]
 
 
 def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Sequence[int]], eos_id=None) -> np.ndarray:
@@ -108,8 +84,9 @@ def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Se
 
 
 def _history_rows(z: np.ndarray, config, prompt: list[int], generated: list[list[int]], eos_id) -> np.ndarray:
-    """:func:`history_row` of every row of ``z [F, V]`` at once (the same float64 operations, element for element):
-    one count matrix for the generated tokens, steps 1-3 on the whole array, 4-5 on the rows they concern."""
+    """Steps 1-5 on every row of ``z [F, V]`` (float64, changed in place) with history ``prompt`` + ``generated[i]``:
+    one count matrix for the generated tokens, steps 1-3 on the whole array, 4-5 on the rows they concern; no row's
+    result depends on the others."""
     vocab = z.shape[-1]
     eos = eos_set(eos_id)
     flat = [t for g in generated for t in g]

@@ -250,6 +250,13 @@ def sequence_label(seq: Sequence[int], eos_id: int | Sequence[int] | None = None
     return " ".join(names.get(t, str(t)) for t in seq)
 
 
+def _continuation_key(seq) -> tuple[int, ...]:
+    """A generated continuation (tuple / list / 1-d tensor) as a tuple of ints (a tuple of ints is returned itself)."""
+    if type(seq) is tuple and all(type(t) is int for t in seq):
+        return seq
+    return tuple(int(t) for t in (seq.reshape(-1).tolist() if isinstance(seq, torch.Tensor) else seq))
+
+
 @dataclass
 class Cells:
     """Chi-square cells of a continuation law.
@@ -269,7 +276,7 @@ class Cells:
 
     def index_of(self, seq) -> int:
         """Cell index of a generated continuation (tuple / list / 1-d tensor, prompt excluded)."""
-        key = tuple(int(t) for t in (seq.reshape(-1).tolist() if isinstance(seq, torch.Tensor) else seq))
+        key = _continuation_key(seq)
         idx = self._index.get(key)
         if idx is not None:
             return idx
@@ -285,7 +292,7 @@ class Cells:
         out = np.zeros(len(self.labels), dtype=np.int64)
         tally: dict = {}
         for s in seqs:
-            key = s if type(s) is tuple else tuple(int(t) for t in (s.reshape(-1).tolist() if isinstance(s, torch.Tensor) else s))
+            key = _continuation_key(s)
             tally[key] = tally.get(key, 0) + 1
         for key, count in tally.items():
             out[self.index_of(key)] += count
@@ -296,7 +303,7 @@ class Cells:
         found = []
         for s in seqs:
             if self.index_of(s) == len(self.labels) - 1:
-                key = tuple(int(t) for t in (s.reshape(-1).tolist() if isinstance(s, torch.Tensor) else s))
+                key = _continuation_key(s)
                 found.append(sequence_label(key, self.law.eos_id) or "<empty>")
                 if len(found) >= limit:
                     break
