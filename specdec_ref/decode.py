@@ -116,6 +116,7 @@ def _open_row_caches(make_cache, model, batch: _Batch, extra: int, tokens: Seque
     return cache, cache.prefill(batch.prompts, tokens)
 
 
+@torch.inference_mode()  # no autograd bookkeeping on the loop's small ops (results are host lists)
 def batched_autoregressive_decode(
     target, requests: Sequence[Request], *, make_cache: Callable[..., ModelCache] = ModelCache,
     on_step: Callable[[int], None] | None = None,
@@ -314,6 +315,7 @@ class SpeculativeDecoder:
         return [j for j, d in enumerate(done) if not d]
 
     # -- loop ----------------------------------------------------------------------------
+    @torch.inference_mode()  # no autograd bookkeeping on the loop's small ops (results are host lists)
     def decode_batch(
         self,
         target,

@@ -32,6 +32,7 @@ from .verify import sample_from_weights
 __all__ = ["decode_tree_batch"]
 
 
+@torch.inference_mode()  # no autograd bookkeeping on the loop's small ops (results are host lists)
 def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, depth: int, width: int,
                       on_round: RoundHook | None = None) -> list[DecodeResult]:
     """Tree speculative decoding of every request (module docstring); one :class:`DecodeResult` per request, in order.

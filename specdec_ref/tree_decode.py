@@ -241,6 +241,7 @@ class TreeSpeculativeDecoder:
         return depth, width
 
     # -- loop ----------------------------------------------------------------------------
+    @torch.inference_mode()  # no autograd bookkeeping on the loop's small ops (results are host lists)
     def decode(
         self,
         target,
