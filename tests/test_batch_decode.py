@@ -248,9 +248,11 @@ def test_decoder_loops_run_without_autograd_bookkeeping():
     hook = lambda record, *caches: seen.append(torch.is_inference_mode_enabled())  # noqa: E731
     requests = [Request(prompt=[1, 2, 3], max_new_tokens=6, sampling=GREEDY)]
     before = SpeculativeDecoder().decode_batch(target, draft, requests, k=3, on_round=hook)[0].tokens
-    TreeSpeculativeDecoder().decode(target, draft, torch.tensor([[1, 2, 3]]), depth=2, width=2, max_new_tokens=6, on_round=hook)
-    batched_autoregressive_decode(target, requests)
-    assert seen and all(seen), "a decoder's round ran with autograd bookkeeping on"
+    tree = TreeSpeculativeDecoder()
+    tree.decode(target, draft, torch.tensor([[1, 2, 3]]), depth=2, width=2, max_new_tokens=6, on_round=hook)
+    tree.decode_tree_batch(target, draft, requests, depth=2, width=2, on_round=hook)
+    batched_autoregressive_decode(target, requests, on_step=hook)
+    assert len(seen) >= 4 and all(seen), f"a decoder's round ran with autograd bookkeeping on: {seen}"
     assert not torch.is_inference_mode_enabled()
     assert all(type(t) is int for t in before)
     with torch.no_grad():
