@@ -9,6 +9,7 @@ from . import __version__
 from .cache import ModelCache
 from .contract import Capabilities
 from .decode import SpeculativeDecoder
+from .row_products import request_row_independent_products
 from .schemes import BlockwiseVerifier, OneHotDraftVerifier, TypicalAcceptanceVerifier
 from .tree import DeterministicTreeVerifier, RecursiveTreeVerifier, SpecInferTreeVerifier, TreeVerifierBase
 from .tree_decode import TreeSpeculativeDecoder
@@ -57,6 +58,7 @@ class ReferenceBackend:
         tree_verifier: TreeVerifierBase | None = None,
         tree_decoder: TreeSpeculativeDecoder | None = None,
     ):
+        request_row_independent_products()  # batched_decoder claims seeded batch invariance (docs/batching.md)
         self.validate = validate
         self.verifier = verifier
         self.tree_verifier = tree_verifier or SpecInferTreeVerifier()

@@ -1,6 +1,11 @@
 """Shared fixtures of the harness's own tests."""
 import pytest
-import torch
+
+from specdec_ref.row_products import request_row_independent_products
+
+request_row_independent_products()  # before the first matrix product: seeded rows reproduce alone in any batch
+
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")

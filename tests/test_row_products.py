@@ -1,0 +1,38 @@
+"""specdec_ref.row_products: the harness's processes run with row-independent matrix products (the condition of seeded
+batch invariance), and the probe that says so can say otherwise."""
+import os
+import subprocess
+import sys
+
+import torch
+
+from specdec_ref.row_products import MKL_STRICT, products_are_row_independent, row_dependent_products
+
+
+def test_the_harness_runs_with_row_independent_products():
+    """tests/conftest.py asks MKL for its strict mode before the first product: without it an AVX-512 machine's one-row
+    products differ in the last bit from the same rows in a batch, and a greedy draft at an exact tie flips
+    (tests/test_proposers.py::test_seeded_rows_reproduce_alone_in_any_batch)."""
+    found = row_dependent_products()
+    assert not found, (f"row b of F.linear depends on the number of rows for (in, out, rows) = {found[:8]}; MKL_CBWR="
+                       f"{os.environ.get('MKL_CBWR')!r} (want {MKL_STRICT!r}, set before the process's first product)")
+
+
+def test_the_probe_sees_a_product_whose_rows_depend_on_the_batch(monkeypatch):
+    """Bug class: a probe that cannot fail. A product that adds the row count's rounding noise is caught."""
+    real = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: real(x, w, b) * (1 + 2e-7 * (x.shape[0] > 1)))
+    assert not products_are_row_independent()
+    assert (16, 8, 2) in row_dependent_products()
+
+
+def test_a_users_own_mkl_setting_wins():
+    """The request only fills an unset MKL_CBWR: a process started with its own mode keeps it."""
+    code = ("import os; from specdec_ref.row_products import request_row_independent_products as r; "
+            "print(r(), os.environ['MKL_CBWR'])")
+    env = dict(os.environ, MKL_CBWR="AVX2")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "AVX2"]
+    env.pop("MKL_CBWR")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", MKL_STRICT]
