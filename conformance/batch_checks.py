@@ -33,6 +33,7 @@ from .check_helpers import (
     assert_numerical_flip,
     decode_batch,
     model_pair,
+    row_dependence_note,
     sequence_models,
 )
 from . import streams
@@ -69,7 +70,7 @@ def check_batch_seeded_requests_reproduce_alone(backend, ctx: CheckContext):
         assert res.tokens == alone.tokens == again[id(req)].tokens, (
             f"seeded request {i} (prompt {req.prompt}, seed {req.seed}, {settings}, eos {req.eos_ids}, max_new_tokens "
             f"{req.max_new_tokens}) depends on its batch:\n  in the mixed batch: {res.tokens}\n  alone:              "
-            f"{alone.tokens}\n  in another batch:   {again[id(req)].tokens}\n  replay: {ctx.replay}"
+            f"{alone.tokens}\n  in another batch:   {again[id(req)].tokens}\n  replay: {ctx.replay}{row_dependence_note()}"
         )
     sampled = [c for c in configs if not c.greedy]
     if sampled:
@@ -99,7 +100,7 @@ def check_batch_greedy_equals_ar_at_every_batch_size(backend, ctx: CheckContext,
             assert res.tokens == ar.tokens, (
                 f"greedy batch of {size}, request {i} (prompt {req.prompt}, eos {req.eos_ids}, max_new_tokens "
                 f"{req.max_new_tokens}, draft {family}): differs from AR greedy decoding alone\n  batched: {res.tokens}\n"
-                f"  AR:      {ar.tokens}\n  replay: {ctx.replay}"
+                f"  AR:      {ar.tokens}\n  replay: {ctx.replay}{row_dependence_note()}"
             )
             if family == "identical":
                 short = [r for r in res.rounds[:-1] if r.accepted != r.proposed]

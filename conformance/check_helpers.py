@@ -369,6 +369,23 @@ def decode_batch(backend, target, draft, requests: list[Request], *, k: int, whe
     return results
 
 
+def row_dependence_note() -> str:
+    """For a batch-invariance failure's report: a note when this process's float32 products are row-dependent on this
+    machine (``specdec_ref.row_products``), which flips a near-tie token with the batch without a bug of the
+    backend's own; empty otherwise. Probed only when a check fails."""
+    import os
+
+    from specdec_ref.row_products import MKL_STRICT, row_dependent_products
+
+    found = row_dependent_products()
+    if not found:
+        return ""
+    return (f"\n  note: in this process row b of a float32 F.linear depends on the number of rows ({len(found)} of the "
+            f"probe's products, e.g. (in, out, rows) = {found[0]}; MKL_CBWR={os.environ.get('MKL_CBWR')!r}). A backend "
+            f"computing with these kernels can flip a token at a near-tie with its batch; to tell that apart from a bug, "
+            f"rerun with MKL_CBWR={MKL_STRICT} set before the process starts (docs/batching.md).")
+
+
 def _ids(prompt) -> list[int]:
     return prompt.reshape(-1).tolist() if isinstance(prompt, torch.Tensor) else list(prompt)
 

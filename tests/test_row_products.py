@@ -36,3 +36,23 @@ def test_a_users_own_mkl_setting_wins():
     env.pop("MKL_CBWR")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", MKL_STRICT]
+
+
+def test_a_batch_invariance_failure_names_row_dependent_products(monkeypatch):
+    """An actionable report: where this process's products are row-dependent, batch_seeded_requests_reproduce_alone's
+    failure says so and how to rerun without it; where they are not, the report has no such note."""
+    import conformance.check_helpers as helpers
+    import specdec_ref.row_products as products
+    from conformance.registry import CheckContext, all_cases, run_case
+    from fixtures.mutants import MUTANTS
+
+    (case,) = all_cases(["batch_seeded_requests_reproduce_alone"])
+    mutant = MUTANTS["decoder_one_stream_for_all_rows"].backend()
+    record = run_case(case, mutant, CheckContext(profile="dev"))
+    assert record.status == "failed" and "depends on its batch" in record.message, record.message[:1500]
+    assert "note: in this process" not in record.message
+    monkeypatch.setattr(products, "row_dependent_products", lambda *a, **k: [(64, 64, 8)])
+    record = run_case(case, mutant, CheckContext(profile="dev"))
+    assert record.status == "failed" and "note: in this process row b of a float32 F.linear" in record.message
+    assert "(in, out, rows) = (64, 64, 8)" in record.message and f"MKL_CBWR={MKL_STRICT}" in record.message
+    assert helpers.row_dependence_note() != ""
