@@ -10,7 +10,7 @@ against 4.1 us for one row, 157 against 154 us for 1024).
 
 MKL reads ``MKL_CBWR`` at its first call, so :func:`request_row_independent_products` works only before the process's
 first matrix product; the reference backend and the harness's own tests ask for it at start, and only where the
-variable is unset (a user's own setting wins). :func:`products_are_row_independent` probes the mode in force. The
+variable is unset (a user's own setting wins). :func:`row_dependent_products` probes the mode in force. The
 request is not made for a third-party backend: its products are certified as its users run them.
 """
 from __future__ import annotations
@@ -32,23 +32,18 @@ def request_row_independent_products() -> bool:
     return True
 
 
-def row_dependent_products(device: str = "cpu", dtype=None) -> list[tuple[int, int, int]]:
-    """The probe's ``(in, out, rows)`` products whose rows differ from the same rows multiplied one at a time (empty:
-    the products in force are row-independent for these widths)."""
+def row_dependent_products() -> list[tuple[int, int, int]]:
+    """The probe's float32 CPU ``(in, out, rows)`` products whose rows differ from the same rows multiplied one at a
+    time (empty: the products in force are row-independent for these widths)."""
     import torch
     import torch.nn.functional as F
 
-    dtype = dtype or torch.float32
     gen = torch.Generator().manual_seed(0)
     found = []
     for k, n in PROBE_WIDTHS:
-        w = torch.randn(n, k, generator=gen).to(device, dtype)
-        x = torch.randn(max(PROBE_ROWS), k, generator=gen).to(device, dtype)
+        w = torch.randn(n, k, generator=gen)
+        x = torch.randn(max(PROBE_ROWS), k, generator=gen)
         alone = torch.cat([F.linear(x[i:i + 1], w) for i in range(len(x))])
         found += [(k, n, m) for m in PROBE_ROWS if not torch.equal(F.linear(x[:m], w), alone[:m])]
     return found
 
-
-def products_are_row_independent(device: str = "cpu", dtype=None) -> bool:
-    """Whether every probe product's rows equal the same rows multiplied alone."""
-    return not row_dependent_products(device, dtype)

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from specdec_ref.row_products import MKL_STRICT, products_are_row_independent, row_dependent_products
+from specdec_ref.row_products import MKL_STRICT, row_dependent_products
 
 
 def test_the_harness_runs_with_row_independent_products():
@@ -22,7 +22,6 @@ def test_the_probe_sees_a_product_whose_rows_depend_on_the_batch(monkeypatch):
     """Bug class: a probe that cannot fail. A product that adds the row count's rounding noise is caught."""
     real = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda x, w, b=None: real(x, w, b) * (1 + 2e-7 * (x.shape[0] > 1)))
-    assert not products_are_row_independent()
     assert (16, 8, 2) in row_dependent_products()
 
 
@@ -51,7 +50,7 @@ def test_a_batch_invariance_failure_names_row_dependent_products(monkeypatch):
     record = run_case(case, mutant, CheckContext(profile="dev"))
     assert record.status == "failed" and "depends on its batch" in record.message, record.message[:1500]
     assert "note: in this process" not in record.message
-    monkeypatch.setattr(products, "row_dependent_products", lambda *a, **k: [(64, 64, 8)])
+    monkeypatch.setattr(products, "row_dependent_products", lambda: [(64, 64, 8)])
     record = run_case(case, mutant, CheckContext(profile="dev"))
     assert record.status == "failed" and "note: in this process row b of a float32 F.linear" in record.message
     assert "(in, out, rows) = (64, 64, 8)" in record.message and f"MKL_CBWR={MKL_STRICT}" in record.message
