@@ -102,15 +102,10 @@ def _id_list(value, key: str, where: str, vocab: int, *, allow_empty: bool) -> t
     return tuple(value)
 
 
-def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_positions: int | None, max_new_tokens: int,
-                  model=None) -> SampleRecord:
-    if not isinstance(obj, dict):
-        raise SamplesInputError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
-    missing = [key for key in ("prompt_ids", "completion_ids") if key not in obj]
-    if missing:
-        raise SamplesInputError(f"{where}: missing field(s) {', '.join(missing)} (have: {', '.join(sorted(obj)) or 'none'})")
-    prompt = _id_list(obj["prompt_ids"], "prompt_ids", where, vocab, allow_empty=False)
-    completion = _id_list(obj["completion_ids"], "completion_ids", where, vocab, allow_empty=True)
+def _checked_prompt(raw, where: str, vocab: int, min_context: int, max_positions: int | None, max_new_tokens: int,
+                    model) -> tuple[int, ...]:
+    """A prompt's ids, validated for the model: the vocabulary, its length, a context the model's law is defined for."""
+    prompt = _id_list(raw, "prompt_ids", where, vocab, allow_empty=False)
     if len(prompt) < min_context:
         raise SamplesInputError(
             f"{where}: the prompt has {len(prompt)} token(s); this model's law is defined for prompts of at least {min_context}"
@@ -126,6 +121,25 @@ def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_
             check_context(list(prompt))
         except ValueError as exc:
             raise SamplesInputError(f"{where}: prompt_ids {list(prompt)} is not a valid context of the model: {exc}") from None
+    return prompt
+
+
+def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_positions: int | None, max_new_tokens: int,
+                  model=None, checked_prompts: dict | None = None) -> SampleRecord:
+    """One line as a record (``checked_prompts``: the prompts validated so far, so each distinct one is checked once)."""
+    if not isinstance(obj, dict):
+        raise SamplesInputError(f"{where}: each line must be a JSON object, got {type(obj).__name__}")
+    missing = [key for key in ("prompt_ids", "completion_ids") if key not in obj]
+    if missing:
+        raise SamplesInputError(f"{where}: missing field(s) {', '.join(missing)} (have: {', '.join(sorted(obj)) or 'none'})")
+    raw = obj["prompt_ids"]
+    key = tuple(raw) if type(raw) is list and all(type(x) is int for x in raw) else None  # bool is no int here
+    prompt = None if checked_prompts is None or key is None else checked_prompts.get(key)
+    if prompt is None:
+        prompt = _checked_prompt(raw, where, vocab, min_context, max_positions, max_new_tokens, model)
+        if checked_prompts is not None and key is not None:
+            checked_prompts[key] = prompt
+    completion = _id_list(obj["completion_ids"], "completion_ids", where, vocab, allow_empty=True)
     seed = obj.get("seed")
     if seed is not None and not _is_int(seed):
         raise SamplesInputError(f"{where}: 'seed' must be an int or null, got {seed!r}")
@@ -150,6 +164,7 @@ def read_records(
     ``cell(prompt)`` rejects contexts its law is not defined for (order2: ``<bos>`` first, nowhere else).
     """
     records: list[SampleRecord] = []
+    checked: dict[tuple, tuple[int, ...]] = {}
     if isinstance(path_or_records, (str, os.PathLike)):
         source = os.fspath(path_or_records)
         try:
@@ -165,11 +180,13 @@ def read_records(
                 obj = json.loads(text)
             except json.JSONDecodeError as exc:
                 raise SamplesInputError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            records.append(_parse_record(obj, where, number, vocab, min_context, max_positions, max_new_tokens, model))
+            records.append(_parse_record(obj, where, number, vocab, min_context, max_positions, max_new_tokens, model,
+                                         checked))
     else:
         source = "<records>"
         for number, obj in enumerate(path_or_records, 1):
-            records.append(_parse_record(obj, f"record {number}", number, vocab, min_context, max_positions, max_new_tokens, model))
+            records.append(_parse_record(obj, f"record {number}", number, vocab, min_context, max_positions, max_new_tokens,
+                                         model, checked))
     if not records:
         raise SamplesInputError(f"{source}: no completions")
     seen: dict[tuple, int] = {}
