@@ -172,12 +172,15 @@ def early_pass(records: Sequence[dict], beta: float = EARLY_PASS_BETA, scale: fl
 
 
 def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n: float | None = None,
-                           beta: float = EARLY_PASS_BETA, look_n: int | None = None, look_beta: float = EARLY_PASS_BETA) -> dict:
+                           beta: float = EARLY_PASS_BETA, look_n: int | None = None, look_beta: float = EARLY_PASS_BETA,
+                           project_groups: bool = False) -> dict:
     """``record`` (of the test ``fit``) stating the power of the whole procedure: its full look's power net of the
     ``beta`` an early-pass look spent (union bound: a law at the stated TV escapes both with probability <= ``1 -
     P + beta``). ``planned_n``: the full look's N, for a case that passed early (its pooling recomputed at that N
     from ``fit``); default the record's own N. ``look_n``, ``look_beta``: the early-pass look a df-0 test passed at
-    (its draws and its share of beta), which bound the TV the procedure detects from below."""
+    (its draws and its share of beta), which bound the TV the procedure detects from below. ``project_groups``: a
+    grouped test's pooling at ``planned_n`` projected from its groups' visits
+    (:meth:`properties.stats.FitResult.projected_pooling`) instead of kept as at the look."""
     if record.get("kind") == "total":
         n = record["n"] if planned_n is None else planned_n
         shift = planned_shift(record, n, beta)
@@ -191,7 +194,7 @@ def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n
         return record
     target = min(TARGET_POWER + beta, 1 - 1e-12)
     if fit is not None and planned_n is not None:
-        power, detects = fit.power_at(planned_n, target)
+        power, detects = fit.power_at(planned_n, target, project_groups=project_groups)
     else:
         tv = max(record["tv"] - record.get("pooled_mass", 0.0), 0.0)
         power = power_against_tv(record["n"], record["df"], record["alpha"], tv)

@@ -201,6 +201,7 @@ class FitResult:
     min_expected: float = MIN_EXPECTED
     grouped: bool = False  # a product-multinomial test (conditional_goodness_of_fit): cells pooled per group
     rare_bin: bool = False  # one big cell and a pooled bin of expected count < min_expected, tested by its exact upper tail
+    group_counts: tuple[int, ...] = ()  # a grouped test's visits per group (its cells: one block of labels per group)
 
     @property
     def passed(self) -> bool:
@@ -218,6 +219,26 @@ class FitResult:
         extra = 1 if small.any() and (pooled * n >= self.min_expected or big <= 1) else 0  # big == 1: the rare bin
         return big + extra - 1, pooled
 
+    def projected_pooling(self, n: float) -> tuple[int, float]:
+        """``(df, pooled mass)`` on ``n`` samples; for a grouped test, projected from its groups' visits (each group's
+        count scaled by ``n / self.n``, each group pooled as :func:`goodness_of_fit` pools it), where
+        :meth:`pooling_at` keeps the test's own."""
+        if not self.grouped or not self.group_counts or not self.n:
+            return self.pooling_at(n)
+        width = len(self.labels) // len(self.group_counts)
+        df, weighted = 0, 0.0
+        for g, nc in enumerate(self.group_counts):
+            probs = self.expected[g * width:(g + 1) * width] * self.n / nc
+            m = nc * n / self.n
+            possible = probs > 0
+            small = possible & (probs * m < self.min_expected)
+            big = int((possible & ~small).sum())
+            pooled = float(probs[small].sum())
+            extra = 1 if small.any() and (pooled * m >= self.min_expected or big <= 1) else 0
+            df += max(big + extra - 1, 0)
+            weighted += nc * pooled
+        return df, weighted / self.n
+
     def futility(self) -> dict | None:
         """The early-pass look's statistic (:data:`FUTILITY_MIN_EXPECTED` pooling) of the same counts, as
         ``{statistic, df, pooled_mass, min_expected}``; None for a grouped or rare-bin test, an impossible outcome, or
@@ -231,9 +252,10 @@ class FitResult:
         return {"statistic": fine.statistic, "df": fine.df, "pooled_mass": fine.pooled_mass,
                 "min_expected": FUTILITY_MIN_EXPECTED}
 
-    def power_at(self, n: float, power: float = TARGET_POWER) -> tuple[float, float]:
-        """``(power against the stated TV, TV detected with power ``power``)`` of the same test on ``n`` samples."""
-        df, pooled = self.pooling_at(n)
+    def power_at(self, n: float, power: float = TARGET_POWER, *, project_groups: bool = False) -> tuple[float, float]:
+        """``(power against the stated TV, TV detected with power ``power``)`` of the same test on ``n`` samples
+        (``project_groups``: a grouped test's pooling projected, :meth:`projected_pooling`)."""
+        df, pooled = self.projected_pooling(n) if project_groups else self.pooling_at(n)
         return power_against_tv(n, df, self.alpha, max(self.tv - pooled, 0.0)), detectable_tv(n, df, self.alpha, pooled_mass=pooled, power=power)
 
     @property
@@ -425,7 +447,7 @@ def conditional_goodness_of_fit(
     """
     alpha = spent(alpha)
     stat, df, n = 0.0, 0, 0
-    all_labels, observed, expected, pooled, impossible = [], [], [], [], []
+    all_labels, observed, expected, pooled, impossible, visits = [], [], [], [], [], []
     weighted_pool = 0.0
     for name, counts, probs in groups:
         counts = np.asarray(counts, dtype=np.int64)
@@ -438,6 +460,7 @@ def conditional_goodness_of_fit(
         stat += fit.statistic
         df += fit.df
         n += nc
+        visits.append(nc)
         weighted_pool += nc * fit.pooled_mass
         all_labels.extend(cell_labels)
         observed.append(counts)
@@ -453,7 +476,7 @@ def conditional_goodness_of_fit(
     return FitResult(
         what=what, n=n, alpha=alpha, tv=tv, power=power_against_tv(n, df, alpha, max(tv - pooled_mass, 0.0)),
         statistic=float(stat), df=df, p_value=p_value, labels=all_labels, observed=obs, expected=exp,
-        pooled=pooled, pooled_mass=pooled_mass, impossible=impossible, grouped=True,
+        pooled=pooled, pooled_mass=pooled_mass, impossible=impossible, grouped=True, group_counts=tuple(visits),
     )
 
 

@@ -77,11 +77,20 @@ assistant_model=draft, do_sample=True, temperature=..., top_k=..., top_p=...)`` 
 one call per sample, the global RNG seeded per sample (the seed is recorded). See
 ``docs/black-box.md``.
 
+*Planned looks* (``--looks``: the file given whole; ``--planned-n N``: a growing file planned for N lines; the
+``looks`` argument of :func:`certify_samples`): the file is tested on prefixes in its line order, at the main job's
+looks (:mod:`conformance.samples.looks`): rejected at the first conclusive look, passed at the first early-pass
+look whose statistics rule out the stated alternative, else decided at the full look on 1.07 x N; the verdict
+states the lines it read, the looks taken and the whole procedure's power; a file that ends before a look decides
+is ``INCONCLUSIVE`` (a partial sample). :class:`conformance.samples.verdict.GrowingFile` runs each look once as a
+file grows (the engine runner's waves).
+
 Layout (each module imports only those above it; this ``__init__`` only re-exports): ``read`` (parse and
 validate the records; deterministic invariants), ``law`` (the exact law, the tested length L, tie splitting),
 ``conventions`` (the alternative conventions the tool knows), ``generate`` (a file from transformers), ``prompts``
-(one prompt's sampling test or greedy walk), ``verdict`` (:func:`certify_samples`, :class:`SamplesVerdict`, the
-replay command), ``cli`` (the two command lines).
+(one prompt's sampling test or greedy walk), ``looks`` (the planned looks), ``verdict`` (:func:`certify_samples`,
+:class:`SamplesVerdict`, :class:`GrowingFile`, the replay command), ``cli`` (the two command lines),
+``calibration`` (the looks measured on exact and biased files).
 """
 from __future__ import annotations
 
@@ -92,7 +101,8 @@ from .generate import generate_with_transformers
 from .law import MAX_CELLS, SAMPLES_TV, AmbiguousLawError, choose_length, split_ties
 from .prompts import PromptReport
 from .read import FINISH_EOS, FINISH_LENGTH, SampleRecord, SamplesInputError, invariant_violations, read_records, write_jsonl
-from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, SamplesVerdict, certify_samples, replay_command
+from .looks import Looks
+from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, GrowingFile, SamplesVerdict, certify_samples, replay_command
 
 __all__ = [
     "SAMPLES_TV",
@@ -110,6 +120,8 @@ __all__ = [
     "read_records",
     "choose_length",
     "certify_samples",
+    "Looks",
+    "GrowingFile",
     "generate_with_transformers",
     "write_jsonl",
     "replay_command",

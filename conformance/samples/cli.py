@@ -18,6 +18,7 @@ from ..report import NOT_CERTIFIED
 from .conventions import TOP_K_TIES_CLI
 from .generate import generate_with_transformers
 from .law import _EXTRA_SETTINGS, SAMPLES_TV, AmbiguousLawError
+from .looks import Looks
 from .read import SamplesInputError, write_jsonl
 from .verdict import INCONCLUSIVE, certify_samples
 
@@ -76,6 +77,13 @@ def _certify_main(argv: list[str]) -> int:
     parser.add_argument("--tv", type=float, default=SAMPLES_TV, help=f"the alternative the power is stated against (default {SAMPLES_TV})")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="greedy: the dtype the engine ran in (flip tolerance)")
     parser.add_argument("--tolerance", type=float, default=None, help="greedy: absolute logit tolerance of a numerical flip (overrides --dtype)")
+    looks = parser.add_mutually_exclusive_group()
+    looks.add_argument("--looks", action="store_true", help="test at planned looks on prefixes of the file in its line "
+                       "order (the main job's interim and early-pass looks), the whole file being the full look: the "
+                       "verdict says on how many lines it was decided")
+    looks.add_argument("--planned-n", type=float, default=None, help="a growing file: the nominal N its looks are "
+                       "planned for (the full look reads 1.07 x N lines); a file that ends before a look decides is "
+                       "INCONCLUSIVE, stating the lines the next look needs")
     parser.add_argument("--json", default=None, help="also write the verdict as JSON to this path")
     args = parser.parse_args(argv)
     try:
@@ -83,6 +91,7 @@ def _certify_main(argv: list[str]) -> int:
         verdict = certify_samples(
             args.file, model=args.model, sampling=sampling, max_new_tokens=args.max_new_tokens,
             eos_id=True if args.eos else None, length=args.length, tv=args.tv, dtype=args.dtype, tolerance=args.tolerance,
+            looks=Looks(args.planned_n) if args.planned_n else bool(args.looks),
         )
     except SamplesInputError as exc:
         print(f"INPUT ERROR: {exc}", file=sys.stderr)

@@ -42,11 +42,15 @@ class PromptReport:
         return not self.passed and (self.rest_fit is None or not self.rest_fit.passed)
 
 
-def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv) -> PromptReport:
-
+def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv,
+                   length_n: int | None = None) -> PromptReport:
+    """``length_n``: the N that L is chosen for (default: this prompt's lines; planned looks pass the full look's)."""
     n = len(group)
     if length is None:
-        length, reason = choose_length(model, prompt, n, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, alpha=alpha, tv=tv)
+        length, reason = choose_length(model, prompt, length_n or n, sampling, max_new_tokens=max_new_tokens,
+                                       eos_id=eos_id, alpha=alpha, tv=tv)
+        if length_n and length_n != n:
+            reason = f"chosen for the full look's N={length_n}: " + reason
     else:
         reason = "set by --length"
     split = split_ties(model, prompt, length, sampling, eos_id=eos_id)

@@ -22,6 +22,7 @@ from specdec_ref.warp import SamplingConfig
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
 from .conventions import TOP_K_TIES_CLI, explain, judged_contexts
 from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label
+from .looks import Looks, Sequential, run_looks
 from .prompts import PromptReport, _greedy_test, _sampling_test
 from .read import (
     SampleRecord,
@@ -45,7 +46,8 @@ INCONCLUSIVE = "INCONCLUSIVE"  # CERTIFIED, REDUCED and NOT_CERTIFIED are the su
 
 
 def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, length: int | None,
-                   source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None) -> str:
+                   source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None,
+                   looks: Looks | None = None) -> str:
     """The command line that reproduces a verdict."""
     args = ["python", "-m", "conformance.samples", "--model", model_name]
     for flag, name, _, off in _EXTRA_SETTINGS:
@@ -73,6 +75,8 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
     args += ["--max-new-tokens", str(max_new_tokens)]
     if eos:
         args.append("--eos")
+    if looks is not None:
+        args += ["--looks"] if looks.whole_file else ["--planned-n", f"{looks.nominal_n:g}"]
     args.append(source)
     return shlex.join(args)
 
@@ -116,6 +120,8 @@ class SamplesVerdict:
     transitions_rest: FitResult | None = None  # the transition test without its impossible outcomes (when it has some)
     explained: str | None = None  # the one line a known alternative convention earns (:mod:`.conventions`)
     explained_by: dict | None = None
+    sequential: Sequential | None = None  # planned looks (:mod:`.looks`): the looks taken and what decided
+    family_alpha: float | None = None  # planned looks: the alpha of every look together
 
     @property
     def impossible_requests(self) -> int:
@@ -222,6 +228,14 @@ class SamplesVerdict:
             lines.append("deterministic invariants: ok (max_new_tokens tokens unless ended by EOS, nothing after EOS)")
         if self.power_note:
             lines.append(self.power_note)
+        if self.sequential is not None:
+            lines.append(f"planned looks: {self.sequential.summary()}; family-wise alpha {self.family_alpha:.3g}")
+            stated = [r for r in self.sequential.statistics if r.get("power") is not None]
+            if stated and self.level in ("certified", "reduced"):
+                lines.append(
+                    f"  the procedure (every look together): power >= {min(r['power'] for r in stated):.4f} against TV "
+                    f"{self.tv:g}, detects TV >= {max(r['detects'] for r in stated):.3g} (its full look's, net of the "
+                    f"power the early-pass looks spent)")
         lines.append(f"replay: {self.replay}")
         return "\n".join(lines)
 
@@ -297,7 +311,8 @@ class SamplesVerdict:
             "n": self.n,
             "alpha": self.alpha,
             "tv": self.tv,
-            "statistics": [f.as_record() for f in self.fits],
+            "statistics": (list(self.sequential.statistics) if self.sequential is not None and self.sequential.decided
+                           else [f.as_record() for f in self.fits]),
             "violations": list(self.violations),
             "divergences": [
                 {k: (v.as_record() if isinstance(v, FlipVerdict) else v) for k, v in d.items()} for d in self.divergences
@@ -312,6 +327,8 @@ class SamplesVerdict:
             "explained": self.explained,
             "explained_by": self.explained_by,
             "replay": self.replay,
+            **({"sequential": self.sequential.as_record(), "family_alpha": self.family_alpha}
+               if self.sequential is not None else {}),
         }
 
 
@@ -327,8 +344,17 @@ def certify_samples(
     tv: float = SAMPLES_TV,
     dtype: torch.dtype | str = torch.float32,
     tolerance: float | None = None,
+    looks: Looks | bool | None = None,
+    resume: Sequential | None = None,
 ) -> SamplesVerdict:
     """Judge completions of ``model`` (an exact model's name or object) produced with ``sampling``.
+
+    ``looks``: test at planned looks on prefixes of the file, in its line order (:mod:`conformance.samples.looks`):
+    a :class:`~conformance.samples.looks.Looks` (a growing file: its nominal N), or True (the file given whole is the
+    full look); the verdict then rests on the deciding look's prefix (``verdict.n``) and states the looks taken
+    (``verdict.sequential``); a file that ends before any look decided is ``INCONCLUSIVE`` (a partial sample). None
+    (the default): the whole file, one look. ``resume``: the undecided ``verdict.sequential`` of an earlier call on the
+    same file when it was shorter; only the looks its new lines complete run (:class:`GrowingFile` does this).
 
     ``path_or_records``: a JSONL path or an iterable of dicts (:mod:`conformance.samples` docstring). ``eos_id``: the EOS
     the engine stopped at (``True``: the model's own; ``None``: no EOS stop). ``length``: the L of the
@@ -357,21 +383,102 @@ def certify_samples(
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
     )
     name = model if isinstance(model, str) else _model_name(exact)
+    if looks is True:
+        looks = Looks.whole(len(records))
+    looks = looks or None
 
-    def judge(settings: SamplingConfig) -> SamplesVerdict:
-        return _judge(exact, name, records, source, settings, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
-                      alpha=alpha, tv=tv, dtype=dtype, tolerance=tolerance)
+    def judge_lines(lines, settings: SamplingConfig, a: float, length_scale: float = 1.0) -> SamplesVerdict:
+        return _judge(exact, name, list(lines), source, settings, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                      length=length, alpha=a, tv=tv, dtype=dtype, tolerance=tolerance, length_scale=length_scale,
+                      looks=looks)
 
-    verdict = judge(sampling)
+    judged, at_alpha, at_scale = records, alpha, 1.0
+    if looks is None:
+        verdict = judge_lines(records, sampling, alpha)
+    else:
+        verdict, seq = run_looks(records, looks, lambda lines, a, sc: judge_lines(lines, sampling, a, sc), alpha=alpha,
+                                 greedy=sampling.greedy, resume=resume)
+        if verdict is None:  # fewer lines than the first look reads: judged as they are, undecided
+            verdict = judge_lines(records, sampling, alpha, looks.nominal_n / max(len(records), 1))
+        judged, at_alpha, at_scale = records[: verdict.n], seq.alpha or alpha, looks.nominal_n / max(verdict.n, 1)
+        _word_looks(verdict, seq, looks, tv, alpha)
     if verdict.level == "not_certified" and not sampling.greedy and not verdict.violations:
         # a known alternative convention (conventions.CONVENTIONS) that fits earns one line; the level never changes
         stops = {d["index"]: d["position"] for d in verdict.impossible}
         contexts = judged_contexts(
             ((r.prompt, r.completion, stops.get(i, min(_judged_length(r.completion, eos_id), max_new_tokens)))
-             for i, r in enumerate(records))
+             for i, r in enumerate(judged))
         )
-        verdict.explained, verdict.explained_by = explain(exact, sampling, contexts, judge, eos_id=eos_id)
+        verdict.explained, verdict.explained_by = explain(
+            exact, sampling, contexts, lambda settings: judge_lines(judged, settings, at_alpha, at_scale), eos_id=eos_id)
     return verdict
+
+
+class GrowingFile:
+    """A completions file certified at planned looks while it grows (the engine runner's waves): each
+    :meth:`update` runs the looks the lines written since the last one complete, never one twice; the verdict is
+    the one :func:`certify_samples` gives the file at that length with the same ``looks``."""
+
+    def __init__(self, path, *, looks: Looks, **settings):
+        self.path, self.looks, self.settings = path, looks, settings
+        self.verdict: SamplesVerdict | None = None
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict is not None and self.verdict.sequential.decided
+
+    @property
+    def next_n(self) -> int:
+        """The lines the next look reads (the first look's before any update)."""
+        if self.verdict is None:
+            return self.looks.schedule(self.settings["sampling"].greedy)[0].n
+        return self.verdict.sequential.next_n
+
+    def update(self) -> SamplesVerdict:
+        if self.decided or (self.verdict is not None and _count_lines(self.path) < self.next_n):
+            return self.verdict
+        resume = None if self.verdict is None else self.verdict.sequential
+        self.verdict = certify_samples(self.path, looks=self.looks, resume=resume, **self.settings)
+        return self.verdict
+
+
+def _count_lines(path) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def _word_looks(verdict: SamplesVerdict, seq: Sequential, looks: Looks, tv: float, alpha: float) -> None:
+    """The verdict's level and headline from its planned looks: undecided is INCONCLUSIVE (a partial sample), a
+    rejection keeps the deciding look's words, a pass states the whole procedure's power."""
+    verdict.sequential = seq
+    verdict.family_alpha = looks.family_alpha(alpha, verdict.sampling.greedy)
+    d = seq.deciding
+    if d is None:
+        verdict.level = "inconclusive"
+        verdict.headline = f"{INCONCLUSIVE}: a partial sample, no look decided (the next look needs {seq.next_n} lines)"
+        return
+    where = {"interim": "the interim look", "early_pass": "an early-pass look", "full": "the full look"}[d.kind]
+    if d.outcome == "reject" or verdict.level == "not_certified":
+        verdict.level = "not_certified"
+        verdict.headline += f" (rejected at {where}, N={d.n})"
+        return
+    if verdict.level == "inconclusive" or verdict.sampling.greedy:
+        return
+    verdict.level, verdict.headline, verdict.power_note = power_level(seq.statistics, tv)
+    if d.kind == "early_pass":
+        verdict.headline += f" (passed at {where}, N={d.n} of the {looks.full_n} planned)"
+
+
+def power_level(records: list[dict], tv: float) -> tuple[str, str, str]:
+    """``(level, headline, note)`` of tests that all passed, from the power they state (records of
+    :meth:`properties.stats.FitResult.as_record`, or a planned look's, stating the whole procedure's power)."""
+    power, why = judge_power(records)
+    if power == "inconclusive":
+        return "inconclusive", f"{INCONCLUSIVE}: too few samples", why
+    if power == "reduced":
+        x = max(r["detects"] for r in records)
+        return "reduced", f"{REDUCED}: detects TV >= {x:.3g}", f"too few samples for power {TARGET_POWER:g} against TV {tv:g}; {why}"
+    return "certified", CERTIFIED, f"every prompt's test has power >= {TARGET_POWER:g} against TV {tv:g}"
 
 
 def _judged_length(completion: tuple[int, ...], eos_id: int | None) -> int:
@@ -399,11 +506,13 @@ def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingCo
 
 
 def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
-           eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance) -> SamplesVerdict:
-    """Every test of :func:`certify_samples` on read records, under ``sampling``."""
+           eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance,
+           length_scale: float = 1.0, looks: Looks | None = None) -> SamplesVerdict:
+    """Every test of :func:`certify_samples` on read records, under ``sampling`` (``length_scale``: L is chosen for
+    that many times each prompt's lines, the full look's share at a planned look)."""
     replay = replay_command(
         name, sampling, max_new_tokens=max_new_tokens, eos=eos_id is not None, length=length, source=source,
-        dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance,
+        dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance, looks=looks,
     )
     groups: dict[tuple[int, ...], list[SampleRecord]] = {}
     for r in records:
@@ -434,7 +543,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         else:
             reports.append(_sampling_test(
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
-                alpha=per_alpha, tv=tv,
+                alpha=per_alpha, tv=tv, length_n=max(1, round(len(group) * length_scale)),
             ))
     transitions, position_fits = None, []
     if counts is not None and counts.n:
@@ -490,17 +599,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
                 + (f"; {sum(counts.excluded.values())} transition(s) excluded: " + "; ".join(counts.excluded)
                    if counts is not None and counts.excluded else ""))
     else:
-        power, why = judge_power([p.fit.as_record() for p in reports] + [transitions.as_record()])
-        if power == "inconclusive":
-            level, headline = "inconclusive", f"{INCONCLUSIVE}: too few samples"
-            note = why
-        elif power == "reduced":
-            x = max([p.fit.detects for p in reports] + [transitions.detects])
-            level, headline = "reduced", f"{REDUCED}: detects TV >= {x:.3g}"
-            note = f"too few samples for power {TARGET_POWER:g} against TV {tv:g}; {why}"
-        else:
-            level, headline = "certified", CERTIFIED
-            note = f"every prompt's test has power >= {TARGET_POWER:g} against TV {tv:g}"
+        level, headline, note = power_level([p.fit.as_record() for p in reports] + [transitions.as_record()], tv)
     return SamplesVerdict(
         level=level, headline=headline, model=name, sampling=sampling, max_new_tokens=max_new_tokens, eos_id=eos_id,
         source=source, n=len(records), prompts=reports, violations=violations, alpha=alpha, tv=tv, replay=replay,
