@@ -41,7 +41,10 @@ def test_an_exact_engine_is_certified_and_identical_per_seed(fake_run):
     assert "identity" not in spec["temperature"]
     assert spec["warp"]["speculation"]["passed"] is True
     few = results["configs"]["spec-few"]["cases"]["warp"]  # scale 0.2: the first fifth of the seeds, compared per seed
-    assert few["n"] == 200 and few["identity"]["passed"] is True and few["identity"]["compared"] == 200
+    # its planned looks: 200 requests (0.05 x 0.2 of 20 000), the full look on 1.07 x that (its early looks have no
+    # futility bound at so few): the first 214 seeds, compared per seed
+    assert few["n"] == few["looks"]["full_n"] == 214
+    assert few["identity"]["passed"] is True and few["identity"]["compared"] == 214
     assert "| spec | warp |" in (out / "verdicts.md").read_text()
 
 
@@ -193,3 +196,26 @@ def test_argmax_draft_rounds_are_rebuilt_from_the_completions_and_a_misaligned_d
     assert early["rounds"]["passed"] is False and "request 0 (seed 5000000)" in early["rounds"]["text"]
     assert expectation_entries(results)["eagle-early"]["rounds"] == "fail"
     assert "| eagle-early | exact-eagle | FAIL: DIFFERS" in (tmp_path / "verdicts.md").read_text()
+
+
+def test_every_case_states_its_looks_and_a_rejected_case_stops_at_its_deciding_look(fake_run):
+    """Waves: a case's record states the completions the verdict read, the looks and the procedure's power; the
+    biased engine's case stops at the look that rejects it (nothing generated past it); and the verdict is the one
+    the black-box tool gives the case's file at the same looks."""
+    from conformance.engines.matrix import case
+    from conformance.engines.waves import case_looks
+    from conformance.samples import certify_samples
+
+    _, results, _ = fake_run
+    warp = results["configs"]["biased"]["cases"]["warp"]
+    assert warp["level"] == "not_certified" and warp["looks"]["outcome"] == "reject", warp["looks"]
+    assert warp["n"] == warp["looks"]["n_used"] == warp["generated"] < warp["looks"]["full_n"]
+    for cfg in ("control", "spec"):
+        for name, c in results["configs"][cfg]["cases"].items():
+            assert c["looks"]["decided"] and c["looks"]["taken"] and c["looks"]["family_alpha"], (cfg, name)
+            assert c["n"] == c["looks"]["n_used"] <= c["generated"], (cfg, name)
+            assert (c["power"] is None) == name.startswith("greedy"), (cfg, name)  # greedy: every completion checked
+    c = results["configs"]["control"]["cases"]["warp"]
+    v = certify_samples(c["file"], model="order1-target", sampling=case("warp").sampling, max_new_tokens=3, eos_id=True,
+                        looks=case_looks(case("warp"), float(SCALE)))
+    assert (v.level, v.n, v.headline) == (c["level"], c["n"], c["headline"])

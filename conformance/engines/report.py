@@ -100,8 +100,10 @@ def markdown(results: dict) -> str:
         lines += [f"declared conventions: top-k ties `{conv.get('top_k_ties')}`, seeds `{conv.get('seeds')}`, first token "
                   f"{'at prefill' if conv.get('first_token_at_prefill') else 'from the first round'}"
                   + "".join(f"; {n}" for n in conv.get("notes") or []), ""]
-    lines += ["| configuration | case | prompt | settings | N | power / detects TV >= | verdict | first departure | "
-              "acceptance observed / exact |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["N: the completions the verdict read (the look that decided it: interim, early pass or full; the planned "
+              "full look in brackets); power: the whole procedure's, every look together", "",
+              "| configuration | case | prompt | settings | N (look, of planned) | power / detects TV >= | verdict | "
+              "first departure | acceptance observed / exact |", "|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for cfg, r in results["configs"].items():
         eff = r.get("efficiency") or {}
@@ -117,7 +119,9 @@ def markdown(results: dict) -> str:
                 x = c.get(what)
                 if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news
                     notes.append(f"* {cfg} / {case}, {what}: {x if isinstance(x, str) else x.get('text')}")
-            lines.append(f"| {cfg} | {case} | {c.get('prompt', '')} | {c.get('settings', '')} | {c.get('n', '-')} | "
+            looks = c.get("looks") or {}
+            n = f"{c.get('n', '-')}" + (f" ({looks['look'].replace('_', ' ')}, of {looks['full_n']})" if looks.get("look") else "")
+            lines.append(f"| {cfg} | {case} | {c.get('prompt', '')} | {c.get('settings', '')} | {n} | "
                          f"{power} | {verdict} | {c.get('departure') or '-'} | {acc} |")
     if notes:
         lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation", ""] + notes

@@ -43,6 +43,7 @@ from pathlib import Path
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .matrix import EFFICIENCY
 from .rounds import rounds_of, sampled_rounds_of
+from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
 from .report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
     patch_key, write_json
 
@@ -52,7 +53,9 @@ REPLAY_N = 6000
 
 
 def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
-                split: bool = False, scale: float = 1.0, timeout: float) -> dict:
+                split: bool = False, scale: float = 1.0, timeout: float, driver: WaveDriver | None = None) -> dict:
+    """One worker process: it generates in the waves ``driver`` asks for (:mod:`conformance.engines.waves`), else every
+    case in one wave; its state (``worker.json``), with what the runner saw (timeouts, exit, the waves' verdicts)."""
     cmd = [python, "-m", "conformance.engines.worker", engine, "--config", cfg, "--raw", str(raw),
            "--scale", str(scale), "--family", family]
     cmd += ["--patch", patch] if patch else []
@@ -60,13 +63,24 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
     cmd += ["--split"] if split else []
     raw.mkdir(parents=True, exist_ok=True)
     log = open(raw / ("worker-split.log" if split else "worker.log"), "w")
+    pipe, child_fds = None, ()
+    if driver is not None:  # the control pipes: runner -> worker (waves), worker -> runner (what it did)
+        worker_reads, runner_writes = os.pipe()
+        runner_reads, worker_writes = os.pipe()
+        child_fds = (worker_reads, worker_writes)
+        cmd += ["--control", f"{worker_reads},{worker_writes}"]
+        pipe = ControlPipe(runner_writes, runner_reads)
     t0 = time.time()
     proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=child_fds)
+    for fd in child_fds:
+        os.close(fd)
     timed_out = False
     try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+        if driver is not None:
+            driver.drive(pipe, t0 + timeout)
+        rc = proc.wait(timeout=max(t0 + timeout - time.time(), 1.0))
+    except (subprocess.TimeoutExpired, WorkerTimeout):
         timed_out = True
         rc = None
     finally:  # the whole group (a server the worker started included) is stopped, whatever happened
@@ -75,10 +89,14 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
         except ProcessLookupError:
             pass
         rc = proc.wait() if rc is None else rc
+        if pipe is not None:
+            pipe.close()
     log.close()
     state_path = raw / "worker.json"
     state = json.loads(state_path.read_text()) if state_path.exists() else {"cases": {}}
     state.update(rc=rc, timed_out=timed_out, wall_s=round(time.time() - t0, 1))
+    if driver is not None:
+        state["verdicts"], state["waves"] = dict(driver.verdicts), list(driver.waves)
     if timed_out or rc != 0:
         tail = (raw / log.name).read_text().strip().splitlines()[-3:]
         why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
@@ -89,23 +107,35 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
     return state
 
 
-def _run_family(engine: str, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
-                cases: str = "") -> dict:
-    """One worker for one target family; cases lost to an engine crash are rerun once, one batch each."""
+def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
+                cases: str = "", engine: str | None = None) -> dict:
+    """One worker for one target family, in waves; cases lost to an engine crash are rerun once, one batch each."""
+    engine = engine or ad.name
+    cfg = ad.config(cfg_name)
+    wanted = set(cases.split(",")) if cases else None
+
+    def driver(names=None) -> WaveDriver:
+        mine = [_under_conventions(ad, c) for c in ad.cases_for(cfg) if c.family == family
+                and (wanted is None or c.name in wanted) and (names is None or c.name in names)]
+        return WaveDriver(mine, raw, scale * cfg.scale)
+
     state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
-                        cases=cases)
+                        cases=cases, driver=driver())
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
     if crashed and not state.get("error", "").startswith("setup"):
         print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
         (raw / "worker.json").rename(raw / "worker-first.json")
         retry = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
-                            split=True, scale=scale, timeout=timeout)
+                            split=True, scale=scale, timeout=timeout, driver=driver(set(crashed)))
         for n in crashed:
             c = retry["cases"].get(n, {"status": "not_run"})
             c["first_call"] = first[n]
             state["cases"][n] = c
-        state["retry"] = {k: retry.get(k) for k in ("rc", "timed_out", "wall_s", "error")}
+            state["verdicts"].pop(n, None)
+            if n in retry["verdicts"]:
+                state["verdicts"][n] = retry["verdicts"][n]
+        state["retry"] = {k: retry.get(k) for k in ("rc", "timed_out", "wall_s", "error", "waves")}
         (raw / "worker.json").rename(raw / "worker-retry.json")
         (raw / "worker-first.json").rename(raw / "worker.json")
     return state
@@ -131,8 +161,8 @@ def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, pat
 
     def one(job):
         cfg_name, fam = job
-        st = _run_family(engine or ad.name, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch,
-                         scale=scale, timeout=timeout, cases=",".join(cases))
+        st = _run_family(ad, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch, scale=scale,
+                         timeout=timeout, cases=",".join(cases), engine=engine)
         if on_done is not None:
             on_done(job, st)
         return job, st
@@ -152,6 +182,8 @@ def merge_families(cfg_name: str, out: Path, states: dict[str, dict]) -> dict:
         raw = out / "raw" / cfg_name / fam
         for name, c in st["cases"].items():
             merged["cases"][name] = {**c, "dir": str(raw)}
+            if name in (st.get("verdicts") or {}):
+                merged["cases"][name]["verdict"] = st["verdicts"][name]  # the waves' own (never written to JSON)
         merged["families"][fam] = st.get("families", {}).get(fam, {})
         merged["efficiency"] = merged["efficiency"] or st.get("efficiency")
         merged["wall_s"] += st.get("wall_s") or 0.0
@@ -198,7 +230,7 @@ def _departure(case, path: Path, rec: dict) -> str | None:
             return f"greedy divergence at position {d.get('position', '?')}"
         return None
     cut = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines()[: rec["n"]]:  # the lines the verdict read
         r = json.loads(line)
         cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"]})
     first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
@@ -215,8 +247,10 @@ def _departure(case, path: Path, rec: dict) -> str | None:
     return "the joint law of the first tokens (no single position departs)"
 
 
-def certify_case(case, state: dict) -> dict:
-    """The black-box verdict of one case's completions (``case.sampling`` is already under the engine's conventions)."""
+def certify_case(case, state: dict, scale: float = 1.0) -> dict:
+    """The black-box verdict of one case's completions (``case.sampling`` is already under the engine's conventions),
+    at the case's planned looks (:func:`conformance.engines.waves.case_looks` at ``scale``): the waves' own verdict
+    when they decided it, else the same certification of its file."""
     from conformance.samples import SamplesInputError, certify_samples
 
     info = state["cases"].get(case.name, {"status": "not_run"})
@@ -229,13 +263,15 @@ def certify_case(case, state: dict) -> dict:
                 "n": 0, "engine": info}
     path = Path(info["dir"]) / info["file"]
     try:
-        verdict = certify_samples(str(path), model=case.model, sampling=case.sampling,
-                                  max_new_tokens=case.max_new_tokens, eos_id=True if case.eos else None)
+        verdict = info.get("verdict") or certify_samples(
+            str(path), model=case.model, sampling=case.sampling, max_new_tokens=case.max_new_tokens,
+            eos_id=True if case.eos else None, looks=case_looks(case, scale))
         rec = verdict.as_record()
         power, detects = _fit_summary(rec)
         out = {**base, "level": rec["level"], "headline": rec["headline"], "n": rec["n"], "power": power,
                "detects": detects, "departure": _departure(case, path, rec), "file": str(path),
-               "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report()}
+               "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report(),
+               "looks": _looks_summary(rec), "generated": info.get("n"), "waves": info.get("waves")}
         if rec.get("explained"):
             out["explained"] = rec["explained"]
         imp = rec.get("impossible")
@@ -246,6 +282,17 @@ def certify_case(case, state: dict) -> dict:
         return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}
     except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome
         return {**base, "level": TOOL_ERROR, "headline": f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], "n": 0}
+
+
+def _looks_summary(rec: dict) -> dict | None:
+    """What a case's record states of its looks: the lines the decision read, where it was decided, the looks taken,
+    the planned full look and the family-wise alpha of all of them."""
+    seq = rec.get("sequential")
+    if not seq:
+        return None
+    return {"n_used": seq["n_used"], "look": seq["look"], "outcome": seq["outcome"], "decided": seq["decided"],
+            "taken": [[x["kind"], x["n"], x["outcome"]] for x in seq["taken"]], "full_n": seq["plan"]["full_n"],
+            "family_alpha": rec.get("family_alpha"), "text": seq["summary"]}
 
 
 def speculation_check(cfg, case, info: dict) -> dict | None:
@@ -400,7 +447,7 @@ def run(args) -> dict:
             if only and case.name not in only:
                 continue
             case = _under_conventions(ad, case)
-            c = certify_case(case, state)
+            c = certify_case(case, state, args.scale * cfg.scale)
             _apply_checks(cfg, case, state, c)
             if cfg.identical_to and cfg.identical_to in states:
                 ident = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
@@ -409,7 +456,8 @@ def run(args) -> dict:
             if c["level"] in ("not_certified", "not_speculating"):
                 c["replay_command"] = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
             entry["cases"][case.name] = c
-            print(f"    {case.name:14s} N={c['n']:6d} {c['headline'][:110]}" +
+            look = (c.get("looks") or {}).get("look")
+            print(f"    {case.name:14s} N={c['n']:6d} {'(' + look + ')' if look else '':12s} {c['headline'][:110]}" +
                   (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
                   (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else "") +
                   (f"  [{c['seeds']['text'][:160]}]" if (c.get("seeds") or {}).get("passed") is False else ""), flush=True)

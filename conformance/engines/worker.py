@@ -1,17 +1,23 @@
 """One configuration of an engine's matrix on one target family, in its own process: load, generate, write.
 
     python -m conformance.engines.worker ENGINE --config NAME --raw DIR --family F [--patch A,B] [--cases a,b] [--split]
+                                         [--control R,W]
 
 Run by :mod:`conformance.engines.runner` (a subprocess with a timeout, in its own process group, so a crash or a
 hang of the engine, or of a server it started, never takes the runner down). It loads the engine once through the
-adapter (:meth:`EngineAdapter.open`), runs the efficiency request set (speculative configurations, order1 family),
-drops the cases the engine refuses at submission, then generates every case of the family in ONE batch (the
-requests of all cases interleaved by a fixed permutation: continuous batching mixes settings in every step);
-``--split`` runs one batch per case instead (used after a crash, to attribute it). Writes ``DIR/<case>.jsonl``
-(black-box format, plus the engine's per-request counters where it reports them), ``DIR/efficiency.jsonl`` (the
-efficiency set's completions: argmax-draft rounds are rebuilt from them) and ``DIR/worker.json`` (status
-per case, counters, timings) after every step, so a killed worker still leaves what it finished. Invariant: a
-case's file is written only when its batch returned, and its records are in request order with their seeds.
+adapter (:meth:`EngineAdapter.open`), runs the efficiency request set (speculative configurations, order1 family)
+and drops the cases the engine refuses at submission. Then it generates the cases in *waves*: each wave holds the
+next requests of every case still running, in ONE batch (interleaved by a fixed permutation: continuous batching
+mixes settings in every step); ``--split`` runs one batch per case instead (used after a crash, to attribute it).
+With ``--control R,W`` (two file descriptors the runner passes) the runner says what each wave holds, ``{"wave":
+{case: lines}}`` (request indices continue across waves, so seeds do), and the worker answers each with
+``{"event": "wave_done", ...}`` after its first message ``{"event": "ready", ...}``; ``{"stop": true}`` or the
+pipe's end closes the engine. Without it, one wave generates every case in full. Writes ``DIR/<case>.jsonl``
+(black-box format, plus the engine's per-request counters where it reports them; each wave appended in request
+order), ``DIR/efficiency.jsonl`` (the efficiency set's completions: argmax-draft rounds are rebuilt from them) and
+``DIR/worker.json`` (status per case, counters, timings) after every step, so a killed worker still leaves what it
+finished. Invariant: a wave's lines are written only when its batch returned, each line with its request's seed;
+the per-request seed probe runs after a case's first wave.
 """
 from __future__ import annotations
 
@@ -46,12 +52,29 @@ def scaled(n: int, scale: float) -> int:
     return max(1, int(round(n * scale)))
 
 
-def case_requests(cases, eos_id: int, scale: float = 1.0) -> list[Request]:
-    """Every request of the cases, interleaved by a fixed permutation."""
-    items = [Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i))
-             for c in cases for i in range(scaled(c.n, scale))]
-    random.Random(1234).shuffle(items)
-    return items
+def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: int = 0) -> tuple[list[Request], list[int]]:
+    """``(requests, their indices)``: requests ``start .. stop - 1`` of every case (``ranges[case.name]``; a request's
+    index fixes its seed), interleaved by a permutation fixed by the wave's number."""
+    items = [(Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i)), i)
+             for c in cases for i in range(*ranges[c.name])]
+    random.Random(1234 + wave).shuffle(items)
+    return [r for r, _ in items], [i for _, i in items]
+
+
+class ControlChannel:
+    """The worker's end of the runner's pipes: one JSON object per line each way."""
+
+    def __init__(self, fds: str):
+        r, w = (int(x) for x in fds.split(","))
+        self.rx, self.tx = os.fdopen(r, "r", encoding="utf-8"), os.fdopen(w, "w", encoding="utf-8")
+
+    def send(self, message: dict) -> None:
+        self.tx.write(json.dumps(message) + "\n")
+        self.tx.flush()
+
+    def receive(self) -> dict | None:
+        line = self.rx.readline()
+        return json.loads(line) if line.strip() else None
 
 
 def efficiency_requests(eos_id: int, scale: float = 1.0) -> list[Request]:
@@ -79,6 +102,7 @@ class Worker:
 
         conv = self.adapter.conventions
         self.cases = [replace(c, sampling=conv.sampling(c.sampling)) for c in self.cases]
+        self.lines: dict[str, list[dict]] = {}  # every line written per case, across waves
         self.state = {"engine": self.adapter.name, "config": self.cfg.name, "family": args.family,
                       "patch": args.patch or "", "applied": [], "split": bool(args.split),
                       "cases": {c.name: {"status": "pending"} for c in self.cases}, "families": {}, "efficiency": None,
@@ -126,15 +150,11 @@ class Worker:
             if fam == EFFICIENCY.family and self.cfg.speculative and not self.args.cases:
                 alive = self.efficiency(session, eos_id)
             mine = self.refused(session, self.cases, eos_id) if alive else self.cases
-            groups = [[c] for c in sorted(mine, key=lambda c: bool(c.sampling.top_k or c.sampling.top_p))] \
-                if self.args.split else ([mine] if mine else [])
-            for group in groups:
-                if not alive:
-                    for c in group:
-                        self.state["cases"][c.name] = {"status": "not_run",
-                                                       "error": "engine failed earlier in this process"}
-                    continue
-                alive = self.generate(session, group, eos_id)
+            if alive:
+                self.waves(session, mine, eos_id)
+            else:
+                for c in mine:
+                    self.state["cases"][c.name] = {"status": "not_run", "error": "engine failed earlier in this process"}
         finally:
             try:
                 session.close()
@@ -189,10 +209,50 @@ class Worker:
         self.save()
         return keep
 
-    def generate(self, session, group, eos_id: int) -> bool:
-        items = case_requests(group, eos_id, self.args.scale * self.cfg.scale)
+    def waves(self, session, cases, eos_id: int) -> None:
+        """Generate the cases wave by wave: as the runner says over the control channel, else one wave in full."""
+        full = {c.name: scaled(c.n, self.args.scale * self.cfg.scale) for c in cases}
+        have = {c.name: 0 for c in cases}
+        channel = ControlChannel(self.args.control) if self.args.control else None
+        if channel is not None:
+            channel.send({"event": "ready", "cases": self._statuses(), "lines": full})
+        alive, wave = True, 0
+        while alive:
+            if channel is None:
+                if wave:
+                    break
+                targets = full
+            else:
+                message = channel.receive()
+                if not message or message.get("stop"):
+                    break
+                targets = {name: int(n) for name, n in message["wave"].items() if name in full}  # the runner's looks
+            running = [c for c in cases if targets.get(c.name, 0) > have[c.name]]
+            groups = [[c] for c in sorted(running, key=lambda c: bool(c.sampling.top_k or c.sampling.top_p))] \
+                if self.args.split else ([running] if running else [])
+            for group in groups:
+                if not alive:
+                    for c in group:
+                        self.state["cases"][c.name] = {"status": "not_run",
+                                                       "error": "engine failed earlier in this process"}
+                    continue
+                alive = self.generate(session, group, {c.name: (have[c.name], targets[c.name]) for c in group},
+                                      eos_id, wave)
+                if alive:
+                    have.update({c.name: targets[c.name] for c in group})
+            wave += 1
+            self.save()
+            if channel is not None:
+                channel.send({"event": "wave_done", "wave": wave, "alive": alive, "cases": self._statuses()})
+
+    def _statuses(self) -> dict:
+        return {name: {k: c.get(k) for k in ("status", "n", "error")} for name, c in self.state["cases"].items()}
+
+    def generate(self, session, group, ranges: dict[str, tuple[int, int]], eos_id: int, wave: int = 0) -> bool:
+        """One batch: requests ``ranges[case]`` of every case in ``group``, appended to the cases' files."""
+        items, indices = case_requests(group, eos_id, ranges, wave)
         for c in group:
-            self.state["cases"][c.name] = {"status": "running"}
+            self.state["cases"][c.name] = {**self.state["cases"][c.name], "status": "running"}
         self.save()
         t0 = time.time()
         try:
@@ -204,26 +264,41 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - the engine crashed on this batch
             err = error_text(exc)
             for c in group:
-                self.state["cases"][c.name] = {"status": "engine_error", "error": err, "with": [g.name for g in group]}
+                self.state["cases"][c.name] = {"status": "engine_error", "error": err, "with": [g.name for g in group],
+                                               "wave": wave}
             self.save()
             return False
         seconds = round(time.time() - t0, 2)
         per_case: dict[str, list] = {c.name: [] for c in group}
-        for req, out in zip(items, outs):
+        for req, i, out in sorted(zip(items, indices, outs), key=lambda x: (x[0].case, x[1])):  # request order
             per_case[req.case].append({"prompt_ids": list(req.prompt), "completion_ids": [int(t) for t in out["completion_ids"]],
                                        "seed": req.seed, **{k: v for k, v in out.items() if k != "completion_ids"}})
         for c in group:
             path = self.raw / f"{c.name}.jsonl"
-            with open(path, "w") as fh:
+            first = ranges[c.name][0] == 0
+            with open(path, "w" if first else "a") as fh:
                 for r in per_case[c.name]:
                     fh.write(json.dumps(r) + "\n")
-            self.state["cases"][c.name] = {"status": "ok", "n": len(per_case[c.name]), "file": path.name,
-                                           "call_seconds": seconds, "call_requests": len(items),
-                                           "call_counters": counters,
-                                           "case_counters": _per_request_sums(per_case[c.name])}
+            lines = self.lines.setdefault(c.name, [])
+            if first:
+                lines.clear()
+            lines.extend(per_case[c.name])
+            old = self.state["cases"][c.name] if not first else {}
+            self.state["cases"][c.name] = {
+                "status": "ok", "n": len(lines), "file": path.name,
+                "call_seconds": round((old.get("call_seconds") or 0) + seconds, 2),
+                "call_requests": (old.get("call_requests") or 0) + len(items),
+                "call_counters": _added(old.get("call_counters"), counters),
+                "case_counters": _per_request_sums(lines),
+                "waves": (old.get("waves") or []) + [[len(lines), seconds]],
+                **({"seed_probe": old["seed_probe"]} if "seed_probe" in old else {})}
         self.save()
         if self.adapter.seed_probe and self.adapter.conventions.seeds == "per_request":
-            self.seed_probe(session, group, items, outs)
+            new = [c for c in group if ranges[c.name][0] == 0]  # a case's probe runs after its first wave
+            names = {c.name for c in new}
+            mine = [(r, o) for r, o in zip(items, outs) if r.case in names]
+            if mine:
+                self.seed_probe(session, new, [r for r, _ in mine], [o for _, o in mine])
         return True
 
     def seed_probe(self, session, group, items, outs) -> None:
@@ -245,6 +320,18 @@ class Worker:
             if record is not None:
                 self.state["cases"][c.name]["seed_probe"] = record
         self.save()
+
+
+def _added(total: dict | None, more: dict | None) -> dict | None:
+    """Counters of two batches added (None when the engine reports none)."""
+    if more is None:
+        return total
+    if total is None:
+        return dict(more)
+    out = {k: int(total.get(k) or 0) + int(more.get(k) or 0) for k in COUNTER_KEYS}
+    a, b = total.get("accepted_per_pos"), more.get("accepted_per_pos")
+    out["accepted_per_pos"] = None if a is None or b is None else [x + y for x, y in zip(a, b)]
+    return out
 
 
 def _per_request_sums(records) -> dict | None:
@@ -269,6 +356,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default="", help="only these cases (comma-separated); no efficiency set")
     ap.add_argument("--split", action="store_true", help="one batch per case")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of each case's N (quick runs)")
+    ap.add_argument("--control", default="", help="R,W: file descriptors of the runner's pipes (waves as it says)")
     args = ap.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return Worker(args).run()
