@@ -361,7 +361,7 @@ def add_profile_engine_arguments(p: argparse.ArgumentParser, *, engine: bool = T
     p.add_argument("--mode", choices=("greedy", "sampling"), default="greedy", help="greedy or temperature-1 sampling (default greedy)")
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads of the engine (default 1)")
     p.add_argument("--seed", type=int, default=0, help="prompt, request and bootstrap seed (default 0)")
-    p.add_argument("--patch", default="", help="vLLM defects to fix first (conformance.engines.vllm_patch, e.g. A); default none")
+    p.add_argument("--patch", default="", help="vLLM defects to fix first (conformance.engines.vllm.patch, e.g. A); default none")
     p.add_argument("--out", default=None, help="folder for STEM.json and STEM.md (default: print only)")
     p.add_argument("--stem", default="engine-profile", help="file name stem in --out (default engine-profile)")
 
@@ -399,7 +399,7 @@ def run_engine(engine: str, kwargs: dict, *, python: str | None = None) -> dict:
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
     if python is None:
-        from conformance.engines.vllm import find_python
+        from conformance.engines.vllm.adapter import find_python
 
         python = find_python()
     with tempfile.TemporaryDirectory(prefix="specdec-engine-profile-") as tmp:

@@ -10,7 +10,7 @@ Design (the pairing and the timing are :mod:`bench.profile_engine`'s): every var
 and the variants' ``generate`` calls are interleaved on the same token-id prompts with the same request seeds,
 each call timed by the tool. Acceptance: vLLM's per-request speculative metrics
 (``per_request_spec_decode_metrics="summary"``: per request, a histogram of the drafts accepted per round).
-``LLM.get_metrics()`` (:func:`conformance.engines.vllm.spec_counters`) cannot serve per variant here: every new instance
+``LLM.get_metrics()`` (:func:`conformance.engines.vllm.adapter.spec_counters`) cannot serve per variant here: every new instance
 re-registers vLLM's collectors in the process-wide Prometheus registry, so it reads the instance loaded last
 only; after the timed calls, one untimed call on that instance checks that its ``get_metrics()`` counters
 move exactly as the per-request metrics say (``counter_check`` in the report). Engine settings: float32,
@@ -45,7 +45,7 @@ from bench.profile_engine import Completion, EngineVariant, sum_counters, add_pr
     request_seeds, run_interleaved, summarise, variants_for, write_engine_report
 from bench.profile_timing import log_stderr
 
-from conformance.engines.vllm import ADAPTER, spec_counters, vllm_sampling_kwargs
+from conformance.engines.vllm.adapter import ADAPTER, spec_counters, vllm_sampling_kwargs
 
 config = ADAPTER.config
 
@@ -232,7 +232,7 @@ def profile_vllm(*, pair: str = "wide-exact", ks=(1, 2, 4), ngram_k: int = 0, dr
 
     torch.set_num_threads(threads)  # before the first LLM: vLLM's CPU worker then disables torch.set_num_threads
     if patch:
-        from conformance.engines import vllm_patch
+        from conformance.engines.vllm import patch as vllm_patch
 
         vllm_patch.apply(*patch.split(","))
     import vllm

@@ -1,4 +1,4 @@
-"""llama.cpp's llama-server (built by ``scripts/llamacpp_env.sh``) on the exactly-known checkpoints.
+"""llama.cpp's llama-server (built by ``scripts/env.sh llamacpp``) on the exactly-known checkpoints.
 
 Run by the llama.cpp stage (``python -m pytest engine_tests/test_llamacpp.py``). A missing build is an error at
 collection (:class:`EngineMissingError` naming the build command), never a skip. Checked here:
@@ -29,8 +29,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from conformance.engines import gguf_export
-from conformance.engines import llamacpp as lc
+from conformance.engines.llamacpp import gguf_export
+from conformance.engines.llamacpp import adapter as lc
 from conformance.engines.adapter import REPO
 
 BINARY = lc.server_binary()  # EngineMissingError at collection when the build is missing
@@ -315,7 +315,7 @@ def _assert_exact(m, law, bad, what):
 
 
 def test_eagle3_head_drafts_the_exact_law(tmp_path):
-    """The exactly-known EAGLE-3 head in GGUF (``conformance.engines.gguf_heads``: arch ``eagle3``, target layers
+    """The exactly-known EAGLE-3 head in GGUF (``conformance.engines.llamacpp.gguf_heads``: arch ``eagle3``, target layers
     0, 1, 2 of the deep target, draft vocabulary through ``d2t``) under ``--spec-type draft-eagle3``:
 
     * the deep target's probabilities equal the order-1 table (every last token, KV cache and positions exercised);
@@ -325,7 +325,7 @@ def test_eagle3_head_drafts_the_exact_law(tmp_path):
       the law's tokens (the draft is only ever accepted when it equals the completion's next token);
     * the same head told to read target layers 0, 2, 1 (fused features of the wrong layers) drafts other tokens:
       the counters differ from the law, so a head written wrong fails here."""
-    from conformance.engines import gguf_heads
+    from conformance.engines.llamacpp import gguf_heads
 
     paths = gguf_heads.export_eagle3()
     target, head = paths[(gguf_heads.DEEP, "plain")], paths[(gguf_heads.HEAD, "plain")]
@@ -342,10 +342,10 @@ def test_eagle3_head_drafts_the_exact_law(tmp_path):
 
 def test_mtp_block_drafts_the_exact_law(tmp_path):
     """``--spec-type draft-mtp`` on the order-1 table written as a ``qwen35`` target with one exactly-known MTP block
-    (``conformance.engines.gguf_heads.write_mtp_gguf``): the target's probabilities are the table's, and every
+    (``conformance.engines.llamacpp.gguf_heads.write_mtp_gguf``): the target's probabilities are the table's, and every
     request's drafts are the law's (the block proposes what the EAGLE-3 head proposes, from the target's feature of
     the token before the pending one); a block that reads the token's embedding instead of the feature is caught."""
-    from conformance.engines import gguf_heads
+    from conformance.engines.llamacpp import gguf_heads
 
     target = gguf_heads.export_mtp()[(gguf_heads.MTP, "plain")]
     args = lc.server_args(lc.ADAPTER.config("draft-mtp"), None)

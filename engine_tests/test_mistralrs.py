@@ -1,4 +1,4 @@
-"""mistral.rs 0.9.5 (in ``.venv-mistralrs``, built by ``scripts/mistralrs_env.sh``) on the exactly-known checkpoints,
+"""mistral.rs 0.9.5 (in ``.venv-mistralrs``, built by ``scripts/env.sh mistralrs``) on the exactly-known checkpoints,
 and 0.6.0 (``.venv-mistralrs-060``).
 
 Run by the mistral.rs stage (``.venv-mistralrs/bin/python -m pytest engine_tests/test_mistralrs.py``). A missing
@@ -26,7 +26,7 @@ import mistralrs as mr  # ImportError at collection when the engine is missing: 
 import numpy as np
 import pytest
 
-from conformance.engines import mistralrs as ad
+from conformance.engines.mistralrs import adapter as ad
 from conformance.engines.adapter import REPO, this_cpu_flags
 from specdec_ref.exact_models import exact_model
 
@@ -220,7 +220,7 @@ def test_finding_060_on_this_cpu(folders, tmp_path):
     ``max_tokens`` when no EOS stops it; (2) with draft-model speculation every request gets the same completion at any
     temperature, the greedy one (its speculative sampler takes an argmax; see docs/mistralrs-verdict.md)."""
     py = REPO / ad.VENV_OLD / "bin" / "python"
-    assert py.exists(), f"{py} missing: run scripts/mistralrs_env.sh"
+    assert py.exists(), f"{py} missing: run scripts/env.sh mistralrs"
     target = ad.prepare_folder("order1-target", "eos", tmp_path / "t", version=ad.OLD_VERSION)
     draft = ad.prepare_folder("order1-draft-close", "eos", tmp_path / "d", version=ad.OLD_VERSION)
     def probe(mode):  # one process each: a speculative Runner made after a plain one panics (SendError)

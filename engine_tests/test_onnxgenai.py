@@ -1,4 +1,4 @@
-"""ONNX Runtime GenAI 0.18.0 (in ``.venv-onnxgenai``, built by ``scripts/onnxgenai_env.sh``) on the exactly-known
+"""ONNX Runtime GenAI 0.18.0 (in ``.venv-onnxgenai``, built by ``scripts/env.sh onnxgenai``) on the exactly-known
 checkpoints.
 
 Run by the ORT GenAI stage (``.venv-onnxgenai/bin/python -m pytest engine_tests/test_onnxgenai.py``). A missing
@@ -27,7 +27,7 @@ import numpy as np
 import onnxruntime_genai as og  # ImportError at collection when the engine is missing: never a skip
 import pytest
 
-from conformance.engines import onnxgenai as ad
+from conformance.engines.onnxgenai import adapter as ad
 from conformance.engines.adapter import Request
 from conformance.engines.matrix import case
 from specdec_ref.exact_models import exact_model

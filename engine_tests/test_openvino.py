@@ -1,4 +1,4 @@
-"""OpenVINO GenAI 2026.4.1.0 with the engine (run in .venv-openvino by scripts/openvino_stage.sh): the IR's logits,
+"""OpenVINO GenAI 2026.4.1.0 with the engine (run in .venv-openvino by scripts/stage.sh openvino): the IR's logits,
 the conventions the adapter declares, the NumPy model of its sampler request for request, and the defects.
 
     .venv-openvino/bin/python -m pytest engine_tests/test_openvino.py -q
@@ -18,11 +18,11 @@ import pytest
 ov_genai = pytest.importorskip("openvino_genai") if __name__ != "__main__" else __import__("openvino_genai")
 import openvino as ov  # noqa: E402
 
-from conformance.engines import openvino as ovad  # noqa: E402
-from conformance.engines import openvino_model as M  # noqa: E402
+from conformance.engines.openvino import adapter as ovad  # noqa: E402
+from conformance.engines.openvino import model as M  # noqa: E402
 from conformance.engines.adapter import Request  # noqa: E402
 from conformance.engines.matrix import Configuration, case  # noqa: E402
-from conformance.engines.openvino_export import MODELS, check_logits, ir_dir  # noqa: E402
+from conformance.engines.openvino.export import MODELS, check_logits, ir_dir  # noqa: E402
 from specdec_ref.exact_models import exact_model  # noqa: E402
 from specdec_ref.warp import SamplingConfig  # noqa: E402
 

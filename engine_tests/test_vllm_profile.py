@@ -15,7 +15,7 @@ import json
 try:  # these tests run only in the vLLM stage: a missing engine fails the stage, it is never skipped
     import vllm  # noqa: F401
 except ImportError as exc:
-    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/vllm_env.sh and run them with "
+    raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/env.sh vllm and run them with "
                       ".venv-vllm/bin/python -m pytest engine_tests") from exc
 
 from bench.cli import main

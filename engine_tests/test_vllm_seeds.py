@@ -1,5 +1,5 @@
 """vLLM defect D, reproduced: with ``draft_sample_method="probabilistic"`` a request's ``seed`` no longer fixes its
-output; with argmax drafts it does, and with ``conformance.engines.vllm_patch``'s fix D it does again.
+output; with argmax drafts it does, and with ``conformance.engines.vllm.patch``'s fix D it does again.
 
 Run in the vLLM stage only (``.venv-vllm/bin/python -m pytest engine_tests/test_vllm_seeds.py``). 32 seeded requests
 (temperature 0.8, the prompt ``[2, 5]``, 8 tokens) are generated twice in the same engine, and a third time in reverse
@@ -27,10 +27,10 @@ _SCRIPT = r"""
 import json, os, sys
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-from conformance.engines.vllm_patch import apply
+from conformance.engines.vllm.patch import apply
 apply(*sys.argv[3].split(","))
 from vllm import LLM, SamplingParams
-from conformance.engines.vllm import ENGINE_ARGS
+from conformance.engines.vllm.adapter import ENGINE_ARGS
 from specdec_ref.exact_head_files import head_folder
 from specdec_ref.exact_registry import exact_pair
 

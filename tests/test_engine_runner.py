@@ -17,7 +17,7 @@ from conformance.engines import efficiency as eff
 from conformance.engines import matrix
 from conformance.engines import report
 from conformance.engines import runner
-from conformance.engines import vllm
+from conformance.engines.vllm import adapter as vllm
 from specdec_ref.warp import SamplingConfig
 
 
@@ -231,19 +231,26 @@ def test_markdown_table_rows():
 
 
 def test_replay_script_is_standalone():
+    """The replay is vllm/replay_script.py with its SETTINGS filled in: standalone, applying exactly the patches of
+    the run it replays."""
+    import ast
+
     src = vllm.replay_script(title="t", command="c", target="/t", spec=None, prompt=(6,), params={"max_tokens": 3},
-                               n=10, length=1, eos=7, law={"4": 1.0}, critical=30.0, patch="A")
-    compile(src, "replay.py", "exec")
+                             n=10, length=1, eos=7, law={"4": 1.0}, critical=30.0, patch="A,C")
+    tree = compile(src, "replay.py", "exec", ast.PyCF_ONLY_AST)
     assert "conformance" not in src and "specdec_ref" not in src and "_expand_kernel_impl" in src
-    assert "_expand_kernel_impl" not in vllm.replay_script(
-        title="t", command="c", target="/t", spec=None, prompt=(6,), params={}, n=1, length=1, eos=None, law={},
-        critical=1.0, patch="")
+    settings = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                    and getattr(n.targets[0], "id", None) == "SETTINGS")
+    assert settings["patches"] == ["A"] and settings["law"] == {"4": 1.0} and settings["prompt"] == [6]
+    unpatched = vllm.replay_script(title="t", command="c", target="/t", spec=None, prompt=(6,), params={}, n=1,
+                                   length=1, eos=None, law={}, critical=1.0, patch="")
+    assert "'patches': []" in unpatched
 
 
 def test_missing_vllm_names_the_env_script(monkeypatch, tmp_path):
     monkeypatch.setattr(adapters.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(adapters, "REPO", tmp_path)
-    with pytest.raises(adapters.EngineMissingError, match="scripts/vllm_env.sh"):
+    with pytest.raises(adapters.EngineMissingError, match="scripts/env.sh vllm"):
         vllm.find_python()
     assert runner.main(["vllm", "--out", str(tmp_path / "o")]) == 2
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from conformance.engines.session import variant_of
 from conformance.engines import adapter as adapter_mod
-from conformance.engines import llamacpp as lc
+from conformance.engines.llamacpp import adapter as lc
 from conformance.engines.adapter import EngineMissingError, Request
 from conformance.engines.matrix import case
 from specdec_ref.warp import SamplingConfig
@@ -53,8 +54,8 @@ def test_refused_settings():
 
 
 def test_eos_variant_per_request():
-    assert lc.variant_of(_req("temperature")) == "plain"  # EOS an ordinary token
-    assert lc.variant_of(_req("eos")) == "eos"
+    assert variant_of(_req("temperature")) == "plain"  # EOS an ordinary token
+    assert variant_of(_req("eos")) == "eos"
 
 
 def test_flags_per_configuration():
@@ -150,7 +151,7 @@ def test_session_maps_records_and_counters():
     eos_srv = _StubServer(lambda b: {"tokens": [b["prompt"][-1], 7], "stop_type": "eos", "timings/draft_n": 2,
                                      "timings/draft_n_accepted": 1})
     plain_srv = _StubServer(lambda b: {"tokens": [1, 2, 3], "stop_type": "limit"})
-    s.servers = {"eos": eos_srv, "plain": plain_srv}
+    s.instances = {"eos": eos_srv, "plain": plain_srv}
     reqs = [_req("eos", seed=1), _req("temperature", seed=None), _req("eos", seed=2)]
     out = s.generate(reqs)
     assert [o["completion_ids"] for o in out] == [[1, 7], [1, 2, 3], [1, 7]]
@@ -161,11 +162,11 @@ def test_session_maps_records_and_counters():
     s.close()
     assert eos_srv.stopped and plain_srv.stopped
     s.cfg = ad.config("control")
-    assert s.counters() is None and "draft_tokens" not in s._one(plain_srv, _req("temperature"))
+    assert s.counters() is None and "draft_tokens" not in s.one(plain_srv, _req("temperature"))
 
 
 def test_missing_build_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     assert lc.engine_home() == tmp_path / "llama.cpp-0.3.36"
-    with pytest.raises(EngineMissingError, match="scripts/llamacpp_env.sh"):
+    with pytest.raises(EngineMissingError, match="scripts/env.sh llamacpp"):
         lc.ADAPTER.python()

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 from conformance.engines import adapter as adapter_mod
-from conformance.engines import mistralrs as mrs
+from conformance.engines.mistralrs import adapter as mrs
 from conformance.engines.adapter import EngineMissingError, Request
 from conformance.engines.matrix import CASES, case
 from specdec_ref.warp import SamplingConfig
@@ -54,7 +54,7 @@ def test_split_text_reads_the_tokens_a_stream_spells():
 
 def test_python_picks_the_versions_own_venv(tmp_path, monkeypatch):
     monkeypatch.setattr(mrs, "REPO", tmp_path)
-    with pytest.raises(EngineMissingError, match="scripts/mistralrs_env.sh"):
+    with pytest.raises(EngineMissingError, match="scripts/env.sh mistralrs"):
         mrs.ADAPTER_060.python()
     py = tmp_path / ".venv-mistralrs-060" / "bin" / "python"
     py.parent.mkdir(parents=True)
@@ -178,7 +178,7 @@ def test_session_streams_appends_eos_and_bounds_what_is_in_flight(monkeypatch):
         out = s.generate(reqs)
         assert [o["completion_ids"] for o in out] == [[4, 7], [1, 7, 2], [4, 7], [4, 7], [1, 7, 2]]
         assert [o["finish_reason"] for o in out] == ["stop", "length", "stop", "stop", "length"]
-        assert s.runners["eos"].peak <= 2 and s.runners["eos"].kw["no_paged_attn"] is True
+        assert s.instances["eos"].peak <= 2 and s.instances["eos"].kw["no_paged_attn"] is True
         assert s.counters() is None and s.refuses(_req("warp")) is None
     finally:
         s.close()

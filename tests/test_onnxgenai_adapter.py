@@ -11,8 +11,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from conformance.engines.session import variant_of
 from conformance.engines import adapter as adapter_mod
-from conformance.engines import onnxgenai as og_ad
+from conformance.engines.onnxgenai import adapter as og_ad
 from conformance.engines.adapter import EngineMissingError, Request
 from conformance.engines.matrix import case
 from specdec_ref.warp import SamplingConfig
@@ -61,7 +62,7 @@ def test_refused_settings_and_the_tie_rule():
 
 
 def test_variant_per_request():
-    assert og_ad.variant_of(_req("temperature")) == "plain" and og_ad.variant_of(_req("eos")) == "eos"
+    assert variant_of(_req("temperature")) == "plain" and variant_of(_req("eos")) == "eos"
 
 
 def test_configurations_declare_their_schemes():
@@ -180,20 +181,20 @@ def test_session_reads_eos_from_next_tokens_and_counts_rounds(monkeypatch):
     _StubGenerator.script = {(3, 1): [4, 7], (0, 3): [1, 2, 3, 4]}
     s = og_ad.OnnxGenaiSession.__new__(og_ad.OnnxGenaiSession)
     s.cfg, s.k, s.counter = og_ad.ADAPTER.config("draft-k3"), 3, og_ad.RoundCounter(3)
-    s.models = {"eos": object(), "plain": object()}
+    s.instances = {"eos": object(), "plain": object()}
     out = s.generate([_req("eos", seed=1), _req("temperature", seed=None)])
     assert out[0] == {"completion_ids": [4, 7], "finish_reason": "stop", "draft_tokens": 2, "accepted": 1}
     assert out[1]["completion_ids"] == [1, 2, 3] and out[1]["finish_reason"] == "length"  # stopped at max_new_tokens
     assert out[1]["draft_tokens"] == 4 and out[1]["accepted"] == 2
     assert s.counters() == {"drafts": 3, "draft_tokens": 6, "accepted": 3, "accepted_per_pos": [3, 0, 0]}
     s.cfg = og_ad.ADAPTER.config("control")
-    assert s.counters() is None and "draft_tokens" not in s._one(object(), _req("eos", seed=2))
+    assert s.counters() is None and "draft_tokens" not in s.one(object(), _req("eos", seed=2))
 
 
 def test_missing_venv_names_the_install_command(tmp_path, monkeypatch):
     monkeypatch.setattr(adapter_mod, "REPO", tmp_path)
     monkeypatch.setattr(adapter_mod.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(EngineMissingError, match="scripts/onnxgenai_env.sh"):
+    with pytest.raises(EngineMissingError, match="scripts/env.sh onnxgenai"):
         og_ad.ADAPTER.python()
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conformance.engines import adapter as adapter_mod
-from conformance.engines import openvino as ovad
-from conformance.engines import openvino_model as M
+from conformance.engines.openvino import adapter as ovad
+from conformance.engines.openvino import model as M
 from conformance.engines.adapter import Request
 from conformance.engines.matrix import CASES, case
 from specdec_ref.exact_models import exact_model

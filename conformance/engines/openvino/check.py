@@ -1,6 +1,6 @@
-"""The OpenVINO GenAI matrix's speculative completions against the mechanism of :mod:`conformance.engines.openvino_model`.
+"""The OpenVINO GenAI matrix's speculative completions against the mechanism of :mod:`conformance.engines.openvino.model`.
 
-    python -m conformance.engines.openvino_check --check OUT     # OUT: a `python -m conformance.engines openvino` folder
+    python -m conformance.engines.openvino.check --check OUT     # OUT: a `python -m conformance.engines openvino` folder
 
 Per checked (configuration, case): per seed, whether the engine's first tokens are the model's; and as laws, the first
 2 and 3 tokens against the model's law (a two-sample test) and against the exact law. Exit 0 when the engine follows
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .openvino_model import Settings, Stream, speculative, table_logits, top_k_heap
+from .model import Settings, Stream, speculative, table_logits, top_k_heap
 
 __all__ = ["check", "main", "CHECKED"]
 
@@ -80,8 +80,8 @@ def check(out: str, which=CHECKED, *, alpha: float = 1e-6) -> list[dict]:
     from properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model, exact_pair
 
-    from .matrix import case as get_case
-    from .openvino import ADAPTER
+    from ..matrix import case as get_case
+    from .adapter import ADAPTER
 
     rows = []
     for cfg_name, case_name in which:
@@ -125,7 +125,7 @@ def _cut(ids, length, eos):
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.openvino_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m conformance.engines.openvino.check", description=__doc__.split("\n")[0])
     ap.add_argument("--check", metavar="OUT", help="a matrix output folder of `python -m conformance.engines openvino`")
     args = ap.parse_args(argv)
     if not args.check:
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _selftest() -> None:  # pragma: no cover - a quick look: python -m conformance.engines.openvino_check
+def _selftest() -> None:  # pragma: no cover - a quick look: python -m conformance.engines.openvino.check
     st = Stream(5489)
     assert st.u32() == 3499211612, "std::mt19937(5489)'s first output"
     print("mt19937 ok;", "heap keeps", sorted(i for _, i in top_k_heap(np.array([1.0, 1.0, 2.0]), 2)),

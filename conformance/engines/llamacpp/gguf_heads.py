@@ -1,7 +1,7 @@
 """GGUF files of the exactly-known EAGLE-3 head and of the deep target it reads, for llama.cpp's ``draft-eagle3``,
 and of the order-1 target with an exactly-known MTP block, for its ``draft-mtp``.
 
-    python -m conformance.engines.gguf_heads [--out DIR] [--force]    # write them (default: the GGUF cache)
+    python -m conformance.engines export llamacpp     # write them (the GGUF cache) with the other files, and check them
 
 The head is :mod:`specdec_ref.exact_head_files`'s ``eagle3`` (the one vLLM loads), converted here by the rules of
 llama.cpp's own converter (``conversion/llama.py``, ``Eagle3LlamaForCausalLM``), since that converter refuses our
@@ -14,7 +14,7 @@ tokenizer. What llama.cpp 0.3.36's ``eagle3`` architecture loads (``src/models/e
   ``t_layer_inp[l]``, 0 = the token embeddings: vLLM's convention); ``eagle3.target_hidden_size`` = 16;
   ``eagle3.norm_before_residual`` = false (the residual of the decoder layer is the raw fused feature ``g``, as
   vLLM's); no ``norm_before_fc`` (no ``enc.output_norm``); the target's tokenizer (the same ``eos`` / ``plain``
-  variants as the target, :func:`conformance.engines.gguf_export.add_tokenizer`).
+  variants as the target, :func:`conformance.engines.llamacpp.gguf_export.add_tokenizer`).
 * tensors (float32 unless stated; shapes as numpy ``[rows, cols]`` = GGUF ``{cols, rows}``): ``fc.weight [16, 48]``
   (the encoder: fused feature ``g = fc(concat(h_0, h_1, h_2))``); ``token_embd.weight [8, 16]`` (the target's
   embeddings, ``4 e_t``: optional in llama.cpp, written so the head does not depend on ``ctx_other``);
@@ -35,7 +35,7 @@ candidate of a top-k 10 sampler; the one tied row, ``y = 2`` (target ids 2 and 7
 libstdc++'s ``std::partial_sort``, as the law's first-index argmax), repeated for every draft of the round.
 
 The deep target (:func:`specdec_ref.exact_head_files.deep_target_folder`, three layers whose streams differ) is
-written by :func:`conformance.engines.gguf_export.write_gguf` like every other target; its logits are the order-1
+written by :func:`conformance.engines.llamacpp.gguf_export.write_gguf` like every other target; its logits are the order-1
 table bit for bit, so ``draft-eagle3`` is claimed per seed identical to ``control`` (which runs the one-layer
 target). Files are named by this writer's version and rewritten when their source bytes change.
 
@@ -56,19 +56,17 @@ exactly what the EAGLE-3 head proposes (``Eagle3FeatureLaw``; the tie at ``y = 2
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
 __all__ = ["HEAD", "DEEP", "MTP", "TARGET_LAYERS", "head_path", "deep_path", "write_head_gguf", "write_mtp_gguf",
-           "export_eagle3", "export_mtp", "main"]
+           "export_eagle3", "export_mtp"]
 
 WRITER_VERSION = "1"  # bump when the layout written here changes
-#: The GGUF names (``<name>-<variant>.gguf`` in :func:`conformance.engines.gguf_export.gguf_dir`).
+#: The GGUF names (``<name>-<variant>.gguf`` in :func:`conformance.engines.llamacpp.gguf_export.gguf_dir`).
 HEAD = "eagle3-order1-target"
 DEEP = "deep3-order1-target"
 MTP = "mtp-order1-target"
@@ -293,18 +291,3 @@ def export_mtp(root: Path | None = None, *, force: bool = False) -> dict[tuple[s
             write_mtp_gguf(p, variant)
         out[(MTP, variant)] = p
     return out
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.gguf_heads", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="folder for the .gguf files (default: the GGUF cache)")
-    ap.add_argument("--force", action="store_true", help="rewrite even when up to date")
-    args = ap.parse_args(argv)
-    root = Path(args.out) if args.out else None
-    for (name, variant), p in {**export_eagle3(root, force=args.force), **export_mtp(root, force=args.force)}.items():
-        print(f"{name:22s} {variant:5s} {p} ({p.stat().st_size} bytes)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

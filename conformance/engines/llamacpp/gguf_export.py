@@ -1,11 +1,10 @@
 """GGUF files of the exactly-known checkpoints for llama.cpp, written from the tensors, and their logit check.
 
-    python -m conformance.engines.gguf_export [--out DIR] [--names a,b] [--force]   # write the files
-    python -m conformance.engines.llamacpp --check-gguf                            # ... and check them
+    python -m conformance.engines export llamacpp [--no-check]    # write the files and check them through llama-server
 
 llama.cpp's ``convert_hf_to_gguf.py`` refuses our checkpoints (their WordLevel tokenizer), so the files are written
 here with the ``gguf`` package (the copy vendored with the llama.cpp that :mod:`conformance.engines.llamacpp` builds;
-``scripts/llamacpp_env.sh`` installs it): architecture ``llama``, the tensors as float32 (``q_proj`` / ``k_proj``
+``scripts/env.sh llamacpp`` installs it): architecture ``llama``, the tensors as float32 (``q_proj`` / ``k_proj``
 permuted from Hugging Face's rotate-half layout to GGUF's interleaved rope pairs, as ``convert_hf_to_gguf.py``
 does), the hyper-parameters including ``head_dim`` (``attention.key_length`` / ``value_length`` = 32, which
 differs from hidden / heads), ``rope.dimension_count`` = head_dim, ``rope.freq_base``, ``rms_norm_eps`` = 0, and
@@ -26,17 +25,15 @@ source checkpoint or this writer changed (a digest in the file's metadata).
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
 
 __all__ = ["MODELS", "VARIANTS", "CHECKED", "cache_root", "gguf_dir", "gguf_path", "write_gguf", "add_tokenizer",
-           "export", "check_logits", "main"]
+           "export", "check_logits"]
 
 #: The checkpoints llama.cpp loads (targets and drafts of the pairs the adapter uses, and the others cheaply too).
 MODELS = ("order1-target", "order1-draft-close", "order1-draft-far", "order1-draft-same", "order2-target",
@@ -94,7 +91,7 @@ def _digest_of(path: Path) -> str | None:
 
 def add_tokenizer(w, cfg: dict, tok: dict, variant: str) -> None:
     """The minimal vocabulary of the module docstring (``variant`` ``eos`` or ``plain``) into GGUF writer ``w``:
-    shared by the targets, the drafts and the heads (:mod:`conformance.engines.gguf_heads`), whose vocabularies
+    shared by the targets, the drafts and the heads (:mod:`conformance.engines.llamacpp.gguf_heads`), whose vocabularies
     llama.cpp compares."""
     import gguf
 
@@ -265,20 +262,3 @@ def report(rows) -> str:
                      f"{r['max_abs_diff']:.2e}: "
                      + ("equal to the tables" if r["passed"] else "DIFFER: " + json.dumps(r["first_bad"]))
                      for r in rows)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.gguf_export", description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=None, help="folder for the .gguf files (default: the cache)")
-    ap.add_argument("--names", default="", help="models (comma-separated; default: all)")
-    ap.add_argument("--force", action="store_true", help="rewrite even when up to date")
-    args = ap.parse_args(argv)
-    names = tuple(n for n in args.names.split(",") if n) or MODELS
-    paths = export(names, Path(args.out) if args.out else None, force=args.force)
-    for (name, variant), p in paths.items():
-        print(f"{name:22s} {variant:5s} {p} ({p.stat().st_size} bytes)")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

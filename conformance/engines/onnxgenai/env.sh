@@ -2,7 +2,7 @@
 # Build the venv the ONNX Runtime GenAI stage runs in: onnxruntime-genai (CPU wheel) and what its model builder
 # needs but the wheel does not declare.
 #
-#   bash scripts/onnxgenai_env.sh [VENV_DIR]      # default <repo>/.venv-onnxgenai
+#   bash scripts/env.sh onnxgenai [VENV_DIR]      # default <repo>/.venv-onnxgenai
 #
 # onnxruntime-genai==0.18.0 declares only numpy and onnxruntime; its model builder
 # (`python -m onnxruntime_genai.models.builder`) also imports onnx, onnx_ir, torch and transformers (a finding:
@@ -24,14 +24,15 @@ ORT_VERSION=1.32.0                  # onnxruntime: the wheel asks for >=1.31.0; 
 TORCH_VERSION=2.13.0
 ONNX_VERSION=1.23.1
 ONNX_IR_VERSION=1.0.0
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 VENV="${1:-$REPO/.venv-onnxgenai}"
 SYS_PY="${PYTHON:-python3}"
 NICE="${ONNXGENAI_NICE:-10}"
 STAMP="$VENV/.specdec-onnxgenai-stamp"
 
-die() { echo "onnxgenai_env.sh: ERROR: $*" >&2; exit 1; }
-trap 'rc=$?; [ $rc -eq 0 ] || echo "onnxgenai_env.sh: FAILED (exit $rc); the venv at $VENV is incomplete" >&2' EXIT
+ENV_NAME=onnxgenai
+ENV_INCOMPLETE="the venv at $VENV is incomplete"
+source "$REPO/scripts/env_lib.sh"
 
 command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
 TF_VERSION="$("$SYS_PY" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null)" \
@@ -49,7 +50,7 @@ want_ortg, want_torch = sys.argv[1], sys.argv[2]
 import onnxruntime_genai as og, onnx, onnx_ir, torch, transformers  # noqa: E401
 import specdec_ref, conformance  # noqa: E401,F401
 v = {n: md.version(n) for n in ("onnxruntime-genai", "onnxruntime", "onnx", "onnx_ir", "torch", "transformers")}
-print("onnxgenai_env.sh:", " | ".join(f"{k} {x}" for k, x in v.items()))
+print("env.sh onnxgenai:", " | ".join(f"{k} {x}" for k, x in v.items()))
 if v["onnxruntime-genai"] != want_ortg:
     sys.exit(f"onnxruntime-genai {v['onnxruntime-genai']} is not {want_ortg}")
 if "+cu" in v["torch"] or not v["torch"].startswith(want_torch):
@@ -58,14 +59,14 @@ import onnxruntime_genai.models.builder  # noqa: F401 - the builder's own import
 EOF
 }
 
-if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-    echo "onnxgenai_env.sh: $VENV is up to date ($WANT); skipping the install"
+if is_current "$PY" "$STAMP" "$WANT"; then
+    echo "env.sh onnxgenai: $VENV is up to date ($WANT); skipping the install"
     check
     exit 0
 fi
 
 start=$(date +%s)
-echo "onnxgenai_env.sh: building $VENV ($WANT)"
+echo "env.sh onnxgenai: building $VENV ($WANT)"
 rm -f "$STAMP"
 [ -x "$PY" ] || "$SYS_PY" -m venv --system-site-packages "$VENV" || die "python -m venv $VENV failed"
 PIP=(nice -n "$NICE" "$PY" -m pip --disable-pip-version-check install)
@@ -78,4 +79,4 @@ printf 'torch==%s\ntransformers==%s\n' "$TORCH_VERSION" "$TF_VERSION" > "$CONSTR
     || die "pip install onnxruntime-genai==$ORTG_VERSION onnxruntime onnx onnx_ir torch transformers failed"
 check
 echo "$WANT" > "$STAMP"
-echo "onnxgenai_env.sh: done in $(( $(date +%s) - start )) s"
+echo "env.sh onnxgenai: done in $(( $(date +%s) - start )) s"

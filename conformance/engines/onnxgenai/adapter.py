@@ -1,7 +1,7 @@
 """The ONNX Runtime GenAI adapter: ``onnxruntime-genai==0.18.0`` (CPU wheel), its own model builder and generator.
 
-    bash scripts/onnxgenai_env.sh                          # the venv (.venv-onnxgenai)
-    .venv-onnxgenai/bin/python -m conformance.engines.onnxgenai export --check   # convert, logits vs the tables
+    bash scripts/env.sh onnxgenai                          # the venv (.venv-onnxgenai)
+    python -m conformance.engines export onnxgenai      # convert (in .venv-onnxgenai), logits against the tables
     python -m conformance.engines onnxgenai --out DIR [--configs a,b] [--check-expected]
 
 Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). The exactly-known
@@ -53,17 +53,17 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .adapter import REPO, Conventions, EngineAdapter, venv_python
-from .matrix import CASES, Configuration
+from ..adapter import REPO, Conventions, EngineAdapter, venv_python
+from ..session import VariantSession
+from ..matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "MODELS", "engine_home", "export", "check_logits", "compose_config",
-           "search_options", "variant_of", "partial_sort_top_k", "OnnxGenaiSession", "RoundCounter"]
+           "search_options", "partial_sort_top_k", "OnnxGenaiSession", "RoundCounter"]
 
 VERSION = "0.18.0"
-INSTALL = "bash scripts/onnxgenai_env.sh"
+INSTALL = "bash scripts/env.sh onnxgenai"
 VENV = ".venv-onnxgenai"
 MODELS = ("order1-target", "order1-draft-close", "order2-target", "order2-draft")
 PLAIN_LOGIT = -1e30  # the plain variant's extra token: probability exactly 0 after softmax in float32
@@ -260,11 +260,6 @@ def partial_sort_top_k(scores, k: int) -> set[int]:
 # ----------------------------------------------------------------------------- the request mapping
 
 
-def variant_of(request) -> str:
-    """``eos`` when EOS stops the request, ``plain`` when EOS is an ordinary token (see the module docstring)."""
-    return "eos" if request.eos else "plain"
-
-
 def search_options(request, k: int = 0) -> dict:
     """``GeneratorParams.set_search_options`` for one :class:`Request` (``k`` > 0: the efficiency set's headroom)."""
     s = request.sampling
@@ -340,28 +335,27 @@ class RoundCounter:
 # ----------------------------------------------------------------------------- the session
 
 
-class OnnxGenaiSession:
+class OnnxGenaiSession(VariantSession):
     """One configuration on one target family: up to two ``og.Model`` (the ``eos`` and ``plain`` exports)."""
 
+    threads = THREADS
+
     def __init__(self, cfg: Configuration, pair, k: int):
+        super().__init__()
         self.cfg, self.pair, self.k = cfg, pair, k
         names = (pair.target.name, pair.draft.name) if cfg.options.get("draft") else (pair.target.name,)
         self.paths = export(names)
         self.tmp = Path(tempfile.mkdtemp(prefix="specdec-onnxgenai-"))
-        self.models: dict = {}
         self.counter = RoundCounter(k)
 
-    def model(self, variant: str):
-        if variant not in self.models:
-            import onnxruntime_genai as og
+    def load(self, variant: str):
+        import onnxruntime_genai as og
 
-            draft = self.paths[(self.pair.draft.name, variant)] if self.cfg.options.get("draft") else None
-            folder = compose_config(self.paths[(self.pair.target.name, variant)], draft, self.cfg.options,
-                                    self.tmp / variant)
-            self.models[variant] = og.Model(str(folder))
-        return self.models[variant]
+        draft = self.paths[(self.pair.draft.name, variant)] if self.cfg.options.get("draft") else None
+        folder = compose_config(self.paths[(self.pair.target.name, variant)], draft, self.cfg.options, self.tmp / variant)
+        return og.Model(str(folder))
 
-    def _one(self, model, request) -> dict:
+    def one(self, model, request) -> dict:
         import numpy as np
         import onnxruntime_genai as og
 
@@ -388,30 +382,14 @@ class OnnxGenaiSession:
             out.update(draft_tokens=sum(p for p, _ in rounds), accepted=sum(a for _, a in rounds))
         return out
 
-    def generate(self, requests) -> list[dict]:
-        out: list = [None] * len(requests)
-        for variant in ("eos", "plain"):
-            idx = [i for i, r in enumerate(requests) if variant_of(r) == variant]
-            if not idx:
-                continue
-            model = self.model(variant)
-            with ThreadPoolExecutor(max_workers=THREADS) as pool:
-                for i, rec in zip(idx, pool.map(lambda i: self._one(model, requests[i]), idx)):
-                    out[i] = rec
-        return out
-
     def counters(self) -> dict | None:
         return self.counter.read() if self.cfg.speculative else None
 
-    def refuses(self, request) -> str | None:
-        try:
-            search_options(request)
-        except ValueError as exc:
-            return str(exc)
-        return None
+    def validate(self, request) -> None:
+        search_options(request)
 
     def close(self) -> None:
-        self.models.clear()
+        super().close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -429,6 +407,17 @@ class OnnxGenaiAdapter(EngineAdapter):
 
         return OnnxGenaiSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 
+    def export(self, check: bool = True) -> list[dict]:
+        """Every exactly-known model converted by ORT GenAI's builder (cached per version and checkpoint), in its
+        ``eos`` and ``plain`` variants, and with ``check`` the engine's logits against the tables (the whole context
+        at once, then token by token through the KV cache)."""
+        paths = export(log=lambda *a: None)
+        if not check:
+            return [{"model": n, "variant": v, "passed": True, "text": f"{n} {v}: {p}"} for (n, v), p in paths.items()]
+        return [{**r, "text": f"{r['model']:20s} {r['variant']:5s} positions {r['positions']:3d}, bit-exact "
+                 f"{r['bit_exact_positions']:3d}, max |logit - table| {r['max_abs_diff']:.2e}"}
+                for r in check_logits(paths)]
+
 
 ADAPTER = OnnxGenaiAdapter(
     name="onnxgenai", title="ONNX Runtime GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
@@ -444,38 +433,3 @@ ADAPTER = OnnxGenaiAdapter(
                "rounds start from the prompt; one Generator per request (speculation is batch 1)",
                "draft model: token-wise rejection sampling; n-gram: sample-and-match, per seed identical")),
 )
-
-
-def main(argv=None) -> int:
-    import argparse
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] != "export":
-        from .runner import main as run_main
-
-        return run_main(["onnxgenai", *argv])
-    ap = argparse.ArgumentParser(prog="python -m conformance.engines.onnxgenai export",
-                                 description="convert the exactly-known checkpoints with ORT GenAI's builder")
-    ap.add_argument("--check", action="store_true", help="and check the engine's logits against the tables")
-    args = ap.parse_args(argv[1:])
-    try:
-        import onnxruntime_genai  # noqa: F401
-    except ImportError:
-        print(f"ERROR: onnxruntime_genai is not importable here: build {VENV} with `{INSTALL}`", file=sys.stderr)
-        return 2
-    import time
-
-    t0 = time.time()
-    paths = export()
-    print(f"exports in {engine_home()} ({time.time() - t0:.1f} s)")
-    if not args.check:
-        return 0
-    rows = check_logits(paths)
-    for r in rows:
-        print(f"  {r['model']:20s} {r['variant']:5s} positions {r['positions']:3d}, bit-exact {r['bit_exact_positions']:3d}, "
-              f"max |logit - table| {r['max_abs_diff']:.2e}: {'ok' if r['passed'] else 'DIFFERS'}")
-    return 0 if all(r["passed"] for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

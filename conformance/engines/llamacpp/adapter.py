@@ -1,12 +1,12 @@
 """The llama.cpp adapter: ``llama-server`` built from the source vendored in ``llama-cpp-python==0.3.36``.
 
-    bash scripts/llamacpp_env.sh                       # build once per machine (cached outside the clone)
-    python -m conformance.engines.llamacpp --check-gguf  # the GGUF files' probabilities against the tables
+    bash scripts/env.sh llamacpp                       # build once per machine (cached outside the clone)
+    python -m conformance.engines export llamacpp      # the GGUF files, their probabilities against the tables
     python -m conformance.engines llamacpp --out DIR [--configs a,b] [--check-expected]
 
 Everything but the engine calls is the shared runner's (:mod:`conformance.engines.runner`). Per configuration and
 target family the worker's session starts ``llama-server`` on 127.0.0.1 (a free port, in the worker's own process
-group, so the runner's group kill stops it too) on the GGUF files of :mod:`conformance.engines.gguf_export`, waits
+group, so the runner's group kill stops it too) on the GGUF files of :mod:`conformance.engines.llamacpp.gguf_export`, waits
 for ``/health``, sends ``/completion`` requests with token-id prompts from a bounded thread pool (several in flight
 for ``-np`` > 1; every request with a timeout), reads the speculative counters from ``/metrics`` and per request
 from ``timings`` (``draft_n``, ``draft_n_accepted``), and stops the server in ``close()``.
@@ -41,7 +41,7 @@ tokens with ``r`` still to emit (``drafts_to_end``). ``draft-simple`` drafts the
 ``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the n-gram types draft from the
 context (lossless by the same argument; no exact acceptance law stated). ``draft-eagle3`` (the exactly-known EAGLE-3
 head on the deep target) and ``draft-mtp`` (the order-1 table in a ``qwen35`` target with an exactly-known MTP
-block), both written by :mod:`conformance.engines.gguf_heads`, propose
+block), both written by :mod:`conformance.engines.llamacpp.gguf_heads`, propose
 :class:`properties.proposals.Eagle3FeatureLaw`'s one-hot drafts (``proposer="exact-eagle3"``): their acceptance is
 tested against the exact expectation given each round's text. For every configuration with a ``proposer`` the
 rounds are rebuilt from the efficiency set's completions and must equal each request's ``draft_n`` /
@@ -63,17 +63,17 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .adapter import Conventions, EngineAdapter, EngineMissingError
-from .matrix import CASES, Configuration
+from ..adapter import Conventions, EngineAdapter, EngineMissingError
+from ..session import VariantSession
+from ..matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
-           "server_args", "variant_of", "parse_metrics", "Server", "LlamaCppSession", "check_gguf"]
+           "server_args", "parse_metrics", "Server", "LlamaCppSession", "check_gguf"]
 
-VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what scripts/llamacpp_env.sh builds
-INSTALL = "bash scripts/llamacpp_env.sh"
+VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what scripts/env.sh llamacpp builds
+INSTALL = "bash scripts/env.sh llamacpp"
 SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
 REQUEST_TIMEOUT_S = 60.0
 FINISH = {"eos": "eos", "limit": "length"}  # the server's stop_type -> the black-box format (others: null)
@@ -92,7 +92,7 @@ def _draft(k: int, **extra) -> dict:
     return {"spec_type": "draft-simple", "draft_model": True, "draft_max": k, "draft_min": 0, "p_min": 0.0, **extra}
 
 
-#: ``draft-eagle3`` on the exactly-known EAGLE-3 head (:mod:`conformance.engines.gguf_heads`) over the deep target
+#: ``draft-eagle3`` on the exactly-known EAGLE-3 head (:mod:`conformance.engines.llamacpp.gguf_heads`) over the deep target
 #: of the order-1 table: order-1 cases only (one- and two-token prompts, EOS inside a draft, EOS ordinary, greedy).
 #: ``--no-spec-draft-backend-sampling``: with the default (on), the drafter's backend top-k 10 aborts on a vocabulary
 #: of 8 (``draft-eagle3-backend`` records it). Its rounds and acceptance follow the head's one-hot proposals
@@ -107,7 +107,7 @@ def _eagle3(k: int, **extra) -> dict:
 
 def _mtp(k: int, **extra) -> dict:
     """``draft-mtp`` on the qwen35 target whose MTP block proposes exactly what the EAGLE-3 head proposes
-    (:func:`conformance.engines.gguf_heads.write_mtp_gguf`): the same expectation."""
+    (:func:`conformance.engines.llamacpp.gguf_heads.write_mtp_gguf`): the same expectation."""
     return {"spec_type": "draft-mtp", "head": "mtp", "draft_max": k, "draft_min": 0, "p_min": 0.0,
             "backend_sampling": False, **extra}
 
@@ -183,7 +183,7 @@ CONFIGS: tuple[Configuration, ...] = (
 
 
 def engine_home() -> Path:
-    """``$SPECDEC_CACHE/llama.cpp-<version>`` (default ``~/.cache/specdec-ref``): what scripts/llamacpp_env.sh builds."""
+    """``$SPECDEC_CACHE/llama.cpp-<version>`` (default ``~/.cache/specdec-ref``): what scripts/env.sh llamacpp builds."""
     from .gguf_export import cache_root
 
     return cache_root() / f"llama.cpp-{VERSION}"
@@ -194,11 +194,6 @@ def server_binary() -> Path:
     if not b.exists():
         raise EngineMissingError(f"{b} is not built: build it with `{INSTALL}`")
     return b
-
-
-def variant_of(request) -> str:
-    """The GGUF variant a request runs on: ``eos`` when EOS stops it, ``plain`` when EOS is an ordinary token."""
-    return "eos" if request.eos else "plain"
 
 
 def completion_payload(request) -> dict:
@@ -383,13 +378,14 @@ class Server:
 # ----------------------------------------------------------------------------- the session
 
 
-class LlamaCppSession:
+class LlamaCppSession(VariantSession):
     """One configuration on one target family: up to two servers (the ``eos`` and ``plain`` GGUF variants),
     each started on first use."""
 
     def __init__(self, cfg: Configuration, pair, *, log_dir: str | None = None):
         from .gguf_export import export
 
+        super().__init__()
         self.cfg, self.pair = cfg, pair
         if cfg.options.get("head") == "eagle3":  # the head and the deep target it reads (same table as the target)
             from .gguf_heads import DEEP, HEAD, export_eagle3
@@ -406,22 +402,20 @@ class LlamaCppSession:
         else:
             self.paths, self.models = export((pair.target.name, pair.draft.name)), (pair.target.name, pair.draft.name)
         self.parallel = int(cfg.options.get("parallel", 1))
+        self.threads = max(2, min(2 * self.parallel, 8))
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")
-        self.servers: dict[str, Server] = {}
         if cfg.options.get("start_at_open"):  # a set-up llama.cpp refuses: its error is the row's load error
-            self.server("plain")
+            self.instance("plain")
 
-    def server(self, variant: str) -> Server:
-        if variant not in self.servers:
-            target, draft = (self.paths[(m, variant)] for m in self.models)
-            srv = Server(server_binary(), target, parallel=self.parallel,
-                         args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None),
-                         log_dir=self.log_dir)
-            srv.start()
-            self.servers[variant] = srv
-        return self.servers[variant]
+    def load(self, variant: str) -> Server:
+        target, draft = (self.paths[(m, variant)] for m in self.models)
+        srv = Server(server_binary(), target, parallel=self.parallel,
+                     args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None),
+                     log_dir=self.log_dir)
+        srv.start()
+        return srv
 
-    def _one(self, srv: Server, request) -> dict:
+    def one(self, srv: Server, request) -> dict:
         r = srv.complete(completion_payload(request))
         toks = [int(t) for t in r.get("tokens") or []]
         out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type"))}
@@ -431,23 +425,11 @@ class LlamaCppSession:
                        accepted=int(r.get("timings/draft_n_accepted", t.get("draft_n_accepted")) or 0))
         return out
 
-    def generate(self, requests) -> list[dict]:
-        out: list = [None] * len(requests)
-        for variant in ("eos", "plain"):
-            idx = [i for i, r in enumerate(requests) if variant_of(r) == variant]
-            if not idx:
-                continue
-            srv = self.server(variant)
-            with ThreadPoolExecutor(max_workers=max(2, min(2 * self.parallel, 8))) as pool:
-                for i, rec in zip(idx, pool.map(lambda i: self._one(srv, requests[i]), idx)):
-                    out[i] = rec
-        return out
-
     def counters(self) -> dict | None:
         if not self.cfg.speculative:
             return None
         tot = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "accepted_per_pos": None}
-        for srv in self.servers.values():
+        for srv in self.instances.values():
             m = srv.metrics()
             for k in ("drafts", "draft_tokens", "accepted"):
                 tot[k] += m[k]
@@ -459,16 +441,11 @@ class LlamaCppSession:
             tot["accepted_per_pos"] = [0] * k
         return tot
 
-    def refuses(self, request) -> str | None:
-        try:
-            completion_payload(request)
-        except ValueError as exc:
-            return str(exc)
-        return None
+    def validate(self, request) -> None:
+        completion_payload(request)
 
-    def close(self) -> None:
-        for srv in self.servers.values():
-            srv.stop()
+    def unload(self, srv: Server) -> None:
+        srv.stop()
 
 
 class LlamaCppAdapter(EngineAdapter):
@@ -492,6 +469,20 @@ class LlamaCppAdapter(EngineAdapter):
 
         return LlamaCppSession(cfg, exact_pair(self.families[family]))
 
+    def export(self, check: bool = True) -> list[dict]:
+        """The GGUF files (targets, drafts, the EAGLE-3 head and its deep target, the ``qwen35`` target with its MTP
+        block, each in its ``eos`` and ``plain`` variant) and, with ``check``, their probabilities through
+        llama-server against the tables."""
+        from .gguf_export import MODELS, export, report
+        from .gguf_heads import export_eagle3, export_mtp
+
+        written = {**export(MODELS), **export_eagle3(), **export_mtp()}
+        if not check:
+            return [{"model": name, "variant": variant, "passed": path.exists(), "text": f"{name} {variant}: {path}"}
+                    for (name, variant), path in written.items()]
+        rows = check_gguf()
+        return [{**r, "text": report([r])} for r in rows]
+
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
@@ -514,20 +505,8 @@ ADAPTER = LlamaCppAdapter(
 
 def check_gguf(names=None) -> list[dict]:
     """The GGUF files' probabilities against the tables through this build's llama-server
-    (:func:`conformance.engines.gguf_export.check_logits`)."""
+    (:func:`conformance.engines.llamacpp.gguf_export.check_logits`)."""
     from . import gguf_export
 
     binary = server_binary()
     return gguf_export.check_logits(lambda path: Server(binary, path), names or gguf_export.CHECKED)
-
-
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--check-gguf"]:
-        from .gguf_export import report
-
-        rows = check_gguf()
-        print(report(rows))
-        sys.exit(0 if all(r["passed"] for r in rows) else 1)
-    from .runner import main
-
-    sys.exit(main(["llamacpp", *sys.argv[1:]]))

@@ -1,6 +1,6 @@
 """The mistral.rs adapter: ``mistralrs==0.9.5`` (a prebuilt wheel), in-process ``Runner``, streamed chat requests.
 
-    bash scripts/mistralrs_env.sh                      # .venv-mistralrs (0.9.5) and .venv-mistralrs-060 (0.6.0)
+    bash scripts/env.sh mistralrs                      # .venv-mistralrs (0.9.5) and .venv-mistralrs-060 (0.6.0)
     python -m conformance.engines mistralrs --out DIR [--configs a,b] [--check-expected]
     python -m conformance.engines conformance.engines.mistralrs:ADAPTER_060 --out DIR    # 0.6.0's draft model
 
@@ -58,15 +58,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .adapter import REPO, Conventions, EngineAdapter, EngineMissingError
-from .matrix import CASES, Configuration
+from ..adapter import REPO, Conventions, EngineAdapter, EngineMissingError
+from ..session import VariantSession
+from ..matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "ADAPTER_060", "CONFIGS", "CONFIGS_060", "VERSION", "OLD_VERSION", "prepare_folder",
-           "prompt_text", "split_text", "chat_kwargs", "variant_of", "check_logprobs", "penalty_order_fit", "MistralrsSession"]
+           "prompt_text", "split_text", "chat_kwargs", "check_logprobs", "penalty_order_fit", "MistralrsSession"]
 
 VERSION = "0.9.5"
 OLD_VERSION = "0.6.0"
-INSTALL = "bash scripts/mistralrs_env.sh"
+INSTALL = "bash scripts/env.sh mistralrs"
 VENV, VENV_OLD = ".venv-mistralrs", ".venv-mistralrs-060"
 IN_FLIGHT = 256
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -98,10 +99,6 @@ CONFIGS_060: tuple[Configuration, ...] = (
 
 
 # ----------------------------------------------------------------------------- the model folder, the request mapping
-
-
-def variant_of(request) -> str:
-    return "eos" if request.eos else "plain"
 
 
 def prepare_folder(name: str, variant: str, out: Path, *, version: str = VERSION) -> Path:
@@ -196,16 +193,17 @@ def split_text(text: str, vocab: dict) -> list[int]:
 # ----------------------------------------------------------------------------- the session
 
 
-class MistralrsSession:
-    """One configuration on one target family: one ``Runner`` per folder variant, loaded on first use."""
+class MistralrsSession(VariantSession):
+    """One configuration on one target family: one ``Runner`` per folder variant, loaded on first use; each
+    variant's requests are streamed, up to :data:`IN_FLIGHT` at a time."""
 
     def __init__(self, cfg: Configuration, pair, version: str):
+        super().__init__()
         self.cfg, self.pair, self.version = cfg, pair, version
         self.tmp = Path(tempfile.mkdtemp(prefix="specdec-mistralrs-"))
-        self.runners: dict = {}
         self.folders: dict = {}
         if cfg.speculative:  # a speculative set-up that cannot load is the configuration's load error
-            self.runner("eos")
+            self.instance("eos")
 
     def folder(self, name: str, variant: str) -> Path:
         if (name, variant) not in self.folders:
@@ -213,80 +211,65 @@ class MistralrsSession:
                                                            version=self.version)
         return self.folders[(name, variant)]
 
-    def runner(self, variant: str):
-        if variant not in self.runners:
-            import mistralrs as mr
+    def load(self, variant: str):
+        import mistralrs as mr
 
-            def which(name):
-                return mr.Which.Plain(model_id=str(self.folder(name, variant)), arch=mr.Architecture.Mistral,
-                                      dtype=mr.ModelDType.F32)
+        def which(name):
+            return mr.Which.Plain(model_id=str(self.folder(name, variant)), arch=mr.Architecture.Mistral,
+                                  dtype=mr.ModelDType.F32)
 
-            o = self.cfg.options
-            kw = {"no_paged_attn": True, "max_seqs": IN_FLIGHT}
-            if o.get("mtp"):
-                kw.update(mtp_model=str(self.folder(self.pair.draft.name, variant)), mtp_n_predict=o["mtp_n_predict"])
-            if o.get("draft"):
-                kw.update(which_draft=which(self.pair.draft.name), speculative_gamma=o["gamma"])
-            self.runners[variant] = mr.Runner(which=which(self.pair.target.name), **kw)
-        return self.runners[variant]
+        o = self.cfg.options
+        kw = {"no_paged_attn": True, "max_seqs": IN_FLIGHT}
+        if o.get("mtp"):
+            kw.update(mtp_model=str(self.folder(self.pair.draft.name, variant)), mtp_n_predict=o["mtp_n_predict"])
+        if o.get("draft"):
+            kw.update(which_draft=which(self.pair.draft.name), speculative_gamma=o["gamma"])
+        return mr.Runner(which=which(self.pair.target.name), **kw)
 
-    def generate(self, requests) -> list[dict]:
+    def generate_variant(self, runner, variant: str, requests) -> list[dict]:
+        """The variant's requests as streams, up to :data:`IN_FLIGHT` at a time (the ``Runner`` takes one blocking
+        call at a time; streams let its scheduler batch)."""
         import mistralrs as mr
 
         out: list = [None] * len(requests)
-        for variant in ("eos", "plain"):
-            idx = [i for i, r in enumerate(requests) if variant_of(r) == variant]
-            if not idx:
-                continue
-            runner = self.runner(variant)
-            vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
-            live, todo = [], list(reversed(idx))
-            # 0.6.0: a second stream in flight fails every stream ("Received none in ChatCompletionStreamer"), a
-            # request asking for logprobs panics when speculating, and its stream carries text only
-            old = self.version == OLD_VERSION
-            while todo or live:
-                while todo and len(live) < (1 if old else IN_FLIGHT):
-                    i = todo.pop()
-                    r = requests[i]
-                    text = prompt_text(r.prompt, vocab, bos)
-                    kw = chat_kwargs(r, text)
-                    if old:
-                        kw.pop("logprobs")
-                    stream = runner.send_chat_completion_request(mr.ChatCompletionRequest(**kw))
-                    live.append((i, stream, []))
-                still = []
-                for i, stream, toks in live:
-                    try:
-                        chunk = next(stream)
-                    except StopIteration:
-                        raise RuntimeError(f"mistral.rs: request {i}'s stream ended without a finish_reason")
-                    c = chunk.choices[0]
-                    if old:  # tokens are the words of the streamed text
-                        toks.extend(split_text(c.delta.content or "", vocab))
-                    elif c.logprobs is not None:
-                        toks.append(vocab[c.logprobs.token])
-                    if c.finish_reason is None:
-                        still.append((i, stream, toks))
-                        continue
-                    r = requests[i]
-                    if c.finish_reason == "stop" and r.eos and (not toks or toks[-1] != r.eos_id):
-                        toks.append(r.eos_id)  # the stream never carries the EOS that stopped it
-                    out[i] = {"completion_ids": toks, "finish_reason": c.finish_reason}
-                live = still
+        vocab, bos = _vocab(self.folder(self.pair.target.name, variant))
+        live, todo = [], list(reversed(range(len(requests))))
+        # 0.6.0: a second stream in flight fails every stream ("Received none in ChatCompletionStreamer"), a
+        # request asking for logprobs panics when speculating, and its stream carries text only
+        old = self.version == OLD_VERSION
+        while todo or live:
+            while todo and len(live) < (1 if old else IN_FLIGHT):
+                i = todo.pop()
+                kw = chat_kwargs(requests[i], prompt_text(requests[i].prompt, vocab, bos))
+                if old:
+                    kw.pop("logprobs")
+                live.append((i, runner.send_chat_completion_request(mr.ChatCompletionRequest(**kw)), []))
+            still = []
+            for i, stream, toks in live:
+                try:
+                    chunk = next(stream)
+                except StopIteration:
+                    raise RuntimeError(f"mistral.rs: request {i}'s stream ended without a finish_reason")
+                c = chunk.choices[0]
+                if old:  # tokens are the words of the streamed text
+                    toks.extend(split_text(c.delta.content or "", vocab))
+                elif c.logprobs is not None:
+                    toks.append(vocab[c.logprobs.token])
+                if c.finish_reason is None:
+                    still.append((i, stream, toks))
+                    continue
+                r = requests[i]
+                if c.finish_reason == "stop" and r.eos and (not toks or toks[-1] != r.eos_id):
+                    toks.append(r.eos_id)  # the stream never carries the EOS that stopped it
+                out[i] = {"completion_ids": toks, "finish_reason": c.finish_reason}
+            live = still
         return out
 
-    def counters(self) -> dict | None:
-        return None
-
-    def refuses(self, request) -> str | None:
-        try:
-            chat_kwargs(request, "")
-        except ValueError as exc:
-            return str(exc)
-        return None
+    def validate(self, request) -> None:
+        chat_kwargs(request, "")
 
     def close(self) -> None:
-        self.runners.clear()
+        super().close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -315,6 +298,14 @@ class MistralrsAdapter(EngineAdapter):
         from specdec_ref.exact_models import exact_pair
 
         return MistralrsSession(cfg, exact_pair(self.families[family]), self.version)
+
+    def export(self, check: bool = True) -> list[dict]:
+        """The model folders are written at load time (a copy of the checkpoint with its tokenizer and config files
+        adapted); with ``check``, the engine's log-probabilities against the tables (:func:`check_logprobs`)."""
+        if not check:
+            return []
+        return [{**r, "text": f"{r['model']:14s} {r['variant']:5s} positions {r['positions']:4d}, max |logprob - "
+                 f"log_softmax(table)| {r['max_abs_diff']:.2e}"} for r in check_logprobs()]
 
 
 _NOTES = ("prompts are text tokenized with special tokens: the adapter leaves out the <bos> order2's tokenizer adds "
@@ -394,7 +385,7 @@ def penalty_order_fit(path) -> dict:
 
     from specdec_ref.exact_models import exact_model
 
-    from .matrix import case as get_case
+    from ..matrix import case as get_case
 
     c = get_case("penalty")
     s, prompt = c.sampling, list(c.prompt)
@@ -427,27 +418,13 @@ def penalty_order_fit(path) -> dict:
 
 
 def main(argv=None) -> int:
+    """``python -m conformance.engines.mistralrs penalty-model PENALTY.jsonl``: the penalty case's completions under
+    the reference's penalty order and under mistral.rs's."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "penalty-model":  # python -m conformance.engines.mistralrs penalty-model PENALTY.jsonl
-        fits = penalty_order_fit(argv[1])
-        for name, f in fits.items():
-            print(f"  position 2 under {name}: chi-square {f['chi2']:.1f} on {f['df']} df, p = {f['p']:.3g}")
-        return 0 if list(fits.values())[1]["p"] > 1e-6 else 1
-    if not argv or argv[0] != "check":
-        from .runner import main as run_main
-
-        return run_main(["mistralrs", *argv])
-    try:
-        import mistralrs  # noqa: F401
-    except ImportError:
-        print(f"ERROR: mistralrs is not importable here: build {VENV} with `{INSTALL}`", file=sys.stderr)
+    if len(argv) != 2 or argv[0] != "penalty-model":
+        print("usage: python -m conformance.engines.mistralrs penalty-model PENALTY.jsonl", file=sys.stderr)
         return 2
-    rows = check_logprobs()
-    for r in rows:
-        print(f"  {r['model']:14s} {r['variant']:5s} positions {r['positions']:4d}, max |logprob - log_softmax(table)| "
-              f"{r['max_abs_diff']:.2e}: {'ok' if r['passed'] else 'DIFFERS'}")
-    return 0 if all(r["passed"] for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    fits = penalty_order_fit(argv[1])
+    for name, f in fits.items():
+        print(f"  position 2 under {name}: chi-square {f['chi2']:.1f} on {f['df']} df, p = {f['p']:.3g}")
+    return 0 if list(fits.values())[1]["p"] > 1e-6 else 1

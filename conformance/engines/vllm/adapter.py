@@ -15,18 +15,17 @@ the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAG
 the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
 target of the same table (option ``target_layers``: same logits, layers that differ); ``mtp`` loads the table as a
 MiMo checkpoint with an exactly-known MTP layer (option ``target``, :mod:`specdec_ref.exact_mtp_target`). Patches:
-:mod:`conformance.engines.vllm_patch` (defects A to E). Importing this module never imports vLLM.
+:mod:`conformance.engines.vllm.patch` (defects A to E). Importing this module never imports vLLM.
 """
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 from specdec_ref.warp import SamplingConfig
 
-from .adapter import Conventions, EngineAdapter, venv_python
-from .matrix import Configuration
+from ..adapter import Conventions, EngineAdapter, venv_python
+from ..matrix import Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "speculative_config", "target_path",
            "spec_counters", "replay_script", "find_python"]
@@ -34,7 +33,7 @@ __all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "specula
 ENGINE_SEED = 0
 ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=32, seed=ENGINE_SEED, max_num_seqs=1024,
                    max_num_batched_tokens=8192, disable_log_stats=False)
-INSTALL = "bash scripts/vllm_env.sh"
+INSTALL = "bash scripts/env.sh vllm"
 K = 3
 
 #: The cases the proposer-head configurations run (order-1 family: the heads are built on order1-target).
@@ -213,7 +212,7 @@ class VLLMSession:
             self._params(r).verify(ip.model_config, getattr(ip, "speculative_config", None),
                                    getattr(ip, "structured_outputs_config", None), getattr(ip, "tokenizer", None))
         except Exception as exc:  # noqa: BLE001 - vLLM's validation error names the refused setting
-            from .worker import error_text
+            from ..worker import error_text
 
             return error_text(exc)
         return None
@@ -235,7 +234,7 @@ class VLLMAdapter(EngineAdapter):
     def apply_patches(self, names) -> list[str]:
         if not names:
             return []
-        from . import vllm_patch
+        from . import patch as vllm_patch
 
         return list(vllm_patch.apply(*names))
 
@@ -281,103 +280,15 @@ def find_python() -> str:
     return ADAPTER.python()
 
 
-_REPLAY = '''"""Replay: {title}
-
-Standalone (vllm + numpy + the checkpoint folders). Exact law of the first {length} generated token(s) after
-{prompt} embedded below (from the checkpoint's tables). Prints chi-square vs the critical value at alpha 1e-6.
-Run: {command}
-"""
-import os
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-import collections
-import numpy as np
-
-{patch_code}
-from vllm import LLM, SamplingParams
-
-TARGET = {target!r}
-SPEC = {spec!r}
-PROMPT = {prompt!r}
-PARAMS = {params!r}
-N = {n}
-LENGTH = {length}
-EOS = {eos!r}
-LAW = {law!r}
-CRITICAL = {critical!r}
-
-
-def main():
-    llm = LLM(model=TARGET, speculative_config=SPEC, dtype="float32", enforce_eager=True, max_model_len=32, seed=0,
-              max_num_seqs=1024, max_num_batched_tokens=8192)
-    params = [SamplingParams(**dict(PARAMS, seed=(None if PARAMS.get("seed") is None else 7_000_000 + i)))
-              for i in range(N)]
-    outs = llm.generate([{{"prompt_token_ids": PROMPT}}] * N, params, use_tqdm=False)
-    counts = collections.Counter()
-    for o in outs:
-        seq = []
-        for t in o.outputs[0].token_ids[:LENGTH]:
-            seq.append(int(t))
-            if EOS is not None and t == EOS:
-                break
-        counts[" ".join(map(str, seq))] += 1
-    keys = sorted(set(LAW) | set(counts))
-    obs = np.array([counts[k] for k in keys], float)
-    exp = np.array([LAW.get(k, 0.0) for k in keys]) * N
-    impossible = {{k: counts[k] for k in keys if LAW.get(k, 0.0) == 0 and counts[k]}}
-    big = exp >= 20
-    chi = float((((obs - exp) ** 2 / np.where(exp > 0, exp, 1))[big]).sum())
-    rest_o, rest_e = obs[~big].sum(), exp[~big].sum()
-    if rest_e > 0:
-        chi += (rest_o - rest_e) ** 2 / rest_e
-    tv = 0.5 * np.abs(obs / N - exp / N).sum()
-    print(f"N={{N}}, chi-square {{chi:.1f}} (critical {{CRITICAL:.1f}} at alpha 1e-6), TV {{tv:.3f}}, impossible {{impossible}}")
-    order = np.argsort(-np.abs(obs - exp))[:8]
-    for i in order:
-        print(f"  {{keys[i]:>12}}: observed {{obs[i]:.0f}}, expected {{exp[i]:.1f}}")
-    print("DEPARTS from the exact law" if chi > CRITICAL or impossible else "consistent with the exact law")
-
-
-if __name__ == "__main__":
-    main()
-'''
-
-_PATCH_A = '''import torch
-import vllm.utils.cpu_triton_utils as cpu_tl
-
-
-def _expand(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None):
-    # the fix of defect A: expand request values to their draft tokens in the output's own dtype
-    cu = cu_num_tokens.to(torch.int64)
-    starts = torch.cat([cu.new_zeros(1), cu[:-1]])
-    for r in range(input_val.shape[0]):
-        v = input_val[r]
-        v = torch.as_tensor(replace_to, dtype=input_val.dtype) if v == replace_from else v
-        output[int(starts[r]):int(cu[r])] = v.to(output.dtype)
-
-
-cpu_tl._expand_kernel_impl = _expand
-'''
-
-_PATCH_B = '''import vllm.v1.sample.ops.topk_topp_sampler as _tts
-_orig_top_k_only = _tts.apply_top_k_only
-_tts.apply_top_k_only = lambda logits, k: logits if logits.shape[0] == 0 or k.numel() == 0 else _orig_top_k_only(logits, k)
-'''
-
-
 def replay_script(*, title: str, command: str, target: str, spec, prompt, params: dict, n: int, length: int, eos,
                   law: dict, critical: float, patch: str) -> str:
-    """A standalone script reproducing a departure: the case's requests against the installed vLLM, the first
-    ``length`` tokens counted and compared with the embedded exact law (keys: space-separated ids)."""
-    names = {p.strip().upper() for p in patch.split(",") if p.strip()}
-    code = (_PATCH_A if "A" in names else "") + (_PATCH_B if "B" in names else "")
-    return _REPLAY.format(title=title, command=command, target=target, spec=spec, prompt=list(prompt), params=params,
-                          n=n, length=length, eos=eos, law=law, critical=critical,
-                          patch_code=code or "# (unpatched vLLM)")
-
-
-
-if __name__ == "__main__":
-    from .runner import main
-
-    sys.exit(main(["vllm", *sys.argv[1:]]))
+    """A standalone script reproducing a departure: :mod:`.replay_script` with its ``SETTINGS`` filled in (the case's
+    requests against the installed vLLM, the first ``length`` tokens counted against the embedded exact law, keys
+    space-separated ids)."""
+    template = (Path(__file__).with_name("replay_script.py")).read_text()
+    patches = sorted({p.strip().upper() for p in patch.split(",") if p.strip()} & {"A", "B"})
+    settings = dict(title=title, target=target, spec=spec, prompt=list(prompt), params=params, n=n, length=length,
+                    eos=eos, law=law, critical=critical, patches=patches)
+    head = f'"""Replay: {title}\n\nRun: {command}\n"""\n'
+    body = template.split('"""', 2)[2].replace("SETTINGS = {}  #", f"SETTINGS = {settings!r}  #", 1)
+    return head + body.lstrip("\n")

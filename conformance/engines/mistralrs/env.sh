@@ -2,7 +2,7 @@
 # Build the venvs the mistral.rs stage runs in: mistralrs 0.9.5 (the certified engine) and mistralrs 0.6.0 (the
 # last release with draft-model speculation, kept for its recorded finding). Both are prebuilt wheels.
 #
-#   bash scripts/mistralrs_env.sh [VENV_DIR [VENV_DIR_060]]   # default <repo>/.venv-mistralrs, <repo>/.venv-mistralrs-060
+#   bash scripts/env.sh mistralrs [VENV_DIR [VENV_DIR_060]]   # default <repo>/.venv-mistralrs, <repo>/.venv-mistralrs-060
 #
 # The venvs see the system site-packages (numpy and this repository, installed editable there by the README's
 # command), so the worker imports specdec_ref and conformance; pip installs into the venv only (the system python
@@ -15,14 +15,15 @@ set -euo pipefail
 
 VERSION=0.9.5
 OLD_VERSION=0.6.0
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 VENV="${1:-$REPO/.venv-mistralrs}"
 VENV_OLD="${2:-$REPO/.venv-mistralrs-060}"
 SYS_PY="${PYTHON:-python3}"
 NICE="${MISTRALRS_NICE:-10}"
 
-die() { echo "mistralrs_env.sh: ERROR: $*" >&2; exit 1; }
-trap 'rc=$?; [ $rc -eq 0 ] || echo "mistralrs_env.sh: FAILED (exit $rc); a venv is incomplete" >&2' EXIT
+ENV_NAME=mistralrs
+ENV_INCOMPLETE="a venv is incomplete"
+source "$REPO/scripts/env_lib.sh"
 
 command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
 "$SYS_PY" -c 'import specdec_ref, conformance, numpy' 2>/dev/null \
@@ -39,26 +40,26 @@ if got != want:
     sys.exit(f"mistralrs {got} is not {want}")
 import mistralrs  # noqa: F401
 import specdec_ref, conformance  # noqa: E401,F401
-print(f"mistralrs_env.sh: mistralrs {got} in {sys.prefix}")
+print(f"env.sh mistralrs: mistralrs {got} in {sys.prefix}")
 EOF
 }
 
 build() {  # build VENV VERSION
     local venv=$1 version=$2 stamp="$1/.specdec-mistralrs-stamp" want="mistralrs=$2 python=$PYV" start
     if [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
-        echo "mistralrs_env.sh: $venv is up to date ($want); skipping the install"
+        echo "env.sh mistralrs: $venv is up to date ($want); skipping the install"
         check "$venv" "$version"
         return 0
     fi
     start=$(date +%s)
-    echo "mistralrs_env.sh: building $venv ($want)"
+    echo "env.sh mistralrs: building $venv ($want)"
     rm -f "$stamp"
     [ -x "$venv/bin/python" ] || "$SYS_PY" -m venv --system-site-packages "$venv" || die "python -m venv $venv failed"
     nice -n "$NICE" "$venv/bin/python" -m pip --disable-pip-version-check install --only-binary mistralrs \
         "mistralrs==$version" || die "pip install mistralrs==$version (a prebuilt wheel) failed"
     check "$venv" "$version"
     echo "$want" > "$stamp"
-    echo "mistralrs_env.sh: $venv done in $(( $(date +%s) - start )) s"
+    echo "env.sh mistralrs: $venv done in $(( $(date +%s) - start )) s"
 }
 
 build "$VENV" "$VERSION"

