@@ -60,3 +60,19 @@ def test_the_early_pass_looks_keep_the_power_and_pass_the_exact_law_early():
     full_only = {row["tv"]: row for row in power_table(n, tvs=(0.001,), repeats=200) if row["direction"] == "worst case"}
     expected = full_only[0.001]["stated_power"]
     assert rows[0.001]["detection_rate"] >= expected - 4 * np.sqrt(expected * (1 - expected) / 200), (rows[0.001], expected)
+
+
+def test_the_black_box_looks_keep_their_alpha_and_reject_the_stated_alternative():
+    """The black-box tool's planned looks (conformance.samples.looks) on the engine matrix's cases: exact files at
+    alpha 0.05 fail about as often as the looks' family-wise alpha allows (the whole procedure, each rejection look at
+    alpha / 100), and files at TV 0.03 (the stated alternative, the direction the test sees least) are rejected.
+    ``python -m conformance.samples.calibration`` measures it on every case and more seeds (docs/statistics.md)."""
+    from conformance.samples.calibration import calibrate
+
+    rows = calibrate(seeds=10, alphas=(0.05,), tvs=(0.03,), cases=("warp", "position"), first_seed=90_000)
+    exact = [r for r in rows if r["tv"] == 0]
+    fails = sum(r["level"] == "not_certified" for r in exact)
+    assert fails <= stats.binom.ppf(1 - 1e-4, len(exact), 0.05 * 1.05), fails
+    assert all(r["level"] != "inconclusive" for r in exact)
+    biased = [r for r in rows if r["tv"] > 0]
+    assert all(r["level"] == "not_certified" for r in biased), [r for r in biased if r["level"] != "not_certified"]
