@@ -1,8 +1,9 @@
 """What an engine adapter provides, and the registry of adapters (imported only when chosen).
 
-An engine is certified from outside, through its public API, by one adapter file (``conformance/engines/<name>.py``)
-that subclasses :class:`EngineAdapter` and is registered here by name in :data:`ADAPTERS` (module path, imported
-only when that engine is chosen: ``import conformance.engines`` never imports an engine). The shared runner
+An engine is certified from outside, through its public API, by one folder (``conformance/engines/<name>/``: its
+adapter, which subclasses :class:`EngineAdapter`, its ``env.sh`` and ``stage.sh``, its export and extras), registered
+here by name in :data:`ADAPTERS` (the package path, imported only when that engine is chosen: ``import
+conformance.engines`` never imports an engine). The shared runner
 (:mod:`conformance.engines.runner`, ``python -m conformance.engines ENGINE --out DIR``) does everything else: a
 worker process per configuration and target family with a timeout, the matrix of cases
 (:mod:`conformance.engines.matrix`), certification with ``certify_samples``, localisation, efficiency against the
@@ -18,16 +19,19 @@ An adapter declares, as data:
 * ``cases``: the names of the matrix cases it runs (default: every case whose settings it can express);
 * ``patches``: opt-in fixes the worker may apply (``--patch``), by name.
 
-and implements, in the worker process only: :meth:`EngineAdapter.python` (an interpreter that imports the engine),
-:meth:`EngineAdapter.open` (load the engine for one configuration and target family: an :class:`EngineSession`),
-and optionally :meth:`EngineAdapter.replay` (a standalone replay script). An :class:`EngineSession` generates a
-batch of :class:`Request` and reads the engine's speculative counters.
+and implements :meth:`EngineAdapter.python` (an interpreter that imports the engine), and in the worker process only
+:meth:`EngineAdapter.installed_version` and :meth:`EngineAdapter.open` (load the engine for one configuration and
+target family: an :class:`EngineSession`); optionally :meth:`EngineAdapter.export` (the checkpoints in its format and
+their logits against the tables), :meth:`EngineAdapter.apply_patches` and :meth:`EngineAdapter.replay` (a standalone
+replay script). An :class:`EngineSession` generates a batch of :class:`Request` and reads the engine's speculative
+counters; :class:`conformance.engines.session.VariantSession` is the base most sessions need.
 
 Invariant: an adapter never certifies anything itself; every verdict comes from the runner, the same for every
 engine.
 """
 from __future__ import annotations
 
+import abc
 import importlib
 import importlib.util
 import sys
@@ -141,8 +145,10 @@ class EngineSession(Protocol):
 
 
 @dataclass(frozen=True)
-class EngineAdapter:
-    """An engine as the runner sees it (see the module docstring)."""
+class EngineAdapter(abc.ABC):
+    """An engine as the runner sees it (see the module docstring): its data, and three methods every adapter
+    implements (:meth:`python`, :meth:`installed_version`, :meth:`open`); :meth:`apply_patches`, :meth:`export` and
+    :meth:`replay` have defaults."""
 
     name: str
     title: str
@@ -207,22 +213,23 @@ class EngineAdapter:
         return patch_key + ", cpu " + " ".join(("+" if f in flags else "-") + f for f in self.cpu_features)
 
     # ------------------------------------------------------------------ engine side (worker process only)
+    @abc.abstractmethod
     def python(self) -> str:
         """An interpreter that can run the worker (imports the engine); raises :class:`EngineMissingError`."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def installed_version(self) -> str:
         """The engine's version as installed (in the worker process)."""
-        raise NotImplementedError
 
     def apply_patches(self, names: Sequence[str]) -> list[str]:
         if names:
             raise ValueError(f"{self.name} has no patches (asked for {', '.join(names)})")
         return []
 
+    @abc.abstractmethod
     def open(self, cfg: Configuration, family: str) -> EngineSession:
-        """Load the engine for one configuration on one target family (the pair of :attr:`families`)."""
-        raise NotImplementedError
+        """Load the engine for one configuration on one target family (the pair of :attr:`families`): an
+        :class:`EngineSession`. Raises when the engine refuses the set-up (the configuration's load error)."""
 
     def export(self, check: bool = True) -> list[dict]:
         """Write the exactly-known checkpoints in the engine's own format (cached: only what is missing or stale) and,
