@@ -9,17 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .verdict import Level
+
 __all__ = [
-    "ENGINE_LEVELS", "TOOL_ERROR", "patch_key", "expectation_entries", "check_expected", "merge_expected",
+    "TOOL_ERROR", "patch_key", "expectation_entries", "check_expected", "merge_expected",
     "markdown", "write_json",
 ]
 
-#: Levels a case can get without a verdict of the black-box tool (the engine did not produce its completions).
-ENGINE_LEVELS = ("refused", "engine_error", "load_error", "timeout", "not_run")
-#: A speculative configuration whose batch drafted nothing: a silent fall-back to plain sampling, never a pass.
-NOT_SPECULATING = "not_speculating"
-#: Our own tooling failed on the case (never an expected outcome).
-TOOL_ERROR = "tool_error"
+#: Our own tooling failed on the case (never an expected outcome): :attr:`conformance.engines.verdict.Level.TOOL_ERROR`.
+TOOL_ERROR = Level.TOOL_ERROR.value
 
 
 def patch_key(patch: str) -> str:

@@ -44,8 +44,8 @@ from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .matrix import EFFICIENCY
 from .rounds import rounds_of, sampled_rounds_of
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
-from .report import ENGINE_LEVELS, TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, \
-    patch_key, write_json
+from .report import TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, patch_key, write_json
+from .verdict import ENGINE_LEVELS, CaseVerdict, Check, ConfigVerdict, Level
 
 __all__ = ["run", "main", "certify_case", "speculation_check", "identity_check", "efficiency_of"]
 
@@ -247,20 +247,19 @@ def _departure(case, path: Path, rec: dict) -> str | None:
     return "the joint law of the first tokens (no single position departs)"
 
 
-def certify_case(case, state: dict, scale: float = 1.0) -> dict:
+def certify_case(case, state: dict, scale: float = 1.0) -> CaseVerdict:
     """The black-box verdict of one case's completions (``case.sampling`` is already under the engine's conventions),
     at the case's planned looks (:func:`conformance.engines.waves.case_looks` at ``scale``): the waves' own verdict
     when they decided it, else the same certification of its file."""
     from conformance.samples import SamplesInputError, certify_samples
 
     info = state["cases"].get(case.name, {"status": "not_run"})
-    base = {"prompt": list(case.prompt), "prompt_len": len(case.prompt), "settings": case.settings(),
-            "model": case.model}
+    base = dict(prompt=list(case.prompt), settings=case.settings(), model=case.model)
     if info.get("status") != "ok":
-        level = info.get("status", "not_run")
-        level = level if level in ENGINE_LEVELS else "engine_error"
-        return {**base, "level": level, "headline": f"{level.upper().replace('_', ' ')}: {info.get('error', '')}"[:200],
-                "n": 0, "engine": info}
+        status = info.get("status", "not_run")
+        level = Level(status) if status in {x.value for x in ENGINE_LEVELS} else Level.ENGINE_ERROR
+        return CaseVerdict(level, f"{level.words}: {info.get('error', '')}"[:200], **base,
+                           engine={k: v for k, v in info.items() if k != "verdict"})
     path = Path(info["dir"]) / info["file"]
     try:
         verdict = info.get("verdict") or certify_samples(
@@ -268,20 +267,18 @@ def certify_case(case, state: dict, scale: float = 1.0) -> dict:
             eos_id=True if case.eos else None, looks=case_looks(case, scale))
         rec = verdict.as_record()
         power, detects = _fit_summary(rec)
-        out = {**base, "level": rec["level"], "headline": rec["headline"], "n": rec["n"], "power": power,
-               "detects": detects, "departure": _departure(case, path, rec), "file": str(path),
-               "replay": rec["replay"], "call_seconds": info.get("call_seconds"), "report": verdict.report(),
-               "looks": _looks_summary(rec), "generated": info.get("n"), "waves": info.get("waves")}
-        if rec.get("explained"):
-            out["explained"] = rec["explained"]
-        imp = rec.get("impossible")
-        if imp and imp.get("completions"):  # tokens of probability 0: counted per completion, request and position
-            out["impossible"] = {k: imp.get(k) for k in ("completions", "requests", "by_position")}
-        return out
+        imp = rec.get("impossible") or {}
+        return CaseVerdict(
+            Level(rec["level"]), rec["headline"], **base, n=rec["n"], power=power, detects=detects,
+            departure=_departure(case, path, rec), file=str(path), replay=rec["replay"],
+            call_seconds=info.get("call_seconds"), report=verdict.report(), looks=_looks_summary(rec),
+            generated=info.get("n"), waves=info.get("waves"), explained=rec.get("explained"),
+            # tokens of probability 0: counted per completion, request and position
+            impossible={k: imp.get(k) for k in ("completions", "requests", "by_position")} if imp.get("completions") else None)
     except SamplesInputError as exc:  # the file itself is unusable (ids outside the vocabulary...): the engine's
-        return {**base, "level": "not_certified", "headline": f"NOT CERTIFIED: invalid engine output: {exc}"[:300], "n": 0}
+        return CaseVerdict(Level.NOT_CERTIFIED, f"NOT CERTIFIED: invalid engine output: {exc}"[:300], **base)
     except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome
-        return {**base, "level": TOOL_ERROR, "headline": f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], "n": 0}
+        return CaseVerdict(Level.TOOL_ERROR, f"TOOL ERROR: {type(exc).__name__}: {exc}"[:300], **base)
 
 
 def _looks_summary(rec: dict) -> dict | None:
@@ -295,7 +292,7 @@ def _looks_summary(rec: dict) -> dict | None:
             "family_alpha": rec.get("family_alpha"), "text": seq["summary"]}
 
 
-def speculation_check(cfg, case, info: dict) -> dict | None:
+def speculation_check(cfg, case, info: dict) -> Check | None:
     """Did the engine speculate for this case? From its per-request counters for the case, else its counters over
     the batch that held the case. ``passed`` False: it drafted nothing (a silent fall-back to plain sampling);
     None: the engine reports no counters (unverified, stated)."""
@@ -308,12 +305,12 @@ def speculation_check(cfg, case, info: dict) -> dict | None:
     elif call is not None:
         drafted, source, without = int(call.get("draft_tokens") or 0), "counters over the batch holding it", None
     else:
-        return {"passed": None, "text": "unverified: the engine reports no speculative counters"}
+        return Check(None, "unverified: the engine reports no speculative counters")
     text = f"{drafted} draft tokens ({source})" + (f"; {without} requests drafted nothing" if without else "")
-    return {"passed": drafted > 0, "draft_tokens": drafted, "requests_without_drafts": without, "text": text}
+    return Check(drafted > 0, text, {"draft_tokens": drafted, "requests_without_drafts": without})
 
 
-def identity_check(case, mine: dict, other: dict, other_name: str) -> dict | None:
+def identity_check(case, mine: dict, other: dict, other_name: str) -> Check | None:
     """Per-seed identity with ``other_name``'s outputs of the same case: request by request (matched by seed),
     the first request and position that differ."""
     a, b = mine["cases"].get(case.name, {}), other["cases"].get(case.name, {})
@@ -327,11 +324,11 @@ def identity_check(case, mine: dict, other: dict, other_name: str) -> dict | Non
         if x != y:
             pos = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
             differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
-            return {"passed": False, "compared": len(common), "differing": differing,
-                    "text": f"differs from {other_name} at request seed {seed}, position {pos + 1}: {x} vs {y} "
-                            f"({differing} of {len(common)} requests differ)"}
-    return {"passed": bool(common), "compared": len(common),
-            "text": f"identical to {other_name} on all {len(common)} requests" if common else "no common seeds"}
+            return Check(False, f"differs from {other_name} at request seed {seed}, position {pos + 1}: {x} vs {y} "
+                                f"({differing} of {len(common)} requests differ)",
+                         {"compared": len(common), "differing": differing})
+    return Check(bool(common), f"identical to {other_name} on all {len(common)} requests" if common else
+                 "no common seeds", {"compared": len(common)})
 
 
 def efficiency_of(ad, cfg, state: dict) -> dict | None:
@@ -356,16 +353,16 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
     return out
 
 
-def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, engine: str | None = None) -> str | None:
+def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: str | None = None) -> str | None:
     """The replay of a failing sampling case: the adapter's standalone script, else the command rerunning it."""
     from scipy.stats import chi2
 
     from properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
-    if c["level"] not in ("not_certified", "not_speculating") or case.greedy:
+    if not c.failed or case.greedy:
         return None
-    dep = c.get("departure") or ""
+    dep = c.departure or ""
     length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
     if dep.startswith("position ") and not dep.startswith("position 1 "):
         length = int(dep.split()[1].rstrip(":"))
@@ -386,19 +383,19 @@ def write_replay(ad, out: Path, cfg, case, c: dict, patch: str, engine: str | No
     return " ".join(shlex.quote(a) for a in rerun)
 
 
-def _apply_checks(cfg, case, state: dict, c: dict) -> None:
+def _apply_checks(cfg, case, state: dict, c: CaseVerdict) -> None:
     from .seeds import seed_check
 
     info = state["cases"].get(case.name, {})
     probe = info.get("seed_probe")
     if probe is not None:
-        c["seeds"] = seed_check(probe) if "error" not in probe else {"passed": False, "text": f"seed probe: {probe['error']}"}
+        c.seeds = seed_check(probe) if "error" not in probe else Check(False, f"seed probe: {probe['error']}")
     spec = speculation_check(cfg, case, info)
     if spec is not None:
-        c["speculation"] = spec
-        if spec["passed"] is False:
-            c["law_level"], c["level"] = c["level"], "not_speculating"
-            c["headline"] = (f"NOT SPECULATING: {spec['text']}; the law alone: {c['headline']}")[:300]
+        c.speculation = spec
+        if spec.passed is False:
+            c.law_level, c.level = c.level, Level.NOT_SPECULATING
+            c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
 
 
 def run(args) -> dict:
@@ -439,10 +436,8 @@ def run(args) -> dict:
                                       cases=only, engine=args.engine)
         states[n] = state
         results["version"] = results.get("version") or state.get("version")
-        entry = {"note": cfg.note, "scheme": cfg.scheme, "method": cfg.method, "worker_wall_s": state.get("wall_s"),
-                 "cases": {}}
-        if state.get("error"):
-            entry["failure"] = state["error"]
+        entry = ConfigVerdict(cfg.note, cfg.scheme, cfg.method, worker_wall_s=state.get("wall_s"),
+                              failure=state.get("error"))
         for case in ad.cases_for(cfg):
             if only and case.name not in only:
                 continue
@@ -450,29 +445,27 @@ def run(args) -> dict:
             c = certify_case(case, state, args.scale * cfg.scale)
             _apply_checks(cfg, case, state, c)
             if cfg.identical_to and cfg.identical_to in states:
-                ident = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
-                if ident is not None:
-                    c["identity"] = ident
-            if c["level"] in ("not_certified", "not_speculating"):
-                c["replay_command"] = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
-            entry["cases"][case.name] = c
-            look = (c.get("looks") or {}).get("look")
-            print(f"    {case.name:14s} N={c['n']:6d} {'(' + look + ')' if look else '':12s} {c['headline'][:110]}" +
-                  (f"  [departs: {c['departure']}]" if c.get("departure") else "") +
-                  (f"  [identity: {c['identity']['text'][:80]}]" if c.get("identity") else "") +
-                  (f"  [{c['seeds']['text'][:160]}]" if (c.get("seeds") or {}).get("passed") is False else ""), flush=True)
-        entry["efficiency"] = efficiency_of(ad, cfg, state)
+                c.identity = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
+            if c.failed:
+                c.replay_command = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
+            entry.cases[case.name] = c
+            look = (c.looks or {}).get("look")
+            print(f"    {case.name:14s} N={c.n:6d} {'(' + look + ')' if look else '':12s} {c.headline[:110]}" +
+                  (f"  [departs: {c.departure}]" if c.departure else "") +
+                  (f"  [identity: {c.identity.text[:80]}]" if c.identity else "") +
+                  (f"  [{c.seeds.text[:160]}]" if c.seeds and c.seeds.passed is False else ""), flush=True)
+        entry.efficiency = efficiency_of(ad, cfg, state)
         rounds = rounds_of(ad, cfg, state)  # argmax drafts: the rounds rebuilt from the completions vs the counters
         if rounds is not None:
-            entry["rounds"] = rounds["check"]
-            entry["efficiency"] = rounds["efficiency"] or entry["efficiency"]
+            entry.rounds = rounds["check"]
+            entry.efficiency = rounds["efficiency"] or entry.efficiency
             print(f"    rounds: {rounds['check']['text'][:300]}", flush=True)
         sampled = sampled_rounds_of(ad, cfg, state)  # sampled drafts: acceptance given the engine's own rounds
         if sampled is not None:
-            entry["efficiency"] = sampled
-        if entry["efficiency"]:
-            print(f"    efficiency: {entry['efficiency']['verdict']}", flush=True)
-        results["configs"][n] = entry
+            entry.efficiency = sampled
+        if entry.efficiency:
+            print(f"    efficiency: {entry.efficiency['verdict']}", flush=True)
+        results["configs"][n] = entry.as_dict()
         write_json(out / "verdicts.json", {**results, "wall_s": time.time() - t0})
     results["wall_s"] = time.time() - t0
     write_json(out / "verdicts.json", results)

@@ -58,15 +58,17 @@ def compare(case: str, items, outs, probe_outs, picked) -> dict | None:
     return out
 
 
-def seed_check(probe: dict | None) -> dict | None:
-    """The runner's check of a case's probe record: ``{passed, text}``."""
+def seed_check(probe: dict | None):
+    """The runner's check of a case's probe record (a :class:`conformance.engines.verdict.Check`), None without one."""
+    from .verdict import Check
+
     if not probe:
         return None
     if not probe["differing"]:
-        return {"passed": True, "compared": probe["compared"],
-                "text": f"every one of {probe['compared']} seeded requests gave the same completion in another batch"}
+        return Check(True, f"every one of {probe['compared']} seeded requests gave the same completion in another batch",
+                     {"compared": probe["compared"]})
     f = probe["first"]
-    return {"passed": False, "compared": probe["compared"], "differing": probe["differing"],
-            "text": f"SEEDS NOT HONOURED: {probe['differing']} of {probe['compared']} seeded requests gave another "
-                    f"completion when generated again in another batch (first: seed {f['seed']}, position "
-                    f"{f['position']}: {f['batch']} vs {f['again']})"}
+    return Check(False, f"SEEDS NOT HONOURED: {probe['differing']} of {probe['compared']} seeded requests gave another "
+                        f"completion when generated again in another batch (first: seed {f['seed']}, position "
+                        f"{f['position']}: {f['batch']} vs {f['again']})",
+                 {"compared": probe["compared"], "differing": probe["differing"]})
