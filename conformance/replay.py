@@ -14,7 +14,7 @@ derandomised: a replay under it reruns the check, not the exact examples).
 
     python -m conformance.replay fixtures/replays/NAME.json [--backend module:factory]
     python -m pytest conformance/ --specdec-replay=fixtures/replays/NAME.json --specdec-backend=module:factory
-    python -m conformance.replay --regenerate      # rebuild fixtures/replays/ from the mutants
+    python -m fixtures.mutants --regenerate-replays  # rebuild fixtures/replays/ from the mutants
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from .profiles import DEFAULT_SEED, PROFILES
+from .profiles import PROFILES
 from .registry import CHECKS, CheckCase, CheckContext, CheckRecord, all_cases, run_case
 from .report import write_atomic
 
@@ -219,60 +219,6 @@ def run_replay(replay: Replay, backend, timeout: float | None = None) -> CheckRe
     return run_case(replay.case, backend, replay.context(), timeout=timeout)
 
 
-# ----------------------------------------------------------------------------- fixtures from the mutants
-
-
-def first_failing_case(mutant, ctx_seed: int = DEFAULT_SEED, profile: str = "ci") -> tuple[CheckCase, CheckRecord]:
-    """The first case of the mutant's first ``must_fail`` check that fails on it."""
-    backend = mutant.backend()
-    check = mutant.must_fail[0]
-    for case in all_cases([check]):
-        record = run_case(case, backend, CheckContext(seed=ctx_seed, profile=profile))
-        if record.rejects:
-            return case, record
-    raise RuntimeError(f"mutant {mutant.name} fails no case of {check}: cannot make its replay fixture")
-
-
-def fixture_for(mutant, case: CheckCase, seed: int = DEFAULT_SEED, profile: str = "ci") -> dict:
-    from properties.scenarios import STAT_SCENARIOS, for_scheme
-
-    rel = f"fixtures/replays/{mutant.name}.json"
-    scenario = None
-    if case.check.family == "verifier" and case.check.statistical and "scenario" in case.params:
-        declared = mutant.backend().capabilities.scheme
-        scenario = for_scheme(STAT_SCENARIOS[case.params["scenario"]], declared).as_dict()
-    return replay_dict(
-        check=case.check.name,
-        case_id=case.case_id,
-        params=case.params,
-        seed=seed,
-        profile=profile,
-        bug_class=mutant.bug.splitlines()[0],
-        note=(
-            f"Reproduced by the {mutant.name!r} mutant: "
-            f"python -m conformance.replay {rel} --backend {mutant.spec}"
-        ),
-        scenario=scenario,
-    )
-
-
-def regenerate(folder: str = FIXTURE_DIR, names: list[str] | None = None, log=print) -> list[str]:
-    """Rebuild one fixture per mutant of ``fixtures.mutants.MUTANTS`` (deterministic: fixed seed, ci profile)."""
-    from fixtures.mutants import MUTANTS
-
-    written = []
-    for name, mutant in MUTANTS.items():
-        if names and name not in names:
-            continue
-        case, record = first_failing_case(mutant)
-        data = fixture_for(mutant, case)
-        path = os.path.join(folder, f"{name}.json")
-        save_replay(path, **{("case_id" if k == "case" else k): v for k, v in data.items() if k != "schema"})
-        written.append(path)
-        log(f"{os.path.relpath(path)}: {case.id} ({record.seconds:.1f} s)")
-    return written
-
-
 # ----------------------------------------------------------------------------- command line
 
 
@@ -291,13 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", nargs="?", help="replay file (fixtures/replays/NAME.json)")
     parser.add_argument("--backend", default=None, metavar="MODULE:FACTORY", help="backend under test (default $SPECDEC_BACKEND or the reference)")
     parser.add_argument("--timeout", type=float, default=None, help="per-check time limit in seconds (default 300; 0 disables)")
-    parser.add_argument("--regenerate", nargs="*", metavar="MUTANT", help="rebuild fixtures/replays/ (all mutants, or those named)")
     args = parser.parse_args(argv)
-    if args.regenerate is not None:
-        regenerate(names=args.regenerate or None)
-        return 0
     if not args.path:
-        parser.error("give a replay file or --regenerate")
+        parser.error("give a replay file")
     try:
         replay = load_replay(args.path)
     except (OSError, ValueError) as exc:

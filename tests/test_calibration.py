@@ -66,8 +66,8 @@ def test_the_black_box_looks_keep_their_alpha_and_reject_the_stated_alternative(
     """The black-box tool's planned looks (conformance.samples.looks) on the engine matrix's cases: exact files at
     alpha 0.05 fail about as often as the looks' family-wise alpha allows (the whole procedure, each rejection look at
     alpha / 100), and files at TV 0.03 (the stated alternative, the direction the test sees least) are rejected.
-    ``python -m conformance.samples.calibration`` measures it on every case and more seeds (docs/statistics.md)."""
-    from conformance.samples.calibration import calibrate
+    ``python -m conformance.engines.calibration`` measures it on every case and more seeds (docs/statistics.md)."""
+    from conformance.engines.calibration import calibrate
 
     rows = calibrate(seeds=10, alphas=(0.05,), tvs=(0.03,), cases=("warp", "position"), first_seed=90_000)
     exact = [r for r in rows if r["tv"] == 0]

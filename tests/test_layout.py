@@ -87,12 +87,40 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def collapsed(graph: dict[str, set[str]], depth: int) -> dict[str, set[str]]:
+    """The graph of the modules' first ``depth`` name parts: packages (1), their subpackages and modules (2), ..."""
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        a = ".".join(module.split(".")[:depth])
+        out.setdefault(a, set())
+        for target in targets:
+            b = ".".join(target.split(".")[:depth])
+            if b != a:
+                out[a].add(b)
+                out.setdefault(b, set())
+    return out
+
+
+def _described(graph, found) -> str:
+    return "\n".join("  " + ", ".join(c) + "\n" + "\n".join(f"    {m} -> {sorted(graph[m] & set(c))}" for m in c)
+                     for c in found)
+
+
 def test_no_import_circle():
     graph = import_graph()
     found = circles(graph)
-    assert not found, "import circles:\n" + "\n".join(
-        "  " + ", ".join(c) + "\n" + "\n".join(f"    {m} -> {sorted(graph[m] & set(c))}" for m in c) for c in found
-    )
+    assert not found, "import circles:\n" + _described(graph, found)
+
+
+def test_no_import_circle_between_packages_or_their_parts():
+    """A circle through a package seen as one node (conformance -> fixtures -> conformance, through different
+    modules), or through a package's subpackages (conformance.engines -> conformance.samples -> conformance.engines)."""
+    graph = import_graph()
+    for depth in (1, 2):
+        level = collapsed(graph, depth)
+        found = circles(level)
+        assert not found, f"import circles between {'packages' if depth == 1 else 'subpackages'}:\n" + _described(level, found)
+    assert circles(collapsed({"a.x": {"b.y"}, "b.z": {"a.w"}, "a.w": set(), "b.y": set()}, 1)) == [["a", "b"]]
 
 
 def test_the_graph_sees_function_level_and_relative_imports():

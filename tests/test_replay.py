@@ -10,13 +10,13 @@ from conformance.profiles import DEFAULT_SEED
 from conformance.replay import (
     FIXTURE_DIR,
     SCHEMA,
-    fixture_for,
     load_replay,
     main,
     run_replay,
     save_replay,
 )
 from fixtures.mutants import MUTANTS as ALL_MUTANTS
+from fixtures.mutants.replays import fixture_for
 from properties.scenarios import STAT_SCENARIOS
 from specdec_ref.backend import reference_backend
 
@@ -50,7 +50,7 @@ def test_fixture_loads_and_is_what_the_generator_writes(name):
     assert (replay.scenario is not None) == (stat_verifier and "scenario" in replay.params)
     expected = json.dumps(fixture_for(mutant, replay.case), indent=2) + "\n"
     with open(fixture_path(name), encoding="utf-8") as fh:
-        assert fh.read() == expected, "hand-edited? rebuild with python -m conformance.replay --regenerate"
+        assert fh.read() == expected, "hand-edited? rebuild with python -m fixtures.mutants --regenerate-replays"
 
 
 @pytest.mark.parametrize("name", CHEAP + [STATISTICAL])

@@ -12,7 +12,7 @@ import pytest
 
 from conformance.engines.matrix import case
 from conformance.samples import certify_samples
-from conformance.samples.calibration import draw_lines
+from conformance.engines.calibration import draw_lines
 from conformance.samples.cli import main as cli
 from conformance.samples.looks import Looks, run_looks
 from conformance.samples.verdict import GrowingFile

@@ -89,8 +89,8 @@ Layout (each module imports only those above it; this ``__init__`` only re-expor
 validate the records; deterministic invariants), ``law`` (the exact law, the tested length L, tie splitting),
 ``conventions`` (the alternative conventions the tool knows), ``generate`` (a file from transformers), ``prompts``
 (one prompt's sampling test or greedy walk), ``looks`` (the planned looks), ``verdict`` (:func:`certify_samples`,
-:class:`SamplesVerdict`, :class:`GrowingFile`, the replay command), ``cli`` (the two command lines),
-``calibration`` (the looks measured on exact and biased files).
+:class:`SamplesVerdict`, :class:`GrowingFile`, the replay command), ``cli`` (the two command lines). The looks
+are measured on the engine matrix's cases by ``python -m conformance.engines.calibration``.
 """
 from __future__ import annotations
 

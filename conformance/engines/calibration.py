@@ -1,4 +1,4 @@
-"""``python -m conformance.samples.calibration``: the planned looks of the black-box tool, measured.
+"""``python -m conformance.engines.calibration``: the black-box tool's planned looks, measured on the matrix's cases.
 
 Files of the engine matrix's sampling cases (:data:`conformance.engines.matrix.CASES`), drawn from the exact law of
 each case (a correct engine) or from a law at a stated TV from it (a biased one), are certified at the cases' planned
@@ -43,8 +43,9 @@ def draw_lines(case, n: int, seed: int, tv: float = 0.0) -> list[dict]:
 
 def certify_file(case, seed: int, alpha: float, tv: float = 0.0) -> dict:
     """One file of ``case`` certified at its planned looks: its outcome, the look that decided and the lines read."""
-    from conformance.engines.waves import case_looks
     from conformance.samples import certify_samples
+
+    from .waves import case_looks
 
     looks = case_looks(case)
     lines = draw_lines(case, looks.full_n, seed, tv)
@@ -56,16 +57,16 @@ def certify_file(case, seed: int, alpha: float, tv: float = 0.0) -> dict:
 
 
 def _one(job):
-    name, seed, alpha, tv = job
-    from conformance.engines.matrix import case
+    from .matrix import case
 
+    name, seed, alpha, tv = job
     return certify_file(case(name), seed, alpha, tv)
 
 
 def calibrate(*, seeds: int, alphas=(1e-6, 0.01, 0.05), tvs=(0.03,), first_seed: int = 50_000, jobs: int = 1,
               cases=None) -> list[dict]:
     """Every (case, seed, alpha) of correct files and every (case, seed, tv) of biased ones at alpha 1e-6."""
-    from conformance.engines.matrix import CASES
+    from .matrix import CASES
 
     names = [c.name for c in CASES if not c.greedy and (cases is None or c.name in cases)]
     work = [(n, first_seed + s, a, 0.0) for a in alphas for n in names for s in range(seeds)]
@@ -111,7 +112,7 @@ def tables(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m conformance.samples.calibration", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m conformance.engines.calibration", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=100)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cases", default="", help="only these matrix cases (comma-separated)")
