@@ -277,12 +277,11 @@ class StopAcrossWorkers:
                 open(self.flag, "w").close()
 
 
-#: Typical seconds of the costliest cases (the reference backend under ``-n 2``, issue 30), by case id pattern, first
-#: match; unlisted cases count 0. Only the order of the run depends on them: the costliest cases go first, statistical
-#: or not, so the xdist workers end together on short cases (xdist hands a worker its next case while it still runs
-#: two, so costly cases sent late pile up on one worker: simulated on two recorded runs' durations, the run ends 3.3
-#: and 3.4 s sooner than with every statistical case first). The checks' own workload (samples, decodes) makes the
-#: same cases the costly ones for any backend.
+#: Typical seconds of the costliest cases (the reference backend under ``-n 2``), by case id pattern, first match;
+#: unlisted cases count 0. Only the order of the run depends on them: the costliest cases go first, statistical or
+#: not, so the xdist workers end together on short cases (xdist hands a worker its next case while it still runs two,
+#: so costly cases sent late pile up on one worker; what the order saves: docs/benchmarks.md). The checks' own
+#: workload (samples, decodes) makes the same cases the costly ones for any backend.
 COST_HINTS: tuple[tuple[str, float], ...] = (
     ("tree_proposer_sequence_law-*", 2.5),
     ("batch_sequence_law-penalties", 9.0),

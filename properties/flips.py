@@ -15,72 +15,19 @@ logits in float64 (a full forward with no cache, by a float64 copy of the model)
 A sequence that *ends* early (no token where the other has one) is always an algorithmic
 divergence (a length / EOS / max-length bug): rounding cannot stop a decoder.
 
-Tolerances (measured, not guessed)
-----------------------------------
-The tolerance is *relative to the logit scale* of the row, ``max_x |z64(x)|``: the error of a
-model run in a low precision grows with the size of its logits (scaling ``lm_head`` by 4 scales
-the error by 4; the measurements below confirm it to the printed digits). The absolute
-tolerance at a position is::
+Tolerances
+----------
+The tolerance is *relative to the logit scale* of the row, ``max_x |z64(x)|`` (the error of a model run in a low
+precision grows with the size of its logits); the absolute tolerance at a position is::
 
     tolerance_for(dtype, logits_scale=s) = TOLERANCE[dtype] * max(s, 1.0)
 
-(the floor of 1 keeps a sane tolerance for near-uniform rows whose logits cancel).
-
-What matters for a flip is the error of a logit *difference*: a token ``a`` can beat the true
-argmax ``b`` only if ``err(a) - err(b) >= z(b) - z(a)``. So for every row we measured the
-*gap error* ``max_x err(x) - min_x err(x)`` (``err = z_dtype - z64``; it bounds the error of every
-pairwise difference and is at most twice the max abs error), and its ratio to the row's scale
-``max(1, max_x |z64(x)|)``. The float32 model cast to ``dtype`` (weights rounded too: the
-conservative case) was run both as one block forward of the whole sequence and token by token
-with a ``transformers.DynamicCache``, each against the float64 copy; the table is the maximum over
-both paths, 5 prompts x 100 positions x 2 paths = 1000 rows per line (random ids for the tiny
-models, seed 7; held-out text ``sample_prompts(5, 100, seed=0)`` for the trained byte-level pair
-of ``specdec_ref.pretrained``). CPU, eager attention, torch 2.13, transformers 5.24.
-Reproduce with ``python -m properties.flips``.
-
-=================  =========  =======  ===========  ===========  ===========
-model              dtype      max |z|  max abs err  max gap err  max gap/|z|
-=================  =========  =======  ===========  ===========  ===========
-tiny llama s=1     float32    3.5      1.56e-06     2.29e-06     1.51e-06
-tiny llama s=4     float32    13.8     6.25e-06     9.18e-06     1.51e-06
-tiny qwen2 s=1     float32    3.6      1.57e-06     2.39e-06     1.19e-06
-tiny qwen2 s=4     float32    14.2     6.29e-06     9.55e-06     1.19e-06
-tiny gpt2  s=1     float32    3.5      9.39e-07     1.38e-06     9.10e-07
-tiny gpt2  s=4     float32    14.1     3.75e-06     5.54e-06     9.10e-07
-pair target        float32    25.4     2.07e-05     3.00e-05     2.63e-06
-pair draft         float32    29.6     2.51e-05     4.00e-05     2.60e-06
-tiny llama s=1     bfloat16   3.5      3.68e-02     6.77e-02     3.95e-02
-tiny llama s=4     bfloat16   13.8     1.47e-01     2.71e-01     3.95e-02
-tiny qwen2 s=1     bfloat16   3.6      5.27e-02     7.13e-02     3.42e-02
-tiny qwen2 s=4     bfloat16   14.2     2.11e-01     2.85e-01     3.42e-02
-tiny gpt2  s=1     bfloat16   3.5      2.44e-02     4.15e-02     2.48e-02
-tiny gpt2  s=4     bfloat16   14.1     9.75e-02     1.66e-01     2.48e-02
-pair target        bfloat16   25.4     2.94e-01     4.35e-01     2.78e-02
-pair draft         bfloat16   29.6     4.54e-01     6.16e-01     3.34e-02
-tiny llama s=1     float16    3.5      4.43e-03     8.03e-03     4.88e-03
-tiny llama s=4     float16    13.8     1.77e-02     3.21e-02     4.88e-03
-tiny qwen2 s=1     float16    3.6      6.67e-03     1.16e-02     5.91e-03
-tiny qwen2 s=4     float16    14.2     2.67e-02     4.63e-02     5.91e-03
-tiny gpt2  s=1     float16    3.5      3.13e-03     5.48e-03     3.26e-03
-tiny gpt2  s=4     float16    14.1     1.25e-02     2.19e-02     3.26e-03
-pair target        float16    25.4     3.13e-02     4.40e-02     4.35e-03
-pair draft         float16    29.6     6.01e-02     7.75e-02     6.26e-03
-=================  =========  =======  ===========  ===========  ===========
-
-In bfloat16 / float16 nearly all of that error is rounding of weights and activations common to
-both paths; the block and step paths differ *from each other* by at most 0.25 (bf16) / 0.039
-(fp16) logits on the trained pair (1.5e-2 / 2.4e-3 relative). In float32 the two paths differ
-from each other about as much as from float64 (<= 3.6e-05, 2.4e-06 relative).
-
-Chosen relative tolerances: 4x the largest measured relative gap error, rounded up to two
-significant digits: ``float32: 1.1e-5`` (4 x 2.63e-6), ``bfloat16: 0.16`` (4 x 3.95e-2),
-``float16: 0.026`` (4 x 6.26e-3). In absolute terms a bfloat16 row with ``max |z| = 10`` gets a
-tolerance of 1.6 logits, the trained pair's largest rows (|z| ~ 30) about 4.7: bfloat16 really is
-that coarse for these models. These are CPU numbers; a
-GPU backend's kernels differ, which the 4x margin is meant to absorb. On a GPU with TF32 matmuls
-enabled, "float32" has a 10-bit mantissa like float16: classify with
-``dtype_under_test=torch.float16`` (or pass an explicit ``tolerance``). A model may carry its own
-measured relative tolerances as ``model.specdec_flip_tolerance = {dtype: rel}``
+(the floor of 1 keeps a sane tolerance for near-uniform rows whose logits cancel). :data:`TOLERANCE` is 4x the
+largest relative *gap error* (``max_x err(x) - min_x err(x)``, ``err = z_dtype - z64``) measured per dtype on the
+tiny models and the trained pair, block and step paths; the measurement and its table are in docs/statistics.md
+("Greedy: numerical flips"), reproduced by ``python -m properties.flips``. On a GPU with TF32 matmuls, "float32" has a
+10-bit mantissa like float16: classify with ``dtype_under_test=torch.float16`` (or pass an explicit ``tolerance``). A
+model may carry its own measured relative tolerances as ``model.specdec_flip_tolerance = {dtype: rel}``
 (:func:`tolerance_for` prefers them).
 
 The float64 logits come from :func:`specdec_ref.forward.reference_logits`, whose float64 copy of

@@ -39,17 +39,12 @@ request's own sampler and keeps drafts while they equal its samples, so a seed's
 without speculation (``identical_to="control"``, checked request by request). A round drafts ``min(k, r - 1)``
 tokens with ``r`` still to emit (``drafts_to_end``). ``draft-simple`` drafts the draft model's argmax (scheme
 ``sample_match``: its exact acceptance is :func:`efficiency.sample_match_expected`); the n-gram types draft from the
-context (lossless by the same argument; no exact acceptance law stated). ``draft-eagle3`` (the exactly-known EAGLE-3
-head on the deep target) and ``draft-mtp`` (the order-1 table in a ``qwen35`` target with an exactly-known MTP
-block), both written by :mod:`conformance.engines.llamacpp.gguf_heads`, propose
-:class:`properties.proposals.Eagle3FeatureLaw`'s one-hot drafts (``proposer="exact-eagle3"``): their acceptance is
-tested against the exact expectation given each round's text. For every configuration with a ``proposer`` the
-rounds are rebuilt from the efficiency set's completions and must equal each request's ``draft_n`` /
-``draft_n_accepted`` (:mod:`conformance.engines.rounds`). Both heads need
-``--no-spec-draft-backend-sampling`` (the default backend top-k 10 aborts on a vocabulary of 8); that abort and
-``draft-mtp``'s refusal of a Llama target are recorded as load errors (``draft-eagle3-backend``,
-``draft-mtp-llama``): a set-up with ``start_at_open`` starts its server when the session opens, and a server that
-does not start reports its log's error lines.
+context (lossless by the same argument; no exact acceptance law stated). ``draft-eagle3`` and ``draft-mtp`` run the
+exactly-known heads of :mod:`conformance.engines.llamacpp.gguf_heads` (``proposer="exact-eagle3"``); for every
+configuration with a ``proposer`` the rounds are rebuilt from the efficiency set's completions and must equal each
+request's ``draft_n`` / ``draft_n_accepted`` (:mod:`conformance.engines.rounds`). A set-up with ``start_at_open``
+starts its server when the session opens, so a set-up llama.cpp refuses is the configuration's load error, with the
+server log's error lines (what each refused set-up printed: docs/llamacpp-verdict.md).
 """
 from __future__ import annotations
 

@@ -3,56 +3,13 @@ and of the order-1 target with an exactly-known MTP block, for its ``draft-mtp``
 
     python -m conformance.engines export llamacpp     # write them (the GGUF cache) with the other files, and check them
 
-The head is :mod:`specdec_ref.exact_head_files`'s ``eagle3`` (the one vLLM loads), converted here by the rules of
-llama.cpp's own converter (``conversion/llama.py``, ``Eagle3LlamaForCausalLM``), since that converter refuses our
-tokenizer. What llama.cpp 0.3.36's ``eagle3`` architecture loads (``src/models/eagle3.cpp``) and what is written:
-
-* metadata: ``general.architecture = eagle3``; the Llama hyper-parameters of the head (hidden 16, one block, 2 heads
-  of 32, feed-forward 32, ``rope.freq_base``, ``attention.layer_norm_rms_epsilon`` = 2^-40 as the head's config);
-  ``eagle3.target_layers`` = [0, 1, 2] (int32 array, exactly three: the aux ids vLLM's default gives for 3 layers;
-  llama.cpp reads id ``l < n_layer`` as the residual stream *entering* target layer ``l``, ``llm_build_llama``'s
-  ``t_layer_inp[l]``, 0 = the token embeddings: vLLM's convention); ``eagle3.target_hidden_size`` = 16;
-  ``eagle3.norm_before_residual`` = false (the residual of the decoder layer is the raw fused feature ``g``, as
-  vLLM's); no ``norm_before_fc`` (no ``enc.output_norm``); the target's tokenizer (the same ``eos`` / ``plain``
-  variants as the target, :func:`conformance.engines.llamacpp.gguf_export.add_tokenizer`).
-* tensors (float32 unless stated; shapes as numpy ``[rows, cols]`` = GGUF ``{cols, rows}``): ``fc.weight [16, 48]``
-  (the encoder: fused feature ``g = fc(concat(h_0, h_1, h_2))``); ``token_embd.weight [8, 16]`` (the target's
-  embeddings, ``4 e_t``: optional in llama.cpp, written so the head does not depend on ``ctx_other``);
-  ``blk.0.attn_norm`` (input_layernorm on the embedding), ``blk.0.attn_norm_2`` (vLLM's ``hidden_norm`` on ``g``),
-  ``blk.0.attn_q / attn_k [64, 32]`` (over ``concat(norm(embed), norm(g))``, permuted to GGUF's rope pairs as the
-  converter does), ``attn_v [64, 32]``, ``attn_output [16, 64]`` = 0, ``ffn_norm``, ``ffn_gate / ffn_up [32, 16]``,
-  ``ffn_down [16, 32]`` = 0, ``output_norm.weight [16]``, ``output.weight [6, 16]`` (the draft vocabulary's
-  lm_head) and ``d2t`` (int64 ``[6]``): llama.cpp scatters draft logit ``d`` to target id ``d2t[d]`` (absolute ids:
-  the converter adds ``arange`` to the checkpoint's offsets), so ``d2t`` = ``EAGLE3_VOCAB`` = (0, 1, 2, 3, 5, 7)
-  and every other target id gets ``-inf``.
-
-So in llama.cpp the head computes exactly what :class:`properties.proposals.Eagle3FeatureLaw` states: the encoder
-gives ``g = 4 e_y`` from the target's streams at the position of ``y`` (the token before the pending one: llama.cpp
-pairs ``g_P`` with the token at ``P + 1``, ``common/speculative.cpp``), the decoder layer adds exactly zero (its
-attention and MLP outputs are multiplied by zero matrices), so the pre-norm state that feeds the next draft step is
-``g`` again and every draft is ``argmax M_2[y]`` over the draft vocabulary (llama.cpp's drafter keeps the top
-candidate of a top-k 10 sampler; the one tied row, ``y = 2`` (target ids 2 and 7 at -1.625), resolves to id 2 in
-libstdc++'s ``std::partial_sort``, as the law's first-index argmax), repeated for every draft of the round.
-
-The deep target (:func:`specdec_ref.exact_head_files.deep_target_folder`, three layers whose streams differ) is
-written by :func:`conformance.engines.llamacpp.gguf_export.write_gguf` like every other target; its logits are the order-1
-table bit for bit, so ``draft-eagle3`` is claimed per seed identical to ``control`` (which runs the one-layer
-target). Files are named by this writer's version and rewritten when their source bytes change.
-
-**MTP** (:func:`write_mtp_gguf`). llama.cpp runs ``draft-mtp`` only for architectures with NextN layers and an MTP
-graph (``deepseek2/32/4``, ``glm4-moe``, ``glm-dsa``, ``qwen35``, ``qwen35moe``, ``qwen3next``, ``step35``,
-``mimo2``, ``bailingmoe3``, ``cohere2moe``, ``nemotron-h-moe``, ``hy-v3``); it refuses a Llama. The order-1 table is
-written as a dense ``qwen35``: ``block_count`` 3 with ``nextn_predict_layers`` 1 (the last block is the MTP block),
-``full_attention_interval`` 2 (layer 0 a gated delta net, layer 1 full attention: a ``qwen35`` without a recurrent
-layer aborts at its first decode, ``GGML_ASSERT(buffer)`` in ``llm_graph_input_mem_hybrid::set_input``), the
-``ssm.*`` keys, ``rope.dimension_sections`` [16, 0, 0, 0], rms eps 2^-40. Layer 0's ``ssm_out``, layer 1's
-``attn_output`` and both ``ffn_down`` are zero, so the final (post-norm) hidden state is the embedding ``4 e_t`` and
-``output`` (the shipped target's lm_head) gives the table bit for bit. The MTP block (``blk.2``: a full-attention
-block adding exactly zero) has ``nextn.eh_proj [16, 32]`` = ``[0 | I]`` (it reads ``hnorm`` of the target's feature
-only), ``nextn.enorm / hnorm / shared_head_norm`` = 1 and ``nextn.shared_head_head [8, 16]``: the EAGLE-3 head's
-rows (``M_2^T / 4``) on ids (0, 1, 2, 3, 5, 7), -64 on ids 4 and 6. llama.cpp pairs the feature of position ``P``
-with the token at ``P + 1`` and chains on the block's output, which is the feature again, so the block proposes
-exactly what the EAGLE-3 head proposes (``Eagle3FeatureLaw``; the tie at ``y = 2`` resolves to id 2 here too).
+Rules: the head is :mod:`specdec_ref.exact_head_files`'s ``eagle3`` written by the rules of llama.cpp's own converter
+(``Eagle3LlamaForCausalLM``, which refuses our tokenizer): ``eagle3.target_layers`` [0, 1, 2] read as the residual
+streams entering those layers, its decoder layer adding exactly zero, ``d2t`` the absolute ids of its draft
+vocabulary; so in llama.cpp it proposes exactly what :class:`properties.proposals.Eagle3FeatureLaw` states. The MTP
+target is the order-1 table as a dense ``qwen35`` whose last block is an MTP block proposing the same law. Files are
+named by this writer's version and rewritten when their source bytes change. Every metadata key and tensor written,
+and why: docs/llamacpp-verdict.md, "The exactly-known heads in GGUF".
 """
 from __future__ import annotations
 

@@ -11,44 +11,21 @@ dtype=F32), no_paged_attn=True)`` and keeps up to :data:`IN_FLIGHT` streamed ``C
 (``Runner`` takes one blocking call at a time, ``RuntimeError: Already borrowed`` from a second thread; streams are
 the only way to let its scheduler batch), reading every token from the stream's ``logprobs``.
 
-What the engine needs, each a finding (``engine_tests/test_mistralrs.py`` reproduces them):
+How the adapter meets the engine (each for a finding of docs/mistralrs-verdict.md, reproduced by
+``engine_tests/test_mistralrs.py``): ``arch=Architecture.Mistral`` (its Llama loader ignores ``head_dim``); the
+folder's ``tokenizer.json`` gets a ``ByteLevel`` decoder and a verbatim chat template; prompts are sent as streamed
+chat requests, without their leading ``<bos>`` (the tokenizer adds it and would double a spelled one); a stop at EOS
+is appended from ``finish_reason "stop"`` (a sampled special token is in neither the text nor the stream), and
+requests where EOS is an ordinary token run on a *plain* folder whose ``<eos>`` is an ordinary word and whose
+declared EOS is a never-sampled ``<stop>`` (id 8).
 
-* its Llama loader ignores ``head_dim`` (``shape mismatch for model.layers.0.self_attn.q_proj.weight, expected:
-  [16, 16], got: [64, 16]``); ``arch=Architecture.Mistral`` reads it and loads;
-* it refuses a tokenizer without a decoder (``decoder: null``; a ``WordPiece`` decoder: "can't determine decoder
-  type"): the folder's ``tokenizer.json`` gets a ``ByteLevel`` decoder (the tokens ``t0``..., ``<eos>`` decode to
-  themselves, concatenated);
-* ``Runner(seed=...)`` raises ``cannot seed the CPU rng with set_seed`` and requests have no seed: nothing can be
-  seeded (``seeds="none"``);
-* prompts are text (no token ids), and the completion endpoint tokenizes them with the special tokens on:
-  ``order2``'s tokenizer (a ``TemplateProcessing`` post-processor) prepends ``<bos>``, so a prompt text that spells
-  its ``<bos>`` gets two. That is the ``order2`` greedy departure (the target reads the position's parity: one more
-  token flips it; from ``<bos> t0`` the greedy output leaves the table at its fifth token and equals the
-  checkpoint's own forward on ``[6, 6, 0]``). The adapter sends the prompt without its leading ``<bos>`` (the chat
-  path adds it, and does not double a spelled one);
-* a completion request cannot be streamed and refuses a prompt text that tokenizes to nothing (``Received an empty
-  prompt``); the adapter uses streamed chat requests, once the tokenizer has a chat template (the folder's gets one
-  that returns the message verbatim: "No specified chat template" otherwise);
-* a sampled special token is in neither the text nor the stream: a stop at EOS shows only as ``finish_reason
-  "stop"`` (the adapter appends EOS), and with ``ignore_eos`` a sampled EOS vanishes. Requests where EOS is an
-  ordinary token run on a *plain* folder whose ``<eos>`` is an ordinary word (so it is streamed) and whose declared
-  EOS is a new special token ``<stop>`` of id 8, beyond the model's 8 logits (never sampled);
-* ``n_choices`` > 1 returns one choice.
-
-Conventions: top-k keeps exactly k through Rust's ``select_nth_unstable_by`` on the probabilities (no stated choice
-among tied tokens: ``top_k_ties="unstated"``; every case whose law depends on the tie rule is left out,
-:data:`TIE_DEPENDENT`; on these 8-token rows the selection is an insertion sort, so it keeps the lowest ids, but no
-rule says so and longer vocabularies take the unstable path); temperature, then top-k,
-top-p on the renormalised top k, min-p relative to the largest probability; penalties: presence and frequency
-(generated tokens) are subtracted *before* the repetition penalty (prompt and output) divides or multiplies the
-result, where the reference (and vLLM) applies repetition first: the ``penalty`` case is a different law by
-definition and runs alone in ``penalty-order``. No speculation on CPU: draft-model speculation was removed in 0.8.2,
-and MTP needs PagedAttention, unavailable on CPU (``mtp``: a recorded load error). 0.6.0 (:data:`ADAPTER_060`, its
-draft-model speculation) dies at load on a CPU without GFNI: its wheel executes a GFNI instruction
-(``vgf2p8affineqb`` in llguidance's ``derivre``) without checking for it; its expectations are recorded per CPU
-(``cpu_features``). Where it runs it takes one stream at a time, without logprobs (its tokens are read from the
-streamed text); a speculative ``Runner`` made after a plain one in the same process panics (the worker makes
-speculative ones only).
+Conventions: nothing can be seeded (``seeds="none"``); top-k keeps exactly k with no stated choice among tied tokens
+(``top_k_ties="unstated"``: every case whose law depends on the tie rule is left out, :data:`TIE_DEPENDENT`);
+temperature, then top-k, top-p on the renormalised top k, min-p relative to the largest probability; presence and
+frequency penalties come *before* the repetition penalty (the reference applies repetition first), so the
+``penalty`` case is a different law by definition and runs alone in ``penalty-order``. 0.6.0 (:data:`ADAPTER_060`,
+its draft-model speculation) takes one stream at a time, without logprobs (tokens read from the streamed text), and
+its expectations are recorded per CPU (``cpu_features``: it dies at load without GFNI).
 """
 from __future__ import annotations
 

@@ -10,54 +10,19 @@ Invariant: after ``apply(*defects)`` every listed defect is fixed in this proces
 kernel overrides were already registered; a second call patches nothing; if vLLM's code is not where this
 module expects it (another vLLM version), ``apply`` raises :class:`VLLMPatchError` and changes nothing.
 
-Defect A -- ``vllm/utils/cpu_triton_utils.py::_expand_kernel_impl``, the CPU replacement of the Triton
-``expand_kernel`` (registered by ``vllm/platforms/cpu.py::CpuPlatform.register_triton_kernel_overrides`` for
-``vllm.v1.sample.rejection_sampler.expand_kernel``). It calls ``torch.ops._C.expand_kernel_impl(
-_ensure_int64(output), _ensure_int64(input_val), ...)``: for a float32 (temperature, top_p) or int32 (top_k)
-``output``, ``_ensure_int64`` returns a *new* int64 tensor, the C++ kernel writes into that copy and it is
-dropped, so ``rejection_sampler.expand_batch_to_tokens`` returns its ``x.new_empty(num_tokens)`` buffer
-unwritten: the per-token temperature / top-k / top-p that ``apply_sampling_constraints`` applies to the
-target logits of every draft position are uninitialised memory (the input is truncated to int64 as well).
-Only int64 inputs expand correctly. The fix replaces it with an exact PyTorch expansion (any dtype).
+What each fix replaces (the mechanisms, their effect on the matrix and the reproductions: docs/vllm-verdict.md,
+"Defects"):
 
-Defect B -- ``vllm/v1/sample/ops/topk_topp_sampler.py::apply_top_k_only`` calls ``k.max()`` on an empty
-tensor when a step has no draft tokens (``RejectionSampler.forward`` with every ``num_draft_tokens == 0``,
-top-k set and top-p not, on CPU where ``apply_top_k_top_p_pytorch`` takes the top-k-only path):
-``RuntimeError: max(): Expected reduction dim to be specified for input.numel() == 0``. The fix returns
-the (empty) logits unchanged for an empty batch.
-
-Defect C -- ``vllm/utils/cpu_triton_utils.py::_rejection_random_sample_kernel_impl``, the CPU replacement of the
-Triton ``rejection_random_sample_kernel`` (registered for ``vllm.v1.sample.rejection_sampler.
-rejection_random_sample_kernel``), calls ``torch.ops._C.rejection_random_sample_kernel_impl``, which lacks the
-Triton kernel's ``if draft_token_id < 0: accepted = False`` (``rejection_sampler.py``, "-1 is used for padded draft
-token ids that should be rejected"): a -1 draft is accepted when ``target_probs[flat * V - 1]`` (the previous
-row's last-vocabulary probability) / draft prob >= u, the -1 is emitted and dropped by ``parse_output``, and the
-next token comes from a position whose input is the clamped placeholder 0. The scheduler
-(``vllm/v1/core/sched/scheduler.py::Scheduler.schedule``, "Pad new decode requests to uniform spec decoding
-size") pads every WAITING request with ``num_new_tokens == 1`` -- a fresh ONE-token prompt included -- to
-``1 + num_speculative_tokens`` tokens with drafts ``[-1] * K`` whenever running requests are scheduled in the step;
-``GPUModelRunner._preprocess`` clamps the -1 inputs to 0. So a one-token prompt joining a running batch can emit
-a first token drawn from the target's law after token 0. The fix rejects every negative draft before the C++
-kernel runs (uniform probability +inf there, the id clamped to 0 so nothing is read out of the row): the same
-outputs as the Triton kernel.
-
-Defect D -- ``vllm/v1/spec_decode/llm_base_proposer.py::compute_probs_and_sample_next_token``, which samples the
-drafts of ``draft_sample_method="probabilistic"`` (draft models and the EAGLE family), draws their exponential noise
-with ``q.exponential_()`` from the global generator ("TODO(woosuk): Consider seeds."). The rejection sampler uses the
-request's own generator, but the emitted tokens depend on the drafts, so a seeded request's completion depends on
-the global generator's state: another batch, or a second identical call, gives another completion. The law stays
-exact. The fix draws the seeded rows' noise from their request's generator after the global draw, exactly as vLLM's
-own ``topk_topp_sampler.random_sample`` does for the target's tokens; unseeded rows keep the global draw.
-
-Defect E -- ``vllm/v1/worker/gpu_model_runner.py::GPUModelRunner._get_spec_decode_draft_probs`` returns None for
-the whole step ("Missing cached draft probabilities ...; falling back to legacy speculative rejection behavior")
-when any request of the step has drafts without cached draft probabilities: a request the scheduler padded with
-``[-1] * K`` placeholder drafts (defect C's padding of a new one-token request joining running ones). Every other
-request's sampled drafts are then verified as one-hot drafts: lossless (any draft law verified as one-hot keeps the
-target's law) but with less acceptance, and, with a seed, a completion that depends on which requests joined the
-batch in that step. The fix builds the step's rows per request: the cached rows where there are, and for a request
-without them what the fallback gives that request alone: a one-hot row at a real draft, a zero row at a
-placeholder (its residual is the target's row, as the fallback's; C rejects the placeholder itself). Apply with C.
+* A: ``vllm/utils/cpu_triton_utils.py::_expand_kernel_impl`` (it writes into a dropped int64 copy) by an exact
+  PyTorch expansion in the output's own dtype;
+* B: ``topk_topp_sampler.apply_top_k_only`` returns an empty batch's logits unchanged (it raised on ``k.max()``);
+* C: ``cpu_triton_utils._rejection_random_sample_kernel_impl`` rejects every negative (placeholder) draft before
+  the C++ kernel runs, as the Triton kernel does;
+* D: ``llm_base_proposer.compute_probs_and_sample_next_token`` draws the seeded rows' exponential noise from their
+  request's generator after the global draw (as ``topk_topp_sampler.random_sample`` does for the target's tokens);
+* E: ``GPUModelRunner._get_spec_decode_draft_probs`` builds a step's draft probabilities per request (the cached
+  rows where there are; for a request without them, what the fall-back gives it alone) instead of dropping the
+  whole step's to one-hot. Apply with C.
 
 Where to apply it: in the process that runs vLLM's worker. The CPU overrides are registered in the worker
 (``vllm/v1/worker/worker_base.py``, ``current_platform.register_triton_kernel_overrides()``), reading
