@@ -16,10 +16,9 @@ only; after the timed calls, one untimed call on that instance checks that its `
 move exactly as the per-request metrics say (``counter_check`` in the report). Engine settings: float32,
 ``enforce_eager``, ``max_model_len`` = prompt + new tokens + k + 1, a KV cache of :data:`KV_CACHE_BYTES`,
 ``max_num_seqs`` = B, one torch / OpenMP / numba thread by default (``--threads``: ``OMP_NUM_THREADS`` and
-``NUMBA_NUM_THREADS``). Measured on the shared 2-core machine: with vLLM's defaults its OpenMP threads wait on one
-another (the wide target: ~50 to ~250 ms a token instead of ~15 to 19); and once an ``ngram`` instance has run
-its numba ``parallel=True`` proposer (numba's OpenMP layer, all cores), every instance of the process slows
-down ~8x unless ``NUMBA_NUM_THREADS`` is set as well.
+``NUMBA_NUM_THREADS``): with vLLM's defaults its OpenMP threads wait on one another, and once an ``ngram`` instance
+has run its numba ``parallel=True`` proposer (numba's OpenMP layer, all cores) every instance of the process slows
+down unless ``NUMBA_NUM_THREADS`` is set as well (measured: docs/profile.md, "Threads").
 
 Pair: ``wide-exact`` (default) is :mod:`specdec_ref.wide_exact`'s pair (an 8 x 512 Llama realising
 ``order1-target`` against a 1 x 64 ``order1-draft-close``), written as checkpoints to a temporary folder with the

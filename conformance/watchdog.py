@@ -23,7 +23,7 @@ passes through ``except Exception`` blocks in the backend and through
 Hypothesis (which would otherwise treat it as a failing example and replay the
 hanging call while shrinking); it becomes :class:`BackendTimeout` at the
 boundary of the check. An alarm that lands in :class:`time_limit`'s own
-``__enter__`` (armed, body not yet started) re-fires 1 ms later inside the body;
+``__enter__`` (armed, body not yet started) re-fires a millisecond later inside the body;
 one that lands in ``__exit__`` (the body already returned) is ignored.
 """
 from __future__ import annotations

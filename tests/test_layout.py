@@ -7,6 +7,7 @@ a strongly connected component of more than one module. Run as a script to print
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,6 +129,33 @@ def test_the_graph_sees_function_level_and_relative_imports():
     assert "conformance.registry" in graph["conformance.decoder_checks"]  # from .registry import ... (top level)
     assert "specdec_ref.dims" in graph["specdec_ref.forward"]  # from specdec_ref.dims import ... (inside a function)
     assert circles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+
+
+#: Units of a measurement (a duration, a memory peak, a speed-up) as a module docstring would quote one.
+_MEASURED = re.compile(r"\b\d+(?:\.\d+)?\s*(?:ms|us|µs|CPU-s|GB)\b|\b\d+(?:\.\d+)?\s*s (?:wall|sooner|in all)\b"
+                       r"|\b\d+(?:\.\d+)?x (?:slower|faster)\b")
+_RULE_LINE = re.compile(r"^\s*=+(?:\s+=+)+\s*$", re.M)
+_DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?:e-?\d+)?\b")
+
+
+def docstring_measurements(text: str) -> list[str]:
+    """What in a module docstring reads as a measurement: quoted durations, memory peaks or speed-ups, and tables
+    whose rows hold decimal numbers (measurements age; docs/ keeps them, the docstring states the rule)."""
+    found = [m.group(0) for m in _MEASURED.finditer(text)]
+    if _RULE_LINE.search(text) and sum(len(_DECIMAL.findall(line)) >= 2 for line in text.splitlines()) >= 3:
+        found.append("a table of decimal numbers")
+    return found
+
+
+def test_module_docstrings_state_rules_not_measurements():
+    offenders = {}
+    for name, path in modules().items():
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+        if found := docstring_measurements(doc):
+            offenders[name] = found[:4]
+    assert not offenders, f"module docstrings quoting measurements (move them to docs/): {offenders}"
+    assert docstring_measurements("took 2.5 CPU-s") and docstring_measurements(
+        "== ==\n0.1 0.2\n0.3 0.4\n1.5 2.5\n== ==") and not docstring_measurements("alpha 1e-6 at 0.99 power")
 
 
 if __name__ == "__main__":
