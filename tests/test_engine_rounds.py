@@ -340,3 +340,26 @@ def test_sampled_rounds_efficiency_names_acceptance_and_counters_that_depart(tmp
     assert out["drafts"] == 2700 and out["positions"][0]["expected"] > 0.5
     wrong = sampled_rounds_of(ad, cfg, {"efficiency": dict(eff, accepted=5)})
     assert wrong["passed"] is False and "accepted 5 counted, 0 in the per-request rounds" in wrong["verdict"]
+
+
+def test_the_expectation_of_ngram_rounds_on_the_order2_target_keys_rounds_by_what_the_target_reads():
+    """Two n-gram rounds with the same pending token and the same drafts, from texts whose last two tokens or position
+    parity differ: on the order-2 target their acceptance laws differ (0.31 against 0.79 expected accepted drafts), so
+    the expectation cannot be cached under (pending token, drafts), as it once was (8.6 SE off on a correct engine)."""
+    from properties.exact import SchemeSpec
+    from properties.proposals import round_acceptance
+    from specdec_ref.exact_models import exact_model
+
+    law, config = NgramLaw(1, 2), SamplingConfig(temperature=0.7)
+    texts = [[6, 0, 0], [6, 0, 0, 0], [6, 0, 0], [6, 1, 0, 0]]
+    assert len({(t[-1], tuple(law.proposal(t, 3))) for t in texts}) == 1  # the old key: one entry for all four
+    records = [{"prompt_ids": t, "completion_ids": [], "seed": i} for i, t in enumerate(texts)]
+    rounds = [R.Round(i, len(t), tuple(law.proposal(t, 3)), 0, False) for i, t in enumerate(texts)]
+    eff = R.conditional_acceptance("order2-target", law, records, rounds, config, 1, None)
+    target = exact_model("order2-target")
+    direct = [round_acceptance(target, law, t, [], config, len(r.drafts), SchemeSpec(name="token"))[1:].sum()
+              for t, r in zip(texts, rounds)]
+    assert max(direct) - min(direct) > 0.4
+    assert eff["positions"][0]["expected"] == pytest.approx(np.mean(direct), abs=1e-12)
+    assert eff["distinct_round_starts"] == 2
+

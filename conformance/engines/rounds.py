@@ -284,18 +284,22 @@ def conditional_acceptance(target_name: str, law, records: Sequence[dict], round
     with the one-hot draft), the standard error ``sqrt(sum P (1 - P))``, the engine's count and z. In the layout of
     :func:`conformance.engines.efficiency.compare` (``positions``, ``passed``, ``verdict``)."""
     from properties.exact import SchemeSpec
+    from properties.history_law import history_settings_on
     from properties.proposals import round_acceptance, round_key
     from specdec_ref.exact_models import exact_model
 
     target = exact_model(target_name)
     scheme = scheme or SchemeSpec(name="token")
+    whole_text = history_settings_on(config)  # penalties and the like read the whole history
     memo: dict = {}
     mean, var = np.zeros(k), np.zeros(k)
     for r in rounds:
         rec = records[r.request]
         text = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[:r.start]
         kr = len(r.drafts)  # k, or fewer where the engine drafts to the end (drafts_to_end)
-        key = (round_key(law, text, kr), kr)
+        # a round's law: the drafts (what the proposer reads), and the target's rows along them, which the cell of the
+        # round's text and the drafts fix (order-1: the last token; order-2: the last two and the position's parity)
+        key = tuple(text) if whole_text else (round_key(law, text, kr), kr, target.cell(text))
         if key not in memo:
             law_m = round_acceptance(target, law, text, [], config, kr, scheme)
             tail = np.cumsum(law_m[::-1])[::-1]  # P(m >= j)
