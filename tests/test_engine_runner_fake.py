@@ -219,3 +219,16 @@ def test_every_case_states_its_looks_and_a_rejected_case_stops_at_its_deciding_l
     v = certify_samples(c["file"], model="order1-target", sampling=case("warp").sampling, max_new_tokens=3, eos_id=True,
                         looks=case_looks(case("warp"), float(SCALE)))
     assert (v.level, v.n, v.headline) == (c["level"], c["n"], c["headline"])
+
+
+def test_after_a_crash_each_case_runs_alone_to_its_decision(tmp_path):
+    """An engine that crashes on batches holding a top-k request: the first wave's batch crashes, the rerun takes
+    one case at a time to its decision (the case without top-k first), so that case is judged on its whole planned
+    looks, not left a partial sample, and only the top-k case is an engine error."""
+    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--configs", "crash-top-k"])
+    cases = json.loads((tmp_path / "verdicts.json").read_text())["configs"]["crash-top-k"]["cases"]
+    assert rc == 0
+    assert cases["warp"]["level"] == "engine_error" and cases["warp"]["engine"]["first_call"]["status"] == "engine_error"
+    temperature = cases["temperature"]
+    assert temperature["level"] in ("certified", "reduced") and temperature["looks"]["decided"], temperature["headline"]
+

@@ -117,7 +117,7 @@ def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch
     def driver(names=None) -> WaveDriver:
         mine = [_under_conventions(ad, c) for c in ad.cases_for(cfg) if c.family == family
                 and (wanted is None or c.name in wanted) and (names is None or c.name in names)]
-        return WaveDriver(mine, raw, scale * cfg.scale)
+        return WaveDriver(mine, raw, scale * cfg.scale, one_at_a_time=names is not None)
 
     state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
                         cases=cases, driver=driver())

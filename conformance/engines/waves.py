@@ -73,10 +73,14 @@ class WaveDriver:
     """The waves of one worker: which completions each case needs next, from its looks so far.
 
     ``cases``: the worker's cases under the engine's conventions; ``scale``: the share of every case's requests
-    this run generates. After :meth:`drive`, :attr:`verdicts` holds each decided case's verdict and :attr:`waves`
-    what each wave asked for."""
+    this run generates; ``one_at_a_time``: a worker that runs one batch per case (after a crash, to attribute it)
+    gets one case per wave, each to its decision before the next (the cases without top-k or top-p first, as it
+    orders them), so a case that crashes the engine stops only the cases after it. After :meth:`drive`,
+    :attr:`verdicts` holds each decided case's verdict and :attr:`waves` what each wave asked for."""
 
-    def __init__(self, cases, raw: Path, scale: float = 1.0):
+    def __init__(self, cases, raw: Path, scale: float = 1.0, one_at_a_time: bool = False):
+        cases = sorted(cases, key=lambda c: bool(c.sampling.top_k or c.sampling.top_p)) if one_at_a_time else cases
+        self.one_at_a_time = one_at_a_time
         self.cases = {c.name: c for c in cases}
         self.raw, self.scale = Path(raw), scale
         self.files: dict = {}
@@ -116,6 +120,8 @@ class WaveDriver:
                     self.errors[name] = f"the worker wrote {statuses[name].get('n')} lines of the {asked} asked for"
                     continue
             wave[name] = f.next_n
+            if self.one_at_a_time:
+                break
         return wave
 
     def drive(self, pipe: ControlPipe, deadline: float) -> None:

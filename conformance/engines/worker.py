@@ -244,6 +244,11 @@ class Worker:
             self.save()
             if channel is not None:
                 channel.send({"event": "wave_done", "wave": wave, "alive": alive, "cases": self._statuses()})
+        if not alive:  # cases never asked for after the engine failed
+            for c in cases:
+                if self.state["cases"][c.name].get("status") == "pending":
+                    self.state["cases"][c.name] = {"status": "not_run", "error": "engine failed earlier in this process"}
+            self.save()
 
     def _statuses(self) -> dict:
         return {name: {k: c.get(k) for k in ("status", "n", "error")} for name, c in self.state["cases"].items()}
