@@ -5,7 +5,10 @@ Engine-neutral. Each sampling case is certified at the black-box tool's planned 
 an interim look on 5 % of its N, early-pass looks on 25-70 %, the full look on 1.07 x N): a wave brings every case
 still undecided to its next look's number of completions, and after the wave each such case's file is certified
 (:class:`conformance.samples.verdict.GrowingFile`) -- rejected, passed, or on to the next look. A greedy case (every
-completion checked token for token) is one wave of its N. Invariant: the verdict the runner records is the one
+completion checked token for token) is one wave of its N. While some case still runs, every decided case adds a few
+completions to each wave (:meth:`WaveDriver.mixers`), written after the lines its verdict read, so that every step
+mixes every case's settings as one batch of every case did (an engine's batch bugs depend on which settings share a
+step). Invariant: the verdict the runner records is the one
 :func:`conformance.samples.certify_samples` gives the case's file with the same looks, however the waves were cut.
 """
 from __future__ import annotations
@@ -122,7 +125,18 @@ class WaveDriver:
             wave[name] = f.next_n
             if self.one_at_a_time:
                 break
+        if wave and not self.one_at_a_time:  # every step keeps mixing every case's settings, as one batch did
+            for name in self.cases:
+                status = statuses.get(name) or {}
+                if name not in wave and status.get("status") == "ok" and name in self.verdicts:
+                    wave[name] = int(status.get("n") or 0) + self.mixers(name)
         return wave
+
+    def mixers(self, name: str) -> int:
+        """Completions a decided case adds to each later wave: as many as its first look read (5 % of its N; a greedy
+        case, all of it). They keep every wave's batch as mixed as one batch of every case was (an engine's batch
+        bugs depend on which settings share a step), and are written after the lines its verdict read."""
+        return self._file(name).looks.schedule(self.cases[name].greedy)[0].n
 
     def drive(self, pipe: ControlPipe, deadline: float) -> None:
         """Answer the worker until it has nothing left to generate (then ``stop``) or it exits."""
