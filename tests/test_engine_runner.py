@@ -264,3 +264,22 @@ def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
     ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
     assert {c.name for c in ad.all_cases()} == {c.name for c in matrix.CASES} - dependent
     assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES)
+
+
+def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):
+    """``python -m conformance.engines export ENGINE`` runs the adapter's export where the engine is installed: in
+    this interpreter when it is the adapter's, else again in the adapter's (a venv whose python links to this binary
+    is another interpreter all the same)."""
+    import subprocess
+    import sys
+
+    from conformance.engines import export
+    from fixtures.engines import FAKE
+
+    assert export.main(["fixtures.engines:FAKE"]) == 0 and "nothing to write" in capsys.readouterr().out
+    calls = []
+    monkeypatch.setattr(type(FAKE), "python", lambda self: "/some/venv/bin/python")
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert export.main(["fixtures.engines:FAKE", "--no-check"]) == 0
+    assert calls == [["/some/venv/bin/python", "-m", "conformance.engines", "export", "fixtures.engines:FAKE", "--no-check"]]
+    assert sys.executable != "/some/venv/bin/python"

@@ -29,7 +29,7 @@ def main(argv=None) -> int:
     except (EngineMissingError, KeyError) as exc:
         print(f"ERROR: {exc}", file=sys.stderr)
         return 2
-    if os.path.realpath(python) != os.path.realpath(sys.executable):  # the engine's own interpreter does the work
+    if os.path.abspath(python) != os.path.abspath(sys.executable):  # the engine's own interpreter (a venv: its own path)
         cmd = [python, "-m", "conformance.engines", "export", args.engine] + (["--no-check"] if args.no_check else [])
         return subprocess.run(cmd).returncode
     rows = ad.export(check=not args.no_check)
