@@ -174,21 +174,19 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
                     continue
                 drafts, accepted = expected
                 last_round = r is result.rounds[-1]  # the last round may be cut by max_new_tokens
-                state = (f"(the exact proposer state is the committed text: the feature of position {len(text) - 2} for "
-                         f"heads, the whole text for lookup)\n  replay: {ctx.replay}")
                 if claims:
                     got = chain_drafts(r, label)
                     i = first_difference(got, drafts if not last_round else drafts[: len(got)])
                     assert i is None, (
                         f"{label}: round {r.round} ({where}) from the text {text} drafted {got}; the proposer's rule "
                         f"drafts {drafts} there: {_draft_difference(got, drafts, i)} (proposed {r.proposed}, accepted "
-                        f"{r.accepted}; the rule's drafts accept {accepted}) {state}")
+                        f"{r.accepted}; the rule's drafts accept {accepted}) {_exact_state(text, ctx)}")
                     seen["drafts compared"] += 1
                 if not last_round:
                     assert (r.proposed, r.accepted) == (len(drafts), accepted), (
                         f"{label}: round {r.round} ({where}) from the text {text} proposed {r.proposed} and accepted "
                         f"{r.accepted}; the proposer's rule drafts {drafts} there, of which the target accepts "
-                        f"{accepted} {state}")
+                        f"{accepted} {_exact_state(text, ctx)}")
                 for key in ("after a partial", "after a full"):
                     seen[key] += where.startswith(key)
     ctx.findings.append({"kind": "coverage", **seen})
@@ -200,6 +198,11 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
 
 #: Rounds after a partial and after a full acceptance the greedy check must see (each at least).
 MIN_GREEDY_ROUNDS = 10
+
+
+def _exact_state(text, ctx: CheckContext) -> str:
+    return (f"(the exact proposer state is the committed text: the feature of position {len(text) - 2} for heads, the "
+            f"whole text for lookup)\n  replay: {ctx.replay}")
 
 
 def _draft_difference(got: list, want: list, i: int) -> str:
@@ -384,11 +387,14 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
                 previous = r
                 text = full[: r.start]
                 key = round_key(law, text, PROPOSER_K)
-                if key not in rules:
-                    rules[key] = _rule(law, text)
-                _assert_round_follows_rule(r, rules[key], text, claims, r is res.rounds[-1], ctx,
-                                           f"{kind} proposer ({'sampled' if sample else 'argmax'} drafts), "
-                                           f"{PROPOSER_SAMPLING.label()}, k={PROPOSER_K}, prompt {prompt}, seed {row_seed}")
+                rule = rules.get(key)
+                if rule is None:
+                    rule = rules[key] = _rule(law, text)
+                if r.proposed != rule[0] or (claims and rule[1] is not None and r.drafts != rule[1]):  # else it follows
+                    _assert_round_follows_rule(r, rule, text, claims, r is res.rounds[-1], ctx,
+                                               f"{kind} proposer ({'sampled' if sample else 'argmax'} drafts), "
+                                               f"{PROPOSER_SAMPLING.label()}, k={PROPOSER_K}, prompt {prompt}, seed "
+                                               f"{row_seed}")
                 if r.proposed == 0:
                     continue
                 if key not in memo:

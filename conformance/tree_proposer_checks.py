@@ -70,8 +70,10 @@ TREE_HEADS = ("medusa", "eagle", "eagle3", "mtp")
 TREE_DRAFTERS = ("draft_model",) + TREE_HEADS
 TREE_DRAFT_PAIR = "order1-far"
 #: The sampled trees' shapes (depth 3: where a node's own probability and its path's rank the nodes differently), their
-#: settings, and the judged rounds (ties aside) each drafter's case must reach.
+#: prompts (the first six greedy prompts, 1 to 6 tokens), settings, and the judged rounds (ties aside) each drafter's
+#: case must reach.
 SAMPLED_TREE_SHAPES = ((3, 2), (3, 3))
+SAMPLED_TREE_PROMPTS = GREEDY_PROMPTS[:6]
 SAMPLED_TREE_SAMPLING = SamplingConfig(temperature=1.0)
 MIN_SAMPLED_TREE_ROUNDS = 50
 
@@ -118,7 +120,8 @@ def _tree_rule(kind: str, text) -> str:
     """What a round's rows read, in words (for failure messages)."""
     if kind == "draft_model":
         return "the draft model's rows after the pending token and after each expanded node's token"
-    note = "" if kind == "medusa" else "; each expanded node is read with the head's hidden state that produced its own row"
+    note = "" if kind == "medusa" else ("; each expanded node is read with the head's hidden state that produced its "
+                                        "own row")
     return (f"the round's first rows read the target's feature of position {len(text) - 2}: the last accepted node's, "
             f"not the block's last{note}")
 
@@ -187,16 +190,16 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, k
                 if expected is None:
                     seen["skipped"] += 1
                     continue
-                because = f"({_tree_rule(kind, text)})\n  replay: {ctx.replay}"
                 if claims:
-                    _assert_same_tree(tree_drafts(r, where), expected, f"{where}: round {r.round} ({place}) from the "
-                                      f"text {text}", because)
+                    _assert_same_tree(tree_drafts(r, where), expected, lambda: (
+                        f"{where}: round {r.round} ({place}) from the text {text}",
+                        f"({_tree_rule(kind, text)})\n  replay: {ctx.replay}"))
                     seen["trees compared"] += 1
                 nodes = len(expected.tokens)
                 assert (r.proposed, r.accepted) == (nodes, expected.accepted), (
                     f"{where}: round {r.round} ({place}) from the text {text} drafted {r.proposed} nodes and accepted "
                     f"{r.accepted}; the tree there has {nodes} nodes, of which the target's argmax chain accepts "
-                    f"{expected.accepted} {because}")
+                    f"{expected.accepted} ({_tree_rule(kind, text)})\n  replay: {ctx.replay}")
                 for key in ("after a partial", "after a full"):
                     seen[key] += place.startswith(key)
     ctx.findings.append({"kind": "coverage", **seen})
@@ -207,13 +210,18 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, k
         f"acceptances")
 
 
-def _assert_same_tree(reported, expected, where: str, because: str) -> None:
+def _assert_same_tree(reported, expected, context) -> None:
     """The reported ``(tokens, parents, probabilities or None)`` of a greedy round are the exact tree's, node by node;
-    the first node that differs is named (its token, its parent, then its probability)."""
+    the first node that differs is named (its token, its parent, then its probability); ``context()`` gives the
+    failure's ``(where, because)``."""
     __tracebackhide__ = True
     from properties.tree_proposals import PROB_ATOL, PROB_RTOL
 
     tokens, parents, probs = reported
+    if tokens == expected.tokens and parents == expected.parents and (probs is None or all(
+            abs(p - q) <= PROB_ATOL + PROB_RTOL * q for p, q in zip(probs, expected.probs))):
+        return
+    where, because = context()
     assert len(tokens) == len(expected.tokens), (
         f"{where} drafted {len(tokens)} nodes; the rule's tree has {len(expected.tokens)}: tokens {expected.tokens}, "
         f"parents {expected.parents} {because}")
@@ -238,11 +246,11 @@ def _assert_same_tree(reported, expected, where: str, because: str) -> None:
 )
 def check_tree_proposer_sampled_trees_follow_the_rule(backend, ctx: CheckContext, kind: str):
     """Sampled tree decoding with the exactly-known drafter ``kind`` (:data:`SAMPLED_TREE_SAMPLING`, trees of depth 3
-    and widths 2 and 3, one seeded decode per greedy prompt and shape): every round's reported tree but the last's
-    follows the rule, whatever its draws (``properties.tree_proposals.sampled_tree_verdict``): as many nodes as the rule
-    drafts, each level's expanded nodes the ``width`` of the previous level with the highest path probability under the
-    drafter's law, every node's token possible in the law's row after its parent's path and, where the backend reports
-    node probabilities, each equal to that row's. Deterministic: the first round and node that differ are named, with
+    and widths 2 and 3, one seeded decode per prompt of :data:`SAMPLED_TREE_PROMPTS` and shape): every round's reported
+    tree but the last's follows the rule, whatever its draws (``properties.tree_proposals.sampled_tree_verdict``): as
+    many nodes as the rule drafts, each level's expanded nodes the ``width`` of the previous level with the highest path
+    probability under the drafter's law, every node's token possible in the law's row after its parent's path and,
+    where the backend reports node probabilities, each equal to that row's. Deterministic: the first round and node that differ are named, with
     the seed; rounds whose expansion is a near tie are skipped (counted), at least :data:`MIN_SAMPLED_TREE_ROUNDS`
     judged."""
     from properties.tree_proposals import sampled_tree_verdict
@@ -253,7 +261,7 @@ def check_tree_proposer_sampled_trees_follow_the_rule(backend, ctx: CheckContext
                             "node by node by tree_proposer_greedy_acceptance_is_exact")
     target, spec, law = tree_drafter(kind, True)
     seen = {"judged": 0, "ties": 0}
-    for prompt in GREEDY_PROMPTS:
+    for prompt in SAMPLED_TREE_PROMPTS:
         for depth, width in SAMPLED_TREE_SHAPES:
             seed = ctx.seed_for("tree-proposer-rule", kind, prompt, depth, width)
             result = _decode_tree(backend, target, spec, prompt, depth=depth, width=width,

@@ -21,6 +21,7 @@ and, where reported, its probability equal to the law's).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -78,7 +79,7 @@ def _expanded(factors: Sequence[tuple], level_nodes: Sequence[int], width: int) 
     """The ``width`` nodes of ``level_nodes`` with the highest path probability (the product of ``factors[node]``, the
     node probabilities along its path; ties to the lower node), in node order; None when the ``width``-th and the next
     are a near tie (:data:`SCORE_TIE`)."""
-    score = {n: float(np.prod(factors[n])) for n in level_nodes}
+    score = {n: math.prod(factors[n]) for n in level_nodes}
     ranked = sorted(level_nodes, key=lambda n: -score[n])
     edge = score[ranked[min(width, len(ranked)) - 1]]
     near = [n for n in ranked if abs(score[n] - edge) < SCORE_TIE * edge]  # the ties around the last expanded node
@@ -198,7 +199,7 @@ def sampled_tree_verdict(law, text: Sequence[int], depth: int, width: int, confi
                     f"node {i} (level {level + 1}) hangs under node {parents[i]}; the rule hangs it under node {parent}"
                     + ("" if level == 0 else f": level {level}'s nodes with the {width} highest path probabilities are "
                        f"{sorted(set(expected_parents))} (path probabilities "
-                       f"{ {n: round(float(np.prod(factors[n])), 6) for n in level_nodes} })"))
+                       f"{ {n: round(math.prod(factors[n]), 6) for n in level_nodes} })"))
             path = () if parent < 0 else paths[parent]
             p = float(row(path)[tokens[i]])
             if p <= 0:
