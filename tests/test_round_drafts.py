@@ -152,3 +152,23 @@ def test_ranking_by_the_nodes_own_probability_needs_depth_3():
             runs = [dec.decode(model, spec, torch.tensor([prompt]), depth=2, width=width, max_new_tokens=12).rounds
                     for dec in (TreeSpeculativeDecoder(), bad)]
             assert [(r.drafts, r.parents) for r in runs[0]] == [(r.drafts, r.parents) for r in runs[1]]
+
+
+#: Each new bug, caught by the sampled family alone: (mutant, sampled check, its case).
+SAMPLED_FAMILY_CATCHES = [
+    ("eagle3_later_drafts_unmapped", "proposer_acceptance_is_exact", "eagle3-one_hot"),
+    ("ngram_pads_short_proposals", "proposer_acceptance_is_exact", "ngram-one_hot"),
+    ("tree_ranks_by_node_probability", "tree_proposer_sampled_trees_follow_the_rule", "medusa"),
+    ("tree_node_fed_first_nodes_feature", "tree_proposer_sampled_trees_follow_the_rule", "eagle"),
+]
+
+
+@pytest.mark.parametrize("name, check, case_id", SAMPLED_FAMILY_CATCHES)
+def test_a_backend_claiming_sampling_only_is_still_caught(name, check, case_id):
+    """Without ``greedy`` (the greedy checks skipped), the sampled checks reject each bug: deterministically, from the
+    drafts and counts of the sampled rounds (at the interim look for the statistical acceptance check)."""
+    backend = MUTANTS[name].backend()
+    backend.capabilities = dataclasses.replace(backend.capabilities, greedy=False)
+    (case,) = [c for c in all_cases([check]) if c.case_id == case_id]
+    record = run_case(case, backend, CheckContext(profile="dev"))
+    assert record.status == "failed" and " round " in record.message, record.message[:500]
