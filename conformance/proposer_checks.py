@@ -8,14 +8,18 @@ layers' hidden states differ) every proposal is a table of what the proposer rea
 of the position before it, its earlier drafts, the text), so:
 
 * greedy decoding equals the target's greedy continuation (from the table), whatever the proposer;
-* with greedy target rows and argmax drafts, every round's accepted count is a function of its text
+* with greedy target rows and argmax drafts, every round's drafts and accepted count are a function of its text
   (``properties.proposals.greedy_round``): checked round by round, no statistics. A proposer that reads a feature of
   the wrong position, keeps features of rejected drafts, reads a head at the wrong offset or looks up the wrong text
-  proposes other tokens, and the first round where that changes the count is named, with whether it followed a
-  partial or a full acceptance (rollback and bonus-feature bugs show there only);
+  proposes other tokens; a backend claiming ``round_drafts`` reports them (``RoundRecord.drafts``), and the first
+  round and draft that differ are named whatever the counts (a draft after the first rejected one changes no count),
+  with whether the round followed a partial or a full acceptance (rollback and bonus-feature bugs show there only);
+  without the claim, the first round whose counts differ;
 * sampled, the continuation law is the target's (q reported must be what the drafts were drawn from), and the
   accepted drafts at each draft position total their exact expectation (``properties.proposals.round_acceptance``:
-  the per-round law of the accepted count given the round's text, under the declared scheme).
+  the per-round law of the accepted count given the round's text, under the declared scheme); every round proposes
+  exactly the rule's number of drafts (``law.count``: prompt lookup's for its text, ``k`` for a head), and argmax
+  drafts, a function of the text at any temperature, equal the rule's where the backend reports them.
 
 With greedy (one-hot) drafts the output law is the target's whatever the proposer does, which is why the acceptance
 checks exist: they are the detector for proposer bugs, which cost speed, not exactness.
@@ -32,6 +36,7 @@ from specdec_ref.contract import Request
 from specdec_ref.warp import GREEDY, SamplingConfig
 
 from .check_helpers import _decode, assert_continuations_follow, decode_batch, sequence_models
+from .draft_records import chain_drafts, drafts_not_reported, first_difference, reports_drafts
 from .registry import CheckContext, NotApplicable, check, exact_scheme
 from . import streams
 
@@ -131,16 +136,18 @@ def check_proposer_greedy_equals_ar(backend, ctx: CheckContext, kind: str):
     guards="proposer state not following the committed text: a feature of the previous position, features of rejected "
     "drafts kept after a rejection, the bonus token paired with the wrong feature, an EAGLE-3 feature fused from the "
     "wrong target layers, a draft-vocabulary map (d2t) off by one, an MTP module's position-0 mask, a Medusa head read "
-    "at the wrong offset, prompt lookup matching the wrong occurrence or on a text missing the bonus token (acceptance "
-    "lost, output still exact)",
+    "at the wrong offset, prompt lookup matching the wrong occurrence or on a text missing the bonus token, later "
+    "draft steps reading the wrong state (drafts that change no count; acceptance lost, output still exact)",
     requires=("decoder", "greedy"),
     cases=[(kind, {"kind": kind}) for kind in PROPOSERS],
 )
 def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
-    """Greedy, with argmax drafts, every drafted round accepts exactly the drafts its text determines
-    (``properties.proposals.greedy_round``: the proposer's table drafts judged against the target's argmax), and
-    proposes as many as the proposer's rule gives; every round checked (rounds with a tied row are skipped, counted),
-    at least :data:`MIN_GREEDY_ROUNDS` of them after a partial acceptance and as many after a full one."""
+    """Greedy, with argmax drafts, every drafted round drafts exactly the tokens its text determines and accepts
+    exactly the count the target's argmax gives them (``properties.proposals.greedy_round``: the proposer's table
+    drafts judged against the target's argmax); a backend claiming ``round_drafts`` is judged on every round's drafts
+    (the last round's may stop early, never go past or differ), one that does not on the counts; every round checked
+    (rounds with a tied row are skipped, counted), at least :data:`MIN_GREEDY_ROUNDS` of them after a partial
+    acceptance and as many after a full one."""
     from properties.proposals import greedy_round, law_of
     from specdec_ref.exact_models import exact_model
 
@@ -148,12 +155,14 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
     target = proposer_target(kind)
     spec = proposer_spec(kind, False)
     law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
-    seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
+    claims = reports_drafts(backend)
+    seen = {"after a partial": 0, "after a full": 0, "skipped": 0, "drafts compared": 0}
     for prompt in GREEDY_PROMPTS:
         for k in (1, 2, 3):
             result = _decode(backend, target, spec, torch.tensor([prompt]), k=k, max_new_tokens=GREEDY_NEW_TOKENS,
                              sampling=GREEDY)
             full = list(prompt) + list(result.tokens)
+            label = f"{kind} proposer, greedy, k={k}, prompt {list(prompt)}"
             previous = None
             for r in result.rounds:
                 text = full[: r.start]
@@ -164,24 +173,43 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
                     seen["skipped"] += 1
                     continue
                 drafts, accepted = expected
-                last_round = r is result.rounds[-1]
-                if not last_round:  # the last round may be cut by max_new_tokens
+                last_round = r is result.rounds[-1]  # the last round may be cut by max_new_tokens
+                if claims:
+                    got = chain_drafts(r, label)
+                    i = first_difference(got, drafts if not last_round else drafts[: len(got)])
+                    assert i is None, (
+                        f"{label}: round {r.round} ({where}) from the text {text} drafted {got}; the proposer's rule "
+                        f"drafts {drafts} there: {_draft_difference(got, drafts, i)} (proposed {r.proposed}, accepted "
+                        f"{r.accepted}; the rule's drafts accept {accepted}) {_exact_state(text, ctx)}")
+                    seen["drafts compared"] += 1
+                if not last_round:
                     assert (r.proposed, r.accepted) == (len(drafts), accepted), (
-                        f"{kind} proposer, greedy, k={k}, prompt {list(prompt)}: round {r.round} ({where}) from the text "
-                        f"{text} proposed {r.proposed} and accepted {r.accepted}; the proposer's rule drafts {drafts} "
-                        f"there, of which the target accepts {accepted} (the exact proposer state is the committed text: "
-                        f"the feature of position {len(text) - 2} for heads, the whole text for lookup)\n"
-                        f"  replay: {ctx.replay}"
-                    )
+                        f"{label}: round {r.round} ({where}) from the text {text} proposed {r.proposed} and accepted "
+                        f"{r.accepted}; the proposer's rule drafts {drafts} there, of which the target accepts "
+                        f"{accepted} {_exact_state(text, ctx)}")
                 for key in ("after a partial", "after a full"):
                     seen[key] += where.startswith(key)
     ctx.findings.append({"kind": "coverage", **seen})
+    if not claims:
+        ctx.findings.append(drafts_not_reported("the greedy rounds' drafts are"))
     assert min(seen["after a partial"], seen["after a full"]) >= MIN_GREEDY_ROUNDS, (
         f"too few rounds to check rollback ({seen}): the greedy prompts no longer reach partial and full acceptances")
 
 
 #: Rounds after a partial and after a full acceptance the greedy check must see (each at least).
 MIN_GREEDY_ROUNDS = 10
+
+
+def _exact_state(text, ctx: CheckContext) -> str:
+    return (f"(the exact proposer state is the committed text: the feature of position {len(text) - 2} for heads, the "
+            f"whole text for lookup)\n  replay: {ctx.replay}")
+
+
+def _draft_difference(got: list, want: list, i: int) -> str:
+    """Draft ``i`` of a round, got against the rule's, in words."""
+    mine = got[i] if i < len(got) else "missing"
+    rule = want[i] if i < len(want) else "none (past the rule's count)"
+    return f"draft {i} is {mine}, the rule's {rule}"
 
 
 def _require(backend, kind: str) -> None:
@@ -255,6 +283,37 @@ def check_proposer_sequence_law(backend, ctx: CheckContext, kind: str):
 
 #: ``{(law, scheme): {round key: law of m}}``: the exact round laws computed so far (a few dozen distinct starts).
 _ROUND_LAWS: dict = {}
+#: ``{law: {round key: (count, argmax drafts or None)}}``: the rule's number of drafts at a round and, for a one-hot
+#: proposer, the drafts themselves (both a function of the round key).
+_ROUND_RULES: dict = {}
+
+
+def _rule(law, text) -> tuple[int, list[int] | None]:
+    """The rule's number of drafts at a round from ``text`` (``law.count``) and, for a one-hot proposer, its drafts
+    (None for sampled drafts, or where a tied row makes them ambiguous)."""
+    from properties.proposals import argmax_drafts
+
+    return law.count(text, PROPOSER_K), (argmax_drafts(law, text, PROPOSER_K) if law.one_hot else None)
+
+
+def _assert_round_follows_rule(r, rule, text, compare_drafts: bool, last: bool, ctx: CheckContext, label: str) -> None:
+    """A sampled round proposes the rule's number of drafts (the last round, cut by ``max_new_tokens``, may propose
+    fewer: never more) and, with ``compare_drafts``, the rule's drafts (``rule = (count, drafts or None)``)."""
+    __tracebackhide__ = True
+    count, drafts = rule
+    assert r.proposed == count or (last and r.proposed < count), (
+        f"{label}: round {r.round} from the text {text} proposed {r.proposed} drafts; the proposer's rule proposes "
+        f"{count} there{'' if drafts is None else f' ({drafts})'} (prompt lookup: the tokens after the first earlier "
+        f"occurrence of the longest matching suffix, fewer at the text's end, none without a match; a head: k once it "
+        f"has a feature){'; drafts past the rule are never proposed' if r.proposed > count else ''}\n"
+        f"  replay: {ctx.replay}")
+    if compare_drafts and drafts is not None:
+        got = chain_drafts(r, label)
+        i = first_difference(got, drafts[: len(got)])
+        assert i is None, (
+            f"{label}: round {r.round} from the text {text} drafted {got}; the proposer's rule drafts {drafts} there "
+            f"(argmax drafts: a function of the text at any temperature): {_draft_difference(got, drafts, i)}\n"
+            f"  replay: {ctx.replay}")
 
 
 def _accept_rounds(ctx: CheckContext, shift: float) -> int:
@@ -270,7 +329,9 @@ def _accept_rounds(ctx: CheckContext, shift: float) -> int:
     guards="proposer state not following the committed text, sampled (a feature of the previous position, features of "
     "rejected drafts kept, the bonus token's feature, EAGLE-3 layers or d2t wrong, a head at the wrong offset, lookup "
     "on the wrong text) and a "
-    "sampled proposer's q not the law its drafts came from: acceptance lost or inflated while the output stays exact",
+    "sampled proposer's q not the law its drafts came from: acceptance lost or inflated while the output stays exact; "
+    "a round proposing another number of drafts than the rule (short lookups padded to k, lookups not tried, drafts "
+    "past the rule's count) or, reported, other argmax drafts",
     requires=("decoder", "sampling"),
     cases=[(f"{kind}-{mode}", {"kind": kind, "sample": mode == "sampled"})
            for kind, modes in (("ngram", ("one_hot",)), ("eagle", ("sampled", "one_hot")), ("eagle3", ("one_hot",)),
@@ -283,7 +344,10 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
     accepted total their exact expectation (the sum over rounds of ``P(m >= i)`` given the round's text, the declared
     scheme's law, ``properties.proposals.round_acceptance``); power 0.99 against a shift of :data:`ACCEPT_SHIFT` per
     round at any position; the failure report breaks the totals down by rounds after a partial and after a full
-    acceptance (where rollback bugs show)."""
+    acceptance (where rollback bugs show). Every round, drafted or not, proposes exactly the rule's number of drafts
+    (``law.count``: prompt lookup's for the round's text, ``k`` for a head; the last round may propose fewer, never
+    more), and argmax drafts equal the rule's where the backend claims ``round_drafts``: both deterministic, the first
+    round that differs named."""
     from properties.proposals import law_of, round_acceptance, round_key
     from properties.stats import assert_total
     from specdec_ref.exact_models import exact_model
@@ -296,32 +360,43 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
     need = math.ceil(_accept_rounds(ctx, ACCEPT_SHIFT) * ctx.sample_scale)
     seed = ctx.seed_for("proposer-accept", f"{kind}-{sample}")
     prompt_gen = np.random.default_rng(seed)
-    prompts = [list(prompt_gen.integers(0, table.vocab - 1, size=int(prompt_gen.integers(2, 5)))) for _ in range(4096)]
+    prompts = [[int(x) for x in prompt_gen.integers(0, table.vocab - 1, size=int(prompt_gen.integers(2, 5)))]
+               for _ in range(4096)]
 
     def draw(_, index, size):
         rows = range(index * size, (index + 1) * size)
         reqs = [Request(prompt=prompts[i % len(prompts)], max_new_tokens=ACCEPT_NEW_TOKENS, sampling=PROPOSER_SAMPLING,
                         seed=seed + i) for i in rows]
         results = _decode_rows(backend, target, spec, reqs, PROPOSER_K, f"{kind}, rows {rows[0]}..")
-        return [(list(r.prompt), res) for r, res in zip(reqs, results)]
+        return [(list(r.prompt), r.seed, res) for r, res in zip(reqs, results)]
 
     memo = _ROUND_LAWS.setdefault((law, scheme), {})  # per distinct round start, shared by the looks
+    rules = _ROUND_RULES.setdefault(law, {})
+    claims = reports_drafts(backend) and law.one_hot
     observed, means, variances, kinds = {}, {}, {}, {}
     rounds, decoded = 0, 0
     while rounds < need:
         batch = streams.draws(ctx.streams, ("proposer-accept", kind, sample, seed), decoded + ROW_CHUNK, start=lambda: None,
                               draw=draw, chunk=ROW_CHUNK)[decoded:]
         decoded += len(batch)
-        for prompt, res in batch:
+        for prompt, row_seed, res in batch:
             full = prompt + list(res.tokens)
             previous = None
             for r in res.rounds:
                 where = _round_kind(previous).split(" (")[0]
                 previous = r
-                if r.proposed == 0:
-                    continue
                 text = full[: r.start]
                 key = round_key(law, text, PROPOSER_K)
+                rule = rules.get(key)
+                if rule is None:
+                    rule = rules[key] = _rule(law, text)
+                if r.proposed != rule[0] or (claims and rule[1] is not None and r.drafts != rule[1]):  # else it follows
+                    _assert_round_follows_rule(r, rule, text, claims, r is res.rounds[-1], ctx,
+                                               f"{kind} proposer ({'sampled' if sample else 'argmax'} drafts), "
+                                               f"{PROPOSER_SAMPLING.label()}, k={PROPOSER_K}, prompt {prompt}, seed "
+                                               f"{row_seed}")
+                if r.proposed == 0:
+                    continue
                 if key not in memo:
                     memo[key] = round_acceptance(table, law, text, [], PROPOSER_SAMPLING, PROPOSER_K, scheme)
                 dist = memo[key]

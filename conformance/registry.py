@@ -441,7 +441,7 @@ def run_checks(
 #: a new check module is added here (in this order, the order checks have always registered in).
 CHECK_MODULES = (
     "batch_checks", "batch_efficiency_checks", "cache_checks", "contract_checks", "decoder_checks", "tree_checks", "tree_decoder_checks",
-    "verifier_checks", "verifier_output_checks", "proposer_checks", "tree_proposer_checks",
+    "verifier_checks", "verifier_output_checks", "proposer_checks", "tree_proposer_checks", "proposer_batch_checks",
 )
 
 

@@ -1,29 +1,32 @@
-"""Conformance checks of tree decoders drafting with heads (capabilities ``tree_proposer:medusa``, ``:eagle``,
-``:eagle3``, ``:mtp``).
+"""Conformance checks of tree decoders drafting with heads or a draft model on the exactly-known pair (capabilities
+``tree_proposer:medusa``, ``:eagle``, ``:eagle3``, ``:mtp``, ``:draft_model``).
 
 ``decode_tree(target, heads, prompt, depth=D, width=W, ...)`` with :class:`specdec_ref.heads.MedusaHeads` as the
 draft (``specdec_ref.contract``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s children
 come from head ``l - 1``'s row (the same for every node of the level) by the declared tree scheme, the next round's
 feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
 (``specdec_ref.exact_heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
-of the token before the pending one) every greedy tree is a function of the round's text
-(``properties.proposals.greedy_tree_round``), so:
+of the token before the pending one), and with its order-1 draft model, every greedy tree is a function of the round's
+text (``properties.tree_proposals.greedy_tree``), so:
 
 * greedy, every round drafts exactly the tree the text determines and accepts exactly the path the target's argmax
-  chain takes through it, and the output is the target's greedy continuation: round by round, no statistics; a
-  feature read at the block's last node instead of the last accepted one, a head read at the wrong level, siblings
-  not the top of their row, expansions not by cumulative probability all change some round;
-* sampled (heads drawing children from their rows, ``q`` reported), the continuation law is the target's.
+  chain takes through it, and the output is the target's greedy continuation: round by round, no statistics. A
+  backend claiming ``round_drafts`` reports each round's tree (tokens, parents, node probabilities), compared node by
+  node; without the claim, its (node count, accepted) record. A feature read at the block's last node instead of the
+  last accepted one, a head read at the wrong level, siblings not the top of their row, nodes ranked by their own
+  probability instead of their path's (trees of depth 3: at depth 2 both rankings expand the same nodes), an expanded
+  node fed another node's feature all change some round's tree;
+* sampled, every reported tree of depth 3 follows the rule whatever was drawn (``sampled_tree_verdict``: its size, the
+  nodes expanded at each level, each node's token possible and its reported probability the law's), and Medusa trees'
+  continuation law is the target's.
 
 EAGLE, EAGLE-3 and MTP heads grow EAGLE-2's dynamic trees (``decode_tree`` with the head as ``draft``): a node's
 children come from the head's row after reading that node, paired with the hidden state that produced the node's own
 row, and the next round's catch-up reads the committed tokens with the target's features of the accepted path. Their
 exactly-known heads' rows depend on the path (``properties.proposals.EagleLaw``: the hidden state mixes every draft
-before it), and a next round reading a rejected branch's features changes the trees drafted and their acceptance.
-Not covered: an expanded node fed another node's hidden state (its level's first, or the root's). Greedy, only the
-acceptance of the target's argmax chain is observable, and these heads put that chain's next token in the top two of
-almost every row whatever feature they read. Trees (3, 2), (4, 2) and (3, 3) from all 64 two-token prompts: 2 of 192
-rounds sequences change for EAGLE and EAGLE-3, 16 for MTP (``tests/test_tree_heads.py`` measures it).
+before it), so a next round reading a rejected branch's features changes the trees, and an expanded node fed another
+node's hidden state changes its children's row (their probabilities always, their tokens often; the acceptance of the
+target's argmax chain rarely, which is why counts alone missed it: docs/proposers.md).
 """
 from __future__ import annotations
 
@@ -35,7 +38,9 @@ import torch
 
 from specdec_ref.warp import GREEDY, SamplingConfig
 
-from .check_helpers import assert_continuations_follow, call_backend, decode_batch, law_in_rows_then_alike
+from .check_helpers import (assert_continuations_follow, call_backend, decode_batch, law_in_rows_then_alike,
+                            sequence_models)
+from .draft_records import drafts_not_reported, reports_drafts, tree_drafts
 from .proposer_checks import (GREEDY_NEW_TOKENS, GREEDY_PROMPTS, LAW_PROMPT, PROPOSER_PAIR, PROPOSER_TARGET,
                               _table_greedy, proposer_spec, proposer_target)
 from .registry import CheckContext, NotApplicable, check
@@ -60,6 +65,31 @@ TREE_LAW_SAMPLING = SamplingConfig(temperature=2.0)
 MIN_TREE_ROUNDS = 10
 #: The heads a tree decoder may draft with (``tree_proposer:KIND``), each checked on its exactly-known head.
 TREE_HEADS = ("medusa", "eagle", "eagle3", "mtp")
+#: Every tree drafter the checks of the drafted trees cover: the heads and an order-1 draft model of the same target,
+#: :data:`TREE_DRAFT_PAIR`'s (its argmax often differs from the target's: greedy trees reach partial acceptances).
+TREE_DRAFTERS = ("draft_model",) + TREE_HEADS
+TREE_DRAFT_PAIR = "order1-far"
+#: The sampled trees' shapes (depth 3: where a node's own probability and its path's rank the nodes differently), their
+#: prompts (the first six greedy prompts, 1 to 6 tokens), settings, and the judged rounds (ties aside) each drafter's
+#: case must reach.
+SAMPLED_TREE_SHAPES = ((3, 2), (3, 3))
+SAMPLED_TREE_PROMPTS = GREEDY_PROMPTS[:6]
+SAMPLED_TREE_SAMPLING = SamplingConfig(temperature=1.0)
+MIN_SAMPLED_TREE_ROUNDS = 50
+
+
+def tree_drafter(kind: str, sample: bool):
+    """``(target, draft spec, proposal law)`` of the tree drafter ``kind`` on :data:`PROPOSER_TARGET`: an exactly-known
+    head, or :data:`TREE_DRAFT_PAIR`'s order-1 draft model (its law: the draft table's row after a node)."""
+    from properties.proposals import law_of
+    from properties.tree_proposals import DraftModelLaw
+    from specdec_ref.exact_models import exact_pair
+
+    if kind == "draft_model":
+        target, draft = sequence_models(TREE_DRAFT_PAIR)
+        return target, draft, DraftModelLaw(exact_pair(TREE_DRAFT_PAIR).draft.name, sample)
+    spec = proposer_spec(kind, sample)
+    return proposer_target(kind), spec, law_of(spec, PROPOSER_TARGET)
 
 
 def _require_tree_proposer(backend, kind: str) -> None:
@@ -86,9 +116,24 @@ def _tree_round_kind(previous, depth: int) -> str:
     return f"after a partial acceptance ({previous.accepted} of {depth} levels)"
 
 
-def _expansion_note(kind: str) -> str:
-    return "" if kind == "medusa" else ("; each expanded node is read with the head's hidden state that produced its "
+def _tree_rule(kind: str, text) -> str:
+    """What a round's rows read, in words (for failure messages)."""
+    if kind == "draft_model":
+        return "the draft model's rows after the pending token and after each expanded node's token"
+    note = "" if kind == "medusa" else ("; each expanded node is read with the head's hidden state that produced its "
                                         "own row")
+    return (f"the round's first rows read the target's feature of position {len(text) - 2}: the last accepted node's, "
+            f"not the block's last{note}")
+
+
+def _drafter_name(spec) -> str:
+    from specdec_ref.proposers import is_model
+
+    return "draft model" if is_model(spec) else f"{spec.name} heads"
+
+
+def _tree_of(spec) -> str:
+    return "draft model's tree" if _drafter_name(spec) == "draft model" else f"{_drafter_name(spec)}' tree"
 
 
 def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens, sampling, generator=None):
@@ -96,7 +141,8 @@ def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens,
     __tracebackhide__ = True
     result = call_backend(backend.decode_tree, target, spec, torch.tensor([list(prompt)]), depth=depth, width=width,
                           max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                          what=f"decode_tree() with {spec.name} heads (prompt {list(prompt)}, depth {depth}, width {width})")
+                          what=f"decode_tree() with {_drafter_name(spec)} "
+                          f"(prompt {list(prompt)}, depth {depth}, width {width})")
     tokens = getattr(result, "tokens", None)
     if not isinstance(tokens, list) or not all(isinstance(x, int) for x in tokens):
         raise AssertionError(f"decode_tree() must return a result whose .tokens is a list of ints, got {tokens!r}")
@@ -105,30 +151,32 @@ def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens,
 
 @check(
     guards="a head tree's next feature read at the block's last node instead of the accepted path (the tree's "
-    "rollback), Medusa heads read at the wrong level, siblings not the top of their row, levels expanded by anything but the cumulative probability, tree rows "
-    "misaligned (acceptance lost; greedy output still exact)",
+    "rollback), Medusa heads read at the wrong level, siblings not the top of their row, levels expanded by anything "
+    "but the path probability (a node's own probability: deep trees), an expanded node fed another node's feature, "
+    "tree rows misaligned (acceptance lost; greedy output still exact)",
     requires=("tree_decoder", "greedy"),
-    cases=[(kind, {"kind": kind}) for kind in TREE_HEADS],
+    cases=[(kind, {"kind": kind}) for kind in TREE_DRAFTERS],
 )
 def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
-    """Greedy tree decoding with the exactly-known heads of ``kind``, trees of every shape in :data:`TREE_SHAPES` from
-    the greedy prompts: the output is the target's greedy continuation, and every round but the last drafts exactly the
-    nodes and accepts exactly the path its text determines (``properties.proposals.greedy_tree_round``); at least
-    :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
-    from properties.proposals import greedy_tree_round, law_of
+    """Greedy tree decoding with the exactly-known drafter ``kind``, trees of every shape in :data:`TREE_SHAPES` (depth
+    1 to 3) from the greedy prompts: the output is the target's greedy continuation, and every round but the last
+    drafts exactly the tree and accepts exactly the path its text determines (``properties.tree_proposals.greedy_tree``):
+    node by node (token, parent, probability where reported) for a backend claiming ``round_drafts``, by (node count,
+    accepted) otherwise; at least :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
+    from properties.tree_proposals import greedy_tree
     from specdec_ref.exact_models import exact_model
 
     _require_tree_proposer(backend, kind)
-    target = proposer_target(kind)
-    spec = proposer_spec(kind, False)
-    law, table = law_of(spec, PROPOSER_TARGET), exact_model(PROPOSER_TARGET)
-    seen = {"after a partial": 0, "after a full": 0, "skipped": 0}
+    target, spec, law = tree_drafter(kind, False)
+    table = exact_model(PROPOSER_TARGET)
+    claims = reports_drafts(backend)
+    seen = {"after a partial": 0, "after a full": 0, "skipped": 0, "trees compared": 0}
     for prompt in GREEDY_PROMPTS:
         want = _table_greedy(prompt, GREEDY_NEW_TOKENS)
         for depth, width in TREE_SHAPES:
             result = _decode_tree(backend, target, spec, prompt, depth=depth, width=width,
                                   max_new_tokens=GREEDY_NEW_TOKENS, sampling=GREEDY)
-            where = f"{spec.name} tree (depth {depth}, width {width}), greedy, prompt {list(prompt)}"
+            where = f"{_tree_of(spec)} (depth {depth}, width {width}), greedy, prompt {list(prompt)}"
             assert result.tokens == want, (
                 f"{where}: the output differs from the target's greedy continuation at position "
                 f"{next((i for i, (a, b) in enumerate(zip(result.tokens, want)) if a != b), min(len(result.tokens), len(want)))}"
@@ -138,22 +186,100 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, k
                 text = full[: r.start]
                 place = _tree_round_kind(previous, min(depth, len(getattr(spec, "lm_heads", ())) or depth))
                 previous = r
-                expected = greedy_tree_round(table, law, text, depth, width)
+                expected = greedy_tree(table, law, text, depth, width)
                 if expected is None:
                     seen["skipped"] += 1
                     continue
-                assert (r.proposed, r.accepted) == expected, (
+                if claims:
+                    _assert_same_tree(tree_drafts(r, where), expected, lambda: (
+                        f"{where}: round {r.round} ({place}) from the text {text}",
+                        f"({_tree_rule(kind, text)})\n  replay: {ctx.replay}"))
+                    seen["trees compared"] += 1
+                nodes = len(expected.tokens)
+                assert (r.proposed, r.accepted) == (nodes, expected.accepted), (
                     f"{where}: round {r.round} ({place}) from the text {text} drafted {r.proposed} nodes and accepted "
-                    f"{r.accepted}; the heads' tree there has {expected[0]} nodes, of which the target's argmax chain "
-                    f"accepts {expected[1]} (the round's first rows read the target's feature of position "
-                    f"{len(text) - 2}: the last accepted node's, not the block's last{_expansion_note(kind)})"
-                    f"\n  replay: {ctx.replay}")
+                    f"{r.accepted}; the tree there has {nodes} nodes, of which the target's argmax chain accepts "
+                    f"{expected.accepted} ({_tree_rule(kind, text)})\n  replay: {ctx.replay}")
                 for key in ("after a partial", "after a full"):
                     seen[key] += place.startswith(key)
     ctx.findings.append({"kind": "coverage", **seen})
+    if not claims:
+        ctx.findings.append(drafts_not_reported("the greedy trees are"))
     assert min(seen["after a partial"], seen["after a full"]) >= MIN_TREE_ROUNDS, (
         f"too few rounds to check the tree's rollback ({seen}): the greedy prompts no longer reach partial and full "
         f"acceptances")
+
+
+def _assert_same_tree(reported, expected, context) -> None:
+    """The reported ``(tokens, parents, probabilities or None)`` of a greedy round are the exact tree's, node by node;
+    the first node that differs is named (its token, its parent, then its probability); ``context()`` gives the
+    failure's ``(where, because)``."""
+    __tracebackhide__ = True
+    from properties.tree_proposals import PROB_ATOL, PROB_RTOL
+
+    tokens, parents, probs = reported
+    if tokens == expected.tokens and parents == expected.parents and (probs is None or all(
+            abs(p - q) <= PROB_ATOL + PROB_RTOL * q for p, q in zip(probs, expected.probs))):
+        return
+    where, because = context()
+    assert len(tokens) == len(expected.tokens), (
+        f"{where} drafted {len(tokens)} nodes; the rule's tree has {len(expected.tokens)}: tokens {expected.tokens}, "
+        f"parents {expected.parents} {because}")
+    for i, (t, p, want_t, want_p) in enumerate(zip(tokens, parents, expected.tokens, expected.parents)):
+        assert (t, p) == (want_t, want_p), (
+            f"{where}: node {i} is token {t} under node {p}; the rule's node {i} is token {want_t} under node {want_p} "
+            f"(drafted tokens {tokens}, parents {parents}; the rule's {expected.tokens}, {expected.parents}) {because}")
+        if probs is not None:
+            q = expected.probs[i]
+            assert abs(probs[i] - q) <= PROB_ATOL + PROB_RTOL * q, (
+                f"{where}: node {i} (token {t} under node {p}) is reported with probability {probs[i]:.6g}; the "
+                f"drafter's row gives it {q:.6g} (a node read with the wrong feature or path) {because}")
+
+
+@check(
+    guards="sampled trees not drafted by the rule: levels expanded by anything but the path probability (a node's own "
+    "probability: deep trees), an expanded node fed another node's feature or a row of another path, children "
+    "reported with another row than they were drawn from, nodes the rule does not draft (acceptance lost; the text "
+    "law still exact)",
+    requires=("tree_decoder", "sampling", "round_drafts"),
+    cases=[(kind, {"kind": kind}) for kind in TREE_DRAFTERS],
+)
+def check_tree_proposer_sampled_trees_follow_the_rule(backend, ctx: CheckContext, kind: str):
+    """Sampled tree decoding with the exactly-known drafter ``kind`` (:data:`SAMPLED_TREE_SAMPLING`, trees of depth 3
+    and widths 2 and 3, one seeded decode per prompt of :data:`SAMPLED_TREE_PROMPTS` and shape): every round's reported
+    tree but the last's follows the rule, whatever its draws (``properties.tree_proposals.sampled_tree_verdict``): as
+    many nodes as the rule drafts, each level's expanded nodes the ``width`` of the previous level with the highest path
+    probability under the drafter's law, every node's token possible in the law's row after its parent's path and,
+    where the backend reports node probabilities, each equal to that row's. Deterministic: the first round and node that differ are named, with
+    the seed; rounds whose expansion is a near tie are skipped (counted), at least :data:`MIN_SAMPLED_TREE_ROUNDS`
+    judged."""
+    from properties.tree_proposals import sampled_tree_verdict
+
+    _require_tree_proposer(backend, kind)
+    if getattr(backend.capabilities, "tree_scheme", "specinfer") == "deterministic":
+        raise NotApplicable("the backend declares deterministic trees: its sampled trees are the greedy ones, checked "
+                            "node by node by tree_proposer_greedy_acceptance_is_exact")
+    target, spec, law = tree_drafter(kind, True)
+    seen = {"judged": 0, "ties": 0}
+    for prompt in SAMPLED_TREE_PROMPTS:
+        for depth, width in SAMPLED_TREE_SHAPES:
+            seed = ctx.seed_for("tree-proposer-rule", kind, prompt, depth, width)
+            result = _decode_tree(backend, target, spec, prompt, depth=depth, width=width,
+                                  max_new_tokens=GREEDY_NEW_TOKENS, sampling=SAMPLED_TREE_SAMPLING,
+                                  generator=torch.Generator().manual_seed(seed))
+            where = (f"{_tree_of(spec)} (depth {depth}, width {width}), {SAMPLED_TREE_SAMPLING.label()}, "
+                     f"prompt {list(prompt)}, generator seed {seed}")
+            full = list(prompt) + list(result.tokens)
+            for r in result.rounds[:-1]:  # the last round may be cut by max_new_tokens
+                text = full[: r.start]
+                status, why = sampled_tree_verdict(law, text, depth, width, SAMPLED_TREE_SAMPLING, *tree_drafts(r, where))
+                assert status != "violation", (
+                    f"{where}: round {r.round} from the text {text}: {why}\n  drafted tokens {r.drafts}, parents "
+                    f"{r.parents}\n  ({_tree_rule(kind, text)})\n  replay: {ctx.replay}")
+                seen["judged" if status == "ok" else "ties"] += 1
+    ctx.findings.append({"kind": "coverage", **seen})
+    assert seen["judged"] >= MIN_SAMPLED_TREE_ROUNDS, (
+        f"too few sampled tree rounds judged ({seen}): the prompts no longer reach enough rounds without near ties")
 
 
 @check(

@@ -34,7 +34,7 @@ from typing import Sequence
 import numpy as np
 
 __all__ = ["EagleLaw", "Eagle3Law", "Eagle3FeatureLaw", "MtpLaw", "MedusaLaw", "NgramLaw", "law_of", "round_acceptance",
-           "round_key"]
+           "round_key", "argmax_drafts", "greedy_round"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -299,21 +299,32 @@ def _argmax(row: np.ndarray, tie: float = TIE) -> int | None:
     return None if top[1] - top[0] < tie else int(row.argmax())
 
 
+def argmax_drafts(law, text: Sequence[int], k: int) -> list[int] | None:
+    """The drafts of a one-hot proposer (argmax drafts, prompt lookup) at a round from ``text`` with at most ``k``:
+    ``law.count(text, k)`` of them, each the first-index argmax of the law's raw row after the earlier ones (the
+    argmax of any tempered row: temperature keeps the order); prompt lookup's proposal. None when a row on the way is
+    tied (within the law's ``tie``: the drafts are then ambiguous)."""
+    text = list(text)
+    if isinstance(law, NgramLaw):
+        return law.proposal(text, k)
+    drafts: list[int] = []
+    for _ in range(law.count(text, k)):
+        d = _argmax(law.raw(text, drafts), getattr(law, "tie", TIE))
+        if d is None:
+            return None
+        drafts.append(d)
+    return drafts
+
+
 def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], int] | None:
     """``(drafts, accepted)`` of a greedy round from ``text`` (pending token last) with argmax drafts from ``law``
-    judged against the target's argmax (an order-1 exactly-known ``target``): every round's outcome is a function
-    of its text. None when a draft or a target row on the way is tied (the outcome is then ambiguous)."""
+    (:func:`argmax_drafts`) judged against the target's argmax (an order-1 exactly-known ``target``): every round's
+    outcome is a function of its text. None when a draft or a target row on the way is tied (the outcome is then
+    ambiguous)."""
     text = list(text)
-    count = law.count(text, k)
-    if isinstance(law, NgramLaw):
-        drafts = law.proposal(text, k)
-    else:
-        drafts = []
-        for _ in range(count):
-            d = _argmax(law.raw(text, drafts), getattr(law, "tie", TIE))
-            if d is None:
-                return None
-            drafts.append(d)
+    drafts = argmax_drafts(law, text, k)
+    if drafts is None:
+        return None
     accepted, last = 0, text[-1]
     for d in drafts:
         y = _argmax(np.asarray(target.next_logits([[last]]), dtype=np.float64)[0])
@@ -323,76 +334,3 @@ def greedy_round(target, law, text: Sequence[int], k: int) -> tuple[list[int], i
             break
         accepted, last = accepted + 1, d
     return drafts, accepted
-
-
-def _top(row: np.ndarray, width: int, tie: float = TIE) -> list[int] | None:
-    """The ``width`` largest entries' ids, ties to the lower id (a stable descending sort); None when the ``width``-th
-    and the next are a near tie (within ``tie`` but not equal: float32 may order them either way)."""
-    order = np.argsort(-row, kind="stable")
-    if len(order) > width:
-        a, b = row[order[width - 1]], row[order[width]]
-        if a != b and a - b < tie:
-            return None
-    return [int(i) for i in order[:width]]
-
-
-#: Cumulative draft probabilities of two tree nodes closer than this (relative) are a near tie: float32 may rank them
-#: either way.
-SCORE_TIE = 1e-6
-
-
-def greedy_tree_round(target, law, text: Sequence[int], depth: int, width: int) -> tuple[int, int] | None:
-    """``(nodes, accepted)`` of a greedy tree round from ``text`` (pending token last; an order-1 exactly-known
-    ``target``), as :mod:`specdec_ref.tree_heads` grows it: a node's children are the top ``width`` ids (ties to the
-    lower id) of the softmax of ``law``'s row after the node's path (Medusa: head ``l``'s row at level ``l + 1``,
-    the same for every node of the level; EAGLE, EAGLE-3, MTP: the head's row after drafting the path; greedy rows
-    are not tempered); the root gets ``width`` children, each further level expands the ``width`` nodes of the
-    previous one with the highest cumulative probability (ties to the lower node); the accepted path follows the
-    target's argmax chain. None when the round drafts nothing, or when a ranking on the way is a near tie (top ids
-    within the law's ``tie``, cumulative probabilities within :data:`SCORE_TIE` relative, but not equal)."""
-    text = list(text)
-    levels = law.count(text, depth)
-    if levels == 0:
-        return None
-    tie = getattr(law, "tie", TIE)
-
-    def row(path):
-        x = law.raw(text, path)
-        p = np.exp(x - x.max())
-        return _top(x, width, tie), p / p.sum()
-
-    top, probs = row([])
-    if top is None:
-        return None
-    tokens, parents, paths = list(top), [-1] * width, [[t] for t in top]
-    scores = [probs[t] for t in top]
-    level_nodes = list(range(width))
-    for level in range(1, levels):
-        ranked = sorted(range(len(level_nodes)), key=lambda j: -scores[level_nodes[j]])
-        if len(ranked) > width:
-            a, b = scores[level_nodes[ranked[width - 1]]], scores[level_nodes[ranked[width]]]
-            if a != b and abs(a - b) < SCORE_TIE * a:
-                return None
-        new_nodes = []
-        for j in sorted(ranked[:width]):
-            node = level_nodes[j]
-            top, probs = row(paths[node])
-            if top is None:
-                return None
-            for t in top:
-                parents.append(node)
-                tokens.append(t)
-                paths.append(paths[node] + [t])
-                scores.append(scores[node] * probs[t])
-                new_nodes.append(len(tokens) - 1)
-        level_nodes = new_nodes
-    node, last, accepted = -1, text[-1], 0
-    for _ in range(levels):
-        g = _argmax(np.asarray(target.next_logits([[last]]), dtype=np.float64)[0])
-        if g is None:
-            return None
-        child = next((i for i, (p, t) in enumerate(zip(parents, tokens)) if p == node and t == g), None)
-        if child is None:
-            break
-        node, last, accepted = child, g, accepted + 1
-    return len(tokens), accepted

@@ -42,6 +42,7 @@ class ReferenceBackend:
         min_p=True,
         history_sampling=True,
         phase_timings=True,
+        round_drafts=True,
         dtypes=("float32", "float64", "bfloat16", "float16"),
         devices=("cpu", "cuda"),
         proposers=("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp"),

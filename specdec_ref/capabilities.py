@@ -18,7 +18,7 @@ __all__ = ["CAPABILITY_FLAGS", "SCHEMES", "LOSSLESS_SCHEMES", "TREE_SCHEMES", "L
 #: flags they need; an unknown flag name is an error at collection time.
 CAPABILITY_FLAGS = (
     "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
-    "batched_decoder", "min_p", "history_sampling", "phase_timings", "batched_tree_decoder",
+    "batched_decoder", "min_p", "history_sampling", "phase_timings", "batched_tree_decoder", "round_drafts",
 )
 
 #: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
@@ -79,6 +79,7 @@ class Capabilities:
     history_sampling: bool = False
     phase_timings: bool = False
     batched_tree_decoder: bool = False
+    round_drafts: bool = False
     dtypes: tuple[str, ...] = ("float32",)
     devices: tuple[str, ...] = ("cpu",)
     proposers: tuple[str, ...] = ("draft_model",)

@@ -248,6 +248,20 @@ row's record of one round holds the *same* dict (the batch round's). The phases 
 wall time less argument validation; a profile checks that within a stated tolerance. ``seconds = None``
 means not reported; claiming ``phase_timings`` says every record carries them.
 
+Drafts in the round records (``round_drafts``, optional)
+--------------------------------------------------------
+A decoder claiming ``round_drafts`` says what every round drafted, so that the suite can compare it with the
+proposer's exact rule (the proposer and tree-proposer checks; acceptance counts alone miss drafts that change
+without changing a count). Every :class:`RoundRecord` of ``decode`` / ``decode_batch`` / ``decode_tree`` /
+``decode_tree_batch`` then carries ``drafts``: chain rounds the ``proposed`` draft tokens in order (``[]`` for a
+round without drafts, never a padding token past the rule's count); tree rounds every node's token in the order the
+tree verifier got them, with ``parents`` (each node's parent index, ``-1`` for the root's children, the tree
+verifier's ``parents``) and, where the drafter reports them, ``draft_probs``: each node's probability in the row it
+was drawn from (its ``q``; greedy trees: the row its level's expansions are ranked by), or None. A backend that does
+not claim ``round_drafts`` may leave the three fields None: its drafts are judged by their counts and acceptance
+only (the checks note it). Claimed, a record without its drafts (or with a length other than ``proposed``) fails the
+check that reads it; drafts that differ from the rule fail naming the round and node.
+
 History-dependent sampling (``history_sampling``): ``repetition_penalty``, ``presence_penalty``,
 ``frequency_penalty``, ``logit_bias``, ``min_new_tokens`` (EOS masked before) and ``constraint``
 (a :class:`specdec_ref.history.TokenAutomaton`: allowed next tokens as a function of the
@@ -303,6 +317,7 @@ Every flag defaults to ``False``: a backend claims what it implements, nothing e
 ``min_p``           the decoder honours ``SamplingConfig.min_p``
 ``history_sampling`` the decoder honours penalties, ``logit_bias``, ``min_new_tokens`` and ``constraint``
 ``phase_timings``   ``decode`` / ``decode_batch`` report each round's phase seconds in ``RoundRecord.seconds`` (below)
+``round_drafts``    every ``RoundRecord`` carries the round's ``drafts`` (trees: ``parents``, ``draft_probs``; above)
 ``batched_tree_decoder`` exposes ``decode_tree_batch(target, draft, requests, *, depth, width, on_round=None)``: the
                     tree decoder's rows, as ``decode_batch`` is the chain decoder's (the proposers in
                     ``batched_tree_proposers``; a seeded request gives what ``decode_tree`` gives it alone)

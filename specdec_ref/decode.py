@@ -66,9 +66,12 @@ def open_caches(make_cache, make_draft_cache, target, draft, prompt: torch.Tenso
 
 
 def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, draft_cache, *, start: int, proposed: int,
-              accepted: int, emitted: int, committed: int, hit_eos: bool, row: int = 0, seconds: dict | None = None) -> bool:
-    """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair and the round's
-    phase ``seconds``, if timed), call ``on_round``, and mark an EOS finish; True when generation ends here."""
+              accepted: int, emitted: int, committed: int, hit_eos: bool, row: int = 0, seconds: dict | None = None,
+              drafts: list[int] | None = None, parents: list[int] | None = None,
+              draft_probs: list[float] | None = None) -> bool:
+    """Record a finished round (its :class:`RoundRecord` with the caches' lengths after the repair, the round's
+    phase ``seconds``, if timed, and what it drafted), call ``on_round``, and mark an EOS finish; True when generation
+    ends here."""
     record = RoundRecord(
         round=len(result.rounds),
         start=start,
@@ -82,6 +85,9 @@ def end_round(result: DecodeResult, on_round: RoundHook | None, target_cache, dr
         draft_calls=result.draft_calls,
         row=row,
         seconds=seconds,
+        drafts=drafts,
+        parents=parents,
+        draft_probs=draft_probs,
     )
     result.rounds.append(record)
     if on_round is not None:
@@ -384,13 +390,14 @@ class SpeculativeDecoder:
             if proposer.target_capture:
                 proposer.observe(target_cache.cache.features(), [s - 1 for s in starts])
             calls["target"] += 1
-            flat = torch.cat([m[:, None], tokens], 1).tolist()  # the one host sync of the round
+            out = tokens.shape[1]
+            flat = torch.cat([m[:, None], tokens, drafts], 1).tolist()  # the one host sync of the round (drafts too)
             now = clock()
             round_seconds["verify"] = now - tick
             tick = now
             new_lens, fed_all, emitted_counts, done, finals = [], [], [], [], []
             for j, i in enumerate(live):
-                accepted, *row = flat[j]
+                accepted, row, drafted = flat[j][0], flat[j][1 : 1 + out], flat[j][1 + out :]
                 res = results[i]
                 untruncated = [x for x in row if x >= 0][: sub.max_new[j] - len(res.tokens)]
                 emitted, hit_eos = _truncate(untruncated, sub.eos[j])
@@ -403,7 +410,7 @@ class SpeculativeDecoder:
                 proposer.commit_tokens(j, emitted)
                 emitted_counts.append(len(emitted))
                 done.append(self.finished(len(res.tokens), sub.max_new[j], hit_eos))
-                finals.append((accepted, len(emitted), hit_eos))
+                finals.append((accepted, len(emitted), hit_eos, drafted[: k_round if counts is None else counts[j]]))
             calls["draft"] += self.repair(target_cache, draft_cache, drafts, new_lens, fed_all)
             keep_n = torch.tensor(emitted_counts, device=tokens.device)
             self.advance_history(state, drafts, tokens, keep_n)
@@ -414,11 +421,10 @@ class SpeculativeDecoder:
             for j, i in enumerate(live):
                 res = results[i]
                 res.target_calls, res.draft_calls = calls["target"], calls["draft"]
-                accepted, n_emitted, hit_eos = finals[j]
-                end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j],
-                          proposed=k_round if counts is None else counts[j],
+                accepted, n_emitted, hit_eos, drafted = finals[j]
+                end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j], proposed=len(drafted),
                           accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i,
-                          seconds=round_seconds)
+                          seconds=round_seconds, drafts=drafted)
             stay = self.leave(live, done)
             if len(stay) < len(live):
                 live = [live[j] for j in stay]

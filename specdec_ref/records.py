@@ -32,6 +32,14 @@ class RoundRecord:
     #: wall seconds of the round's phases, as the decoder reports them (module docstring, "Phase timings"); None: not
     #: reported. Never compared (two decodes of the same request are equal whatever their timings).
     seconds: dict[str, float] | None = field(default=None, compare=False)
+    #: what the round drafted (contract, "Drafts in the round records"; claimed with ``round_drafts``): chain rounds the
+    #: ``proposed`` draft tokens, tree rounds every node's token in the tree verifier's order; None: not reported.
+    drafts: list[int] | None = None
+    #: tree rounds: each node's parent (an index into ``drafts``; -1: a child of the root); None otherwise.
+    parents: list[int] | None = None
+    #: tree rounds: each node's probability in the row it was drawn from, where the drafter reports it; None otherwise.
+    #: Never compared (float bookkeeping: the checks compare it with a tolerance).
+    draft_probs: list[float] | None = field(default=None, compare=False)
 
     @property
     def pending(self) -> int:

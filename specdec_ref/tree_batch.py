@@ -93,7 +93,7 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
         done, emitted_of, finals = [], [], []
         repairs: dict = {id(part): [] for part, _ in parts}
         for j, i in enumerate(live):
-            part, r, (accepted, path, row, slots) = outcome[j]
+            part, r, (accepted, path, row, slots, drafted) = outcome[j]
             res = results[i]
             untruncated = [x for x in row if x >= 0][: sub.max_new[j] - len(res.tokens)]
             emitted, hit_eos = _truncate(untruncated, sub.eos[j])
@@ -103,7 +103,7 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
             res.host_syncs += 1
             committed[j] += len(emitted)
             emitted_of.append(emitted)
-            finals.append((part, accepted, hit_eos))
+            finals.append((part, accepted, hit_eos, drafted))
             done.append(hit_eos or len(res.tokens) >= sub.max_new[j])
         for part, rows in parts:
             calls["draft"] += part.repair(repairs[id(part)])
@@ -115,12 +115,12 @@ def decode_tree_batch(decoder, target, draft, requests: Sequence[Request], *, de
             last = torch.tensor([[len(emitted_of[j]) - 1] for j in rows], dtype=torch.long, device=pending.device)
             pending[rows] = part.path_tokens.gather(1, last)
         for j, i in enumerate(live):
-            part, accepted, hit_eos = finals[j]
+            part, accepted, hit_eos, (nodes, parents, probs) = finals[j]
             res = results[i]
             res.target_calls, res.draft_calls = calls["target"], calls["draft"]
             end_round(res, on_round, target_cache.row(j), drafter.view(j), start=starts[j] + 1,
                       proposed=part.size, accepted=accepted, emitted=len(emitted_of[j]), committed=committed[j],
-                      hit_eos=hit_eos, row=i)
+                      hit_eos=hit_eos, row=i, drafts=nodes, parents=parents, draft_probs=probs)
         stay = [j for j, d in enumerate(done) if not d]
         if len(stay) < len(live):
             live = [live[j] for j in stay]
@@ -291,14 +291,15 @@ class _Round:
         self.size, self.draft_calls, self.block = 0, 0, None
 
     def run(self) -> list:
-        """``(accepted, path, row tokens, path nodes' draft slots)`` per row (host lists, one read)."""
+        """``(accepted, path, row tokens, path nodes' draft slots, (node tokens, parents, node probabilities))`` per row
+        (host lists, one read)."""
         if self.levels == 0:  # no room for a tree (or no feature yet): a plain target step
             self.drafter.plain(self.pending)
             logits = self.target_cache.feed(self.pending)
             self._keep_block()
             final = self._choose(self.decoder.target_rows(logits, self.config)[:, -1])
             self.path_tokens = final[:, None]
-            return [(0, [], [x], []) for x in final.tolist()]
+            return [(0, [], [x], [], ([], [], [])) for x in final.tolist()]
         tokens, parents, qs, draft_slots = self.grow()
         self.size = tokens.shape[1]
         m, path, out = self.verify(tokens, parents, qs)
@@ -306,8 +307,16 @@ class _Round:
         on_path = path[:, :levels]
         slots = torch.where(on_path >= 0, draft_slots.gather(1, on_path.clamp_min(0)), -1)
         self.path_tokens = out[:, : levels + 1]
-        flat = torch.cat([m[:, None], on_path, out[:, : levels + 1], slots], 1).tolist()
-        return [(f[0], f[1 : 1 + f[0]], f[1 + levels : 2 + 2 * levels], f[2 + 2 * levels :]) for f in flat]
+        ids = torch.cat([m[:, None], on_path, out[:, : levels + 1], slots, tokens, parents], 1)
+        node_q = qs.gather(2, tokens[..., None])[..., 0]
+        flat = torch.cat([ids.double(), node_q.double()], 1).tolist()  # the nodes and their q too (the round's record)
+        n, width = self.size, ids.shape[1]
+        rows = []
+        for f in flat:
+            a = [int(x) for x in f[:width]]
+            tree = (a[2 + 3 * levels : 2 + 3 * levels + n], a[2 + 3 * levels + n :], f[width:])
+            rows.append((a[0], a[1 : 1 + a[0]], a[1 + levels : 2 + 2 * levels], a[2 + 2 * levels : 2 + 3 * levels], tree))
+        return rows
 
     def _keep_block(self) -> None:
         """The hidden states a heads' drafter reads next (Medusa: the target's, of this forward)."""
@@ -354,8 +363,8 @@ class _Round:
             tokens.append(kids)
             parents.append(nodes.repeat_interleave(width, 1))
             qs.append(q.repeat_interleave(width, 1))
-            scores = scores.gather(1, chosen).repeat_interleave(width, 1) * q.reshape(g * width, -1).gather(
-                1, kids.reshape(g * width, width)).reshape(g, -1)
+            scores = self.decoder.child_scores(scores.gather(1, chosen).repeat_interleave(width, 1), q.reshape(
+                g * width, -1).gather(1, kids.reshape(g * width, width)).reshape(g, -1))
         return torch.cat(tokens, 1), torch.cat(parents, 1), torch.cat(qs, 1), draft_slots
 
     def verify(self, tokens: torch.Tensor, parents: torch.Tensor, qs: torch.Tensor):

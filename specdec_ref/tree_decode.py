@@ -111,6 +111,11 @@ class TreeSpeculativeDecoder:
         best = torch.sort(scores, descending=True, stable=True).indices[:width]
         return best.sort().values
 
+    def child_scores(self, parent_scores: torch.Tensor, child_q: torch.Tensor) -> torch.Tensor:
+        """The cumulative draft probability of new nodes (what :meth:`expand` ranks): their parent's times their own
+        ``q`` (each node's probability in the row it was drawn from)."""
+        return parent_scores * child_q
+
     def grow_levels(self, first: tuple, depth: int, width: int, sampling, generator, level_rows) -> tuple:
         """The tree's ``(tokens, parents, draft_probs)`` from the root's ``first = (sample from, q)`` (``[1, V]`` each):
         the root's ``width`` children, then per further level the ``width`` nodes with the highest cumulative ``q``
@@ -131,7 +136,7 @@ class TreeSpeculativeDecoder:
             tokens.append(kids.reshape(-1))
             parents.append(nodes.repeat_interleave(width))
             qs.append(q.repeat_interleave(width, 0))
-            scores = scores[chosen].repeat_interleave(width) * q.gather(1, kids).reshape(-1)
+            scores = self.child_scores(scores[chosen].repeat_interleave(width), q.gather(1, kids).reshape(-1))
         return torch.cat(tokens), torch.cat(parents), torch.cat(qs)
 
     def grow(self, draft_cache: ModelCache, pending: torch.Tensor, depth: int, width: int, sampling, generator) -> DraftTree:
@@ -307,7 +312,7 @@ class TreeSpeculativeDecoder:
                 result.target_calls += 1
                 accepted, path, row, slots = 0, [], [int(final.item())], []
                 path_tokens = final[:, None]
-                proposed = 0
+                proposed, drafted = 0, ([], [], [])
                 if clock:
                     seconds["verify"] += clock() - tick
             else:
@@ -321,12 +326,16 @@ class TreeSpeculativeDecoder:
                 result.target_calls += 1
                 on_path = path_t[0, :levels]
                 slots_t = torch.where(on_path >= 0, tree.draft_slots.gather(0, on_path.clamp_min(0)), -1)
-                # the one host sync of the round
-                flat = torch.cat([m[:1], on_path, tokens[0, : levels + 1], slots_t]).tolist()
-                accepted = flat[0]
-                path = flat[1 : 1 + accepted]
-                row = flat[1 + levels : 2 + 2 * levels]
-                slots = flat[2 + 2 * levels : 2 + 3 * levels]
+                # the one host sync of the round (the tree's nodes and their probabilities too, for the round's record)
+                ids = torch.cat([m[:1], on_path, tokens[0, : levels + 1], slots_t, tree.tokens, tree.parents])
+                node_q = tree.draft_probs.gather(1, tree.tokens[:, None])[:, 0]
+                flat = torch.cat([ids.double(), node_q.double()]).tolist()
+                n, ints = tree.size, [int(x) for x in flat[: len(ids)]]
+                accepted = ints[0]
+                path = ints[1 : 1 + accepted]
+                row = ints[1 + levels : 2 + 2 * levels]
+                slots = ints[2 + 2 * levels : 2 + 3 * levels]
+                drafted = (ints[2 + 3 * levels : 2 + 3 * levels + n], ints[2 + 3 * levels + n :], flat[len(ids) :])
                 path_tokens = tokens[:, : levels + 1]
                 proposed = tree.size
                 if clock:
@@ -344,7 +353,8 @@ class TreeSpeculativeDecoder:
             if clock:
                 seconds["repair"] += clock() - tick
             if end_round(result, on_round, target_cache, drafter.view, start=start + 1, proposed=proposed,
-                         accepted=accepted, emitted=len(emitted), committed=committed, hit_eos=hit_eos):
+                         accepted=accepted, emitted=len(emitted), committed=committed, hit_eos=hit_eos,
+                         drafts=drafted[0], parents=drafted[1], draft_probs=drafted[2]):
                 break
         if timed:
             result.seconds = seconds
