@@ -11,8 +11,8 @@ What the tool measures itself (``perf_counter`` around each call and in the deco
   without ``cache``) cannot be timed that way: then every run of the profile, AR included, is timed as a
   *whole call* (prefill included, all tokens), and the report says so.
 
-What the backend reports (only when its round records carry ``seconds``, the contract's "Phase timings"):
-per-phase seconds (prefill, draft, verify, repair, other), summed over the distinct round dicts of a call.
+What the backend reports (only when its round records carry ``seconds``: ``specdec_ref.contract.Decoder``, "Phase
+timings"): per-phase seconds (prefill, draft, verify, repair, other), summed over the distinct round dicts of a call.
 
 Order: one warm-up call per variant (dropped), then for every repeat and every unit (a prompt, or a group of
 B prompts decoded together) every variant back to back, the order rotated by repeat and unit; sampling

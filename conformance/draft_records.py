@@ -1,6 +1,6 @@
 """What a backend says each round drafted (``RoundRecord.drafts``, ``parents``, ``draft_probs``; capability
-``round_drafts``, the contract's "Drafts in the round records"): whether it claims to say it, the claim honoured by
-every record, and where two drafts first differ.
+``round_drafts``: ``specdec_ref.contract.Decoder``, "Drafts in the round records"): whether it claims to say it, the
+claim honoured by every record, and where two drafts first differ.
 
 A backend that does not claim ``round_drafts`` is judged by its rounds' counts and acceptance only; the checks that
 would have compared its drafts say so in a finding (:func:`drafts_not_reported`). One that claims it and leaves a

@@ -1,15 +1,15 @@
 """Batch invariance of decoders drafting with proposers other than a draft model (capabilities ``batched_decoder`` and
 ``proposer:NAME``; run with the batch checks, conformance/test_batch.py).
 
-The batched decoder contract's invariance holds whatever drafts: a seeded request decodes bit for bit the same alone
-and in any batch, and a row's drafts depend on its own text, settings and generator only
-(``specdec_ref.contract``, "The batched decoder contract" and "Proposers"). A proposer keeps per-row state the draft
-model's cache does not: prompt lookup's texts, a head's backlog of committed tokens and target features (padded to the
-longest row in the catch-up), rows with no feature yet (a one-token prompt's first round drafts nothing while its
-neighbours draft). Bugs there (a row reading another row's text or feature after rows leave, the padding's feature,
-a neighbour's draws) change a seeded row's drafts only in a batch, so its acceptance and, sampled, its output: the
-exactness checks cannot see them (the law holds whatever is drafted), the acceptance check only as a total. Here each
-seeded row is decoded in a batch of ragged neighbours, alone and in another batch, and compared round by round.
+The batched decoder contract's invariance holds whatever drafts: a seeded request decodes bit for bit the same alone and
+in any batch, and a row's drafts depend on its own text, settings and generator only (``specdec_ref.contract``:
+``BatchedDecoder.decode_batch`` and ``Decoder``, "Proposers"). A proposer keeps per-row state the draft model's cache
+does not: prompt lookup's texts, a head's backlog of committed tokens and target features (padded to the longest row in
+the catch-up), rows with no feature yet (a one-token prompt's first round drafts nothing while its neighbours draft).
+Bugs there (a row reading another row's text or feature after rows leave, the padding's feature, a neighbour's draws)
+change a seeded row's drafts only in a batch, so its acceptance and, sampled, its output: the exactness checks cannot
+see them (the law holds whatever is drafted), the acceptance check only as a total. Here each seeded row is decoded in a
+batch of ragged neighbours, alone and in another batch, and compared round by round.
 """
 from __future__ import annotations
 

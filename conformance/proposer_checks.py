@@ -1,7 +1,7 @@
 """Conformance checks of decoders drafting with proposers other than a draft model (capability ``proposer:NAME``).
 
-The proposers (``specdec_ref.contract``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``), EAGLE-3
-heads (``eagle3``), MTP modules (``mtp``) and Medusa heads (``medusa``), passed as ``draft`` to ``decode`` /
+The proposers (``specdec_ref.contract.Decoder``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``),
+EAGLE-3 heads (``eagle3``), MTP modules (``mtp``) and Medusa heads (``medusa``), passed as ``draft`` to ``decode`` /
 ``decode_batch``. On the exactly-known order-1 pair ``order1-close`` with the exactly-known heads
 (``specdec_ref.exact_heads``; EAGLE-3 on the three-layer target of the same table, ``specdec_ref.exact_deep``, whose
 layers' hidden states differ) every proposal is a table of what the proposer reads (its pending token, the feature

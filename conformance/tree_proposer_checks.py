@@ -2,9 +2,9 @@
 ``tree_proposer:medusa``, ``:eagle``, ``:eagle3``, ``:mtp``, ``:draft_model``).
 
 ``decode_tree(target, heads, prompt, depth=D, width=W, ...)`` with :class:`specdec_ref.heads.MedusaHeads` as the
-draft (``specdec_ref.contract``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s children
-come from head ``l - 1``'s row (the same for every node of the level) by the declared tree scheme, the next round's
-feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
+draft (``specdec_ref.contract.Decoder``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s
+children come from head ``l - 1``'s row (the same for every node of the level) by the declared tree scheme, the next
+round's feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
 (``specdec_ref.exact_heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
 of the token before the pending one), and with its order-1 draft model, every greedy tree is a function of the round's
 text (``properties.tree_proposals.greedy_tree``), so:

@@ -1,7 +1,8 @@
 """A backend's declaration of what it supports (:class:`Capabilities`) and the names a requirement may use.
 
-Part of the backend contract (:mod:`specdec_ref.contract`, which re-exports every name here and describes each flag,
-scheme and proposer in its docstring). Invariant: a requirement is a capability flag or ``dtype:`` / ``device:`` /
+Part of the backend contract (:mod:`specdec_ref.contract`, which re-exports every name here; the flags and
+declarations are described by :class:`~specdec_ref.contract.Backend`, the schemes by ``Verifier`` / ``TreeVerifier``,
+the proposers by ``Decoder``). Invariant: a requirement is a capability flag or ``dtype:`` / ``device:`` /
 ``proposer:`` / ``tree_proposer:`` + a known name (:func:`check_requirement`), and :meth:`Capabilities.has` answers
 exactly those.
 """
@@ -14,18 +15,18 @@ from typing import Any
 __all__ = ["CAPABILITY_FLAGS", "SCHEMES", "LOSSLESS_SCHEMES", "TREE_SCHEMES", "LOSSLESS_TREE_SCHEMES", "DTYPE_NAMES",
            "DEVICE_NAMES", "PROPOSER_NAMES", "TREE_PROPOSER_NAMES", "check_requirement", "Capabilities"]
 
-#: Capability flags a backend may claim (see the module docstring). Checks are marked with the
+#: Capability flags a backend may claim (see :class:`specdec_ref.contract.Backend`). Checks are marked with the
 #: flags they need; an unknown flag name is an error at collection time.
 CAPABILITY_FLAGS = (
     "verifier", "greedy", "sampling", "batched", "cache", "decoder", "top_k", "top_p", "tree", "tree_decoder", "row_generators",
     "batched_decoder", "min_p", "history_sampling", "phase_timings", "batched_tree_decoder", "round_drafts",
 )
 
-#: Verification schemes a backend may declare (``Capabilities.scheme``; see the module docstring).
+#: Verification schemes a backend may declare (``Capabilities.scheme``; see :class:`specdec_ref.contract.Verifier`).
 SCHEMES = ("token", "one_hot_draft", "block", "lossy")
 #: The schemes whose output must follow the target's law exactly.
 LOSSLESS_SCHEMES = ("token", "one_hot_draft", "block")
-#: Tree verification schemes (``Capabilities.tree_scheme``; see the module docstring).
+#: Tree verification schemes (``Capabilities.tree_scheme``; see :class:`specdec_ref.contract.TreeVerifier`).
 TREE_SCHEMES = ("specinfer", "recursive", "deterministic", "lossy")
 #: The tree schemes whose output must follow the target's law exactly.
 LOSSLESS_TREE_SCHEMES = ("specinfer", "recursive", "deterministic")
@@ -58,7 +59,7 @@ def check_requirement(flag: str) -> None:
 class Capabilities:
     """A backend's frozen declaration of what it supports; every flag defaults to ``False``.
 
-    The flags, ``dtypes`` and ``devices`` are described in the module docstring. A check that
+    The flags, ``dtypes`` and ``devices`` are described in :class:`specdec_ref.contract.Backend`. A check that
     needs an unclaimed capability is skipped, naming it; a claimed capability must pass every
     check that needs it.
     """

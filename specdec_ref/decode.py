@@ -336,8 +336,8 @@ class SpeculativeDecoder:
 
         ``on_round(record, target_cache, draft_cache)`` runs after every round for every row still in the batch,
         with that row's caches (``record.row`` is its request index). Every record carries the round's phase seconds
-        (``record.seconds``, the contract's "Phase timings"; complete when this returns); ``timed`` also puts their
-        totals (prefill, draft, verify, repair) in every result's ``seconds``."""
+        (``record.seconds``: :class:`~specdec_ref.contract.Decoder`, "Phase timings"; complete when this returns);
+        ``timed`` also puts their totals (prefill, draft, verify, repair) in every result's ``seconds``."""
         batch = validate_requests(target, draft, requests, k)
         results = [DecodeResult(tokens=[], prompt_len=p.shape[1], finished_by="max_new_tokens") for p in batch.prompts]
         live = [i for i in range(len(batch)) if batch.max_new[i] > 0]

@@ -1,6 +1,8 @@
 """What a decoder returns and receives besides tensors: a round's record, a decode's result, a batched request.
 
-Part of the backend contract (:mod:`specdec_ref.contract`, which re-exports every name here and documents them).
+Part of the backend contract (:mod:`specdec_ref.contract` re-exports every name here; its protocols
+:class:`~specdec_ref.contract.Decoder` and :class:`~specdec_ref.contract.BatchedDecoder` say what a decoder puts in
+them).
 """
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ class RoundRecord:
     target_calls: int  # cumulative
     draft_calls: int  # cumulative
     row: int = 0  # the request's index in the batch it was submitted with
-    #: wall seconds of the round's phases, as the decoder reports them (module docstring, "Phase timings"); None: not
-    #: reported. Never compared (two decodes of the same request are equal whatever their timings).
+    #: wall seconds of the round's phases, as the decoder reports them (:class:`specdec_ref.contract.Decoder`, "Phase
+    #: timings"); None: not reported. Never compared (two decodes of the same request are equal whatever their timings).
     seconds: dict[str, float] | None = field(default=None, compare=False)
-    #: what the round drafted (contract, "Drafts in the round records"; claimed with ``round_drafts``): chain rounds the
-    #: ``proposed`` draft tokens, tree rounds every node's token in the tree verifier's order; None: not reported.
+    #: what the round drafted (:class:`specdec_ref.contract.Decoder`, "Drafts in the round records"; claimed with
+    #: ``round_drafts``): chain rounds the ``proposed`` draft tokens, tree rounds every node's token in the tree
+    #: verifier's order; None: not reported.
     drafts: list[int] | None = None
     #: tree rounds: each node's parent (an index into ``drafts``; -1: a child of the root); None otherwise.
     parents: list[int] | None = None

@@ -1,6 +1,6 @@
 """Verification schemes other than token-wise rejection sampling, each a small subclass of the reference.
 
-Every class keeps the verifier contract (:mod:`specdec_ref.contract`): same inputs, same output
+Every class keeps the verifier contract (:class:`specdec_ref.contract.Verifier`): same inputs, same output
 layout, greedy verification unchanged (``draft_probs=None`` follows the target's greedy path), no
 host synchronisation, randomness only from the given generator. What differs is how a sampled
 block is judged; ``scheme`` names it, as a backend declares it in ``Capabilities.scheme``.

@@ -26,11 +26,11 @@ SGLang's layout (``N = num_draft_tokens``, ``S = num_speculative_tokens``)
   accepted nodes, ``-1`` after; ``accept_token_num[bs]`` (int32): the number of accepted drafts (root excluded).
   At most ``S - 1`` drafts are accepted (SGLang passes ``S = speculative_num_steps + 1``, the tree depth + 1).
 
-Our layout (:mod:`specdec_ref.contract`, tree verifier contract) maps one to one: our node ``i`` is SGLang's
-node ``i + 1``, ``target_probs`` rows already agree (row ``i + 1`` after node ``i``). :func:`to_sglang_layout`
-and :func:`from_sglang_outputs` convert, :class:`SGLangTreeBackend` wraps any kernel pair with SGLang's
-signature (default: the ports :data:`tree_speculative_sampling_target_only` and :data:`verify_tree_greedy`)
-behind our ``verify_tree``.
+Our layout (the tree verifier contract, :class:`specdec_ref.contract.TreeVerifier`) maps one to one: our node ``i`` is
+SGLang's node ``i + 1``, ``target_probs`` rows already agree (row ``i + 1`` after node ``i``). :func:`to_sglang_layout`
+and :func:`from_sglang_outputs` convert, :class:`SGLangTreeBackend` wraps any kernel pair with SGLang's signature
+(default: the ports :data:`tree_speculative_sampling_target_only` and :data:`verify_tree_greedy`) behind our
+``verify_tree``.
 """
 from __future__ import annotations
 
@@ -354,7 +354,7 @@ class SGLangTreeBackend:
         return from_sglang_outputs(outputs.predicts, outputs.accept_index, outputs.accept_token_num, layout.retrive_index)
 
     def verify_tree(self, draft_tokens, parents, draft_probs, target_probs, *, generator: torch.Generator | None = None) -> TreeResult:
-        """The tree verifier contract (:mod:`specdec_ref.contract`) through SGLang's kernels."""
+        """The tree verifier contract (:class:`specdec_ref.contract.TreeVerifier`) through SGLang's kernels."""
         if self.validate:
             validate_tree_inputs(draft_tokens, parents, draft_probs, target_probs)
         layout = self.to_layout(draft_tokens, parents, target_probs)

@@ -1,6 +1,6 @@
 """Tree verification: one target forward judges a whole tree of drafts; one root-to-node path is kept.
 
-Shapes and semantics are the tree verifier contract of :mod:`specdec_ref.contract`: node ``i`` has
+Shapes and semantics are the tree verifier contract (:class:`specdec_ref.contract.TreeVerifier`): node ``i`` has
 token ``draft_tokens[b, i]`` under ``parents[b, i]`` (``-1``: the root), nodes topologically
 ordered, padded nodes (token ``-1``) at the end; ``target_probs[b, 0]`` judges the root's
 children, ``target_probs[b, i + 1]`` node ``i``'s children; ``draft_probs[b, i]`` is the draft row

@@ -11,7 +11,7 @@ to ``argmax`` of their rows; the emitted token is ``argmax`` of row ``m``.
 
 The whole computation stays on the input's device with no host
 synchronisation: no ``.item()``, no data-dependent Python branching. It runs in
-float32 whatever the input dtype. See :mod:`specdec_ref.contract` for shapes.
+float32 whatever the input dtype. See :meth:`specdec_ref.contract.Verifier.verify` for shapes.
 """
 from __future__ import annotations
 
