@@ -90,7 +90,10 @@ def _history_rows(z: np.ndarray, config, prompt: list[int], generated: list[list
     vocab = z.shape[-1]
     eos = eos_set(eos_id)
     flat = [t for g in generated for t in g]
-    for t in prompt + flat + [t for t, _ in config.logit_bias] + list(eos):
+    for t, _ in config.logit_bias:
+        if not 0 <= t < vocab:
+            raise ValueError(f"logit_bias names token {t}, outside the vocabulary [0, {vocab})")
+    for t in prompt + flat + list(eos):
         if not 0 <= t < vocab:
             raise ValueError(f"token {t} is outside the vocabulary [0, {vocab})")
     rows = np.repeat(np.arange(len(generated)), [len(g) for g in generated])

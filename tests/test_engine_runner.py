@@ -34,10 +34,10 @@ def test_matrix_cases_are_well_defined():
     from conformance.samples import split_ties
     from specdec_ref.exact_models import exact_model
 
-    names = [c.name for c in matrix.CASES]
+    names = [c.name for c in matrix.CASES + matrix.FEATURE_CASES]
     assert len(names) == len(set(names))
     seeds = set()
-    for c in matrix.CASES:
+    for c in matrix.CASES + matrix.FEATURE_CASES:
         em = exact_model(c.model)
         assert c.n >= (20000 if not c.greedy else 100)
         assert split_ties(em, c.prompt, c.max_new_tokens, c.sampling, eos_id=em.eos_id if c.eos else None) == []

@@ -234,3 +234,18 @@ def test_after_a_crash_each_case_runs_alone_to_its_decision(tmp_path):
     temperature = cases["temperature"]
     assert temperature["level"] in ("certified", "reduced") and temperature["looks"]["decided"], temperature["headline"]
 
+
+
+def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_naming_the_setting(tmp_path):
+    """The request-feature case ``logit-bias``: the control applies the bias and is certified; the speculative
+    configuration accepts it and drops it, and its verdict names the setting (not a bare chi-square), in the
+    record and in the verdict table."""
+    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    control, dropped = configs["control"]["cases"]["logit-bias"], configs["ignores-bias"]["cases"]["logit-bias"]
+    assert control["level"] in ("certified", "reduced") and not control.get("explained"), control["headline"]
+    assert "bias 2:+1 5:-1" in control["settings"]
+    assert dropped["level"] == "not_certified", dropped["headline"]
+    assert dropped["explained"].startswith("logit_bias has no effect: the file fits the law without it"), dropped
+    assert "--logit-bias 2:1,5:-1" in dropped["replay"]
+    assert "logit-bias, explained: logit_bias has no effect" in (tmp_path / "verdicts.md").read_text()

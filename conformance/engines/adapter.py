@@ -41,7 +41,7 @@ from typing import Protocol, Sequence
 
 from specdec_ref.warp import SamplingConfig
 
-from .matrix import CASES, EFFICIENCY, Case, Configuration, law_depends_on_tie_rule
+from .matrix import CASES, EFFICIENCY, FEATURE_CASES, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
     "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
@@ -180,7 +180,7 @@ class EngineAdapter(abc.ABC):
 
     def all_cases(self) -> tuple[Case, ...]:
         """The matrix cases this engine runs (its declared list, less those its tie convention leaves undefined)."""
-        chosen = CASES if self.cases is None else tuple(c for c in CASES if c.name in self.cases)
+        chosen = CASES if self.cases is None else tuple(c for c in CASES + FEATURE_CASES if c.name in self.cases)
         if self.conventions.top_k_ties == "unstated":
             chosen = tuple(c for c in chosen if not law_depends_on_tie_rule(c))
         return chosen

@@ -43,9 +43,23 @@ def _sampling_from_args(args) -> SamplingConfig:
     return SamplingConfig(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, top_k_ties=ties, **extra)
 
 
+def _flag_type(kind):
+    """``kind`` for argparse: its ValueError's own message in the usage error (not "invalid <function> value")."""
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
     for flag, name, kind, off in _EXTRA_SETTINGS:
-        parser.add_argument(flag, dest=name, type=kind, default=off, help=f"the engine's {name} (default: off)")
+        help = (f"the engine's {name}, TOKEN:BIAS[,TOKEN:BIAS...] (default: none)" if name == "logit_bias"
+                else f"the engine's {name} (default: off)")
+        parser.add_argument(flag, dest=name, type=_flag_type(kind), default=off, help=help)
 
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:

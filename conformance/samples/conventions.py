@@ -1,11 +1,14 @@
-"""Conventions engines legitimately differ on: declared in the settings, and the alternatives the tool knows.
+"""Known alternatives to the declared settings: conventions engines legitimately differ on, and settings ignored.
 
 A convention is a choice the sampling settings alone leave open and engines make differently, stated as a
 :class:`specdec_ref.warp.SamplingConfig` field that the reference warper, the exact laws and this tool all read
-(today: the top-k tie rule, ``top_k_ties``). The file is judged under the declared value. Invariant: an
-alternative never changes a verdict's level; when a file is ``NOT CERTIFIED`` under the declared settings, the
-laws of the tested contexts differ under another known convention, and the file fits that one (every test
-passes at the same alpha), the verdict gains one line saying so (:func:`explain`).
+(today: the top-k tie rule, ``top_k_ties``). The file is judged under the declared value. An *ignored setting* is a
+declared setting the engine accepted and did not apply (:data:`IGNORABLE`: ``logit_bias``, ``min_new_tokens``, the
+penalties, ``min_p``; engines have shipped each silently dropped under speculation): its alternative is the law
+without it. Invariant: an alternative never changes a verdict's level; when a file is ``NOT CERTIFIED`` under the
+declared settings, the laws of the tested contexts differ under a known alternative, and the file fits that one
+(every test passes at the same alpha), the verdict gains one line saying so (:func:`explain`): conventions are tried
+first, then each ignored setting alone, then all the declared ones together.
 
 To add a convention: a field of ``SamplingConfig`` that :func:`specdec_ref.warp.warp_logits` honours, its command
 line flag in :mod:`conformance.samples.cli`, and one :class:`Convention` per value in :data:`CONVENTIONS`.
@@ -19,6 +22,8 @@ import torch
 
 from properties.sequences import next_token_law
 from specdec_ref.warp import TOP_K_TIES, SamplingConfig
+
+from .law import setting_text
 
 #: ``SamplingConfig.top_k_ties`` value -> its spelling on the command line (``--top-k-ties``).
 TOP_K_TIES_CLI = {"all": "all", "lowest_ids": "lowest-ids"}
@@ -58,6 +63,39 @@ def alternatives(sampling: SamplingConfig) -> list[tuple[Convention, SamplingCon
     return out
 
 
+@dataclass(frozen=True)
+class IgnoredSetting:
+    """A setting an engine may accept and not apply: ``off`` is its value when it has no effect."""
+
+    name: str  # the SamplingConfig field: "logit_bias"
+    flag: str  # its command-line flag: "--logit-bias"
+    off: object
+
+    def held_by(self, sampling: SamplingConfig) -> bool:
+        return getattr(sampling, self.name) != self.off and not (sampling.greedy and self.name == "min_p")
+
+
+#: The settings whose silent omission the tool names (history-dependent settings and min-p).
+IGNORABLE: tuple[IgnoredSetting, ...] = (
+    IgnoredSetting("logit_bias", "--logit-bias", ()),
+    IgnoredSetting("min_new_tokens", "--min-new-tokens", 0),
+    IgnoredSetting("frequency_penalty", "--frequency-penalty", 0.0),
+    IgnoredSetting("presence_penalty", "--presence-penalty", 0.0),
+    IgnoredSetting("repetition_penalty", "--repetition-penalty", 1.0),
+    IgnoredSetting("min_p", "--min-p", None),
+)
+
+
+def ignored_alternatives(sampling: SamplingConfig) -> list[tuple[tuple[IgnoredSetting, ...], SamplingConfig]]:
+    """``(settings dropped, the settings without them)``: each declared ignorable setting alone, then all of them
+    together when more than one is declared."""
+    held = [s for s in IGNORABLE if s.held_by(sampling)]
+    out = [((s,), replace(sampling, **{s.name: s.off})) for s in held]
+    if len(held) > 1:
+        out.append((tuple(held), replace(sampling, **{s.name: s.off for s in held})))
+    return out
+
+
 def judged_contexts(completions: Iterable[tuple[tuple[int, ...], tuple[int, ...], int]]) -> dict:
     """``{prompt: {prefix, ...}}``: every context a test judged a token in.
 
@@ -88,9 +126,11 @@ def explain(model, sampling: SamplingConfig, contexts: dict, rejudge, *, eos_id)
     ``rejudge(settings)`` judges the same file under other settings (same alpha, same alternative TV) and
     returns its :class:`conformance.samples.SamplesVerdict`. An alternative is tried only where its law differs
     from the declared one at a tested context; it fits when its verdict is ``CERTIFIED`` or ``CERTIFIED AT
-    REDUCED POWER`` (every test passed, no impossible token, no invariant broken).
+    REDUCED POWER`` (every test passed, no impossible token, no invariant broken). Conventions come first (an
+    undeclared convention is no defect), then ignored settings (:func:`ignored_alternatives`).
     """
-    for convention, other in alternatives(sampling):
+    tried = [(c, other) for c, other in alternatives(sampling)] + ignored_alternatives(sampling)
+    for what, other in tried:
         if not law_differs(model, contexts, sampling, other, eos_id=eos_id):
             continue
         verdict = rejudge(other)
@@ -98,13 +138,20 @@ def explain(model, sampling: SamplingConfig, contexts: dict, rejudge, *, eos_id)
             continue
         fits = verdict.fits
         p = min(f.p_value for f in fits)
-        line = (
-            f"departs only {convention.where}; fits {convention.flag}, p = {p:.3g} "
-            f"(the smallest of its {len(fits)} tests' p-values, alpha {fits[0].alpha:.3g} each; {verdict.headline} there)"
-        )
-        record = {
-            "convention": convention.name, "flag": convention.flag, "where": convention.where, "p_value": p,
-            "level": verdict.level, "headline": verdict.headline, "sampling": other.as_dict(), "replay": verdict.replay,
-        }
+        fit = (f"p = {p:.3g} (the smallest of its {len(fits)} tests' p-values, alpha {fits[0].alpha:.3g} each; "
+               f"{verdict.headline} there)")
+        record = {"p_value": p, "level": verdict.level, "headline": verdict.headline, "sampling": other.as_dict(),
+                  "replay": verdict.replay}
+        if isinstance(what, Convention):
+            line = f"departs only {what.where}; fits {what.flag}, {fit}"
+            record.update(convention=what.name, flag=what.flag, where=what.where)
+        else:
+            names = " and ".join(s.name for s in what)
+            declared = ", ".join(f"{s.flag} {setting_text(getattr(sampling, s.name))}" for s in what)
+            verb = "has" if len(what) == 1 else "have"
+            line = f"{names} {verb} no effect: the file fits the law without {'it' if len(what) == 1 else 'them'} " \
+                   f"(declared {declared}), {fit}"
+            record.update(ignored=[s.name for s in what], flag=declared)
         return line, record
     return None, None
+

@@ -24,6 +24,24 @@ class AmbiguousLawError(ValueError):
     """The settings make the exact law depend on how a sampler sorts tied logits (:func:`split_ties`)."""
 
 
+def parse_logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """``--logit-bias``'s value: ``"3:2.5,5:-1"`` -> ``((3, 2.5), (5, -1.0))`` (token id : bias, comma-separated)."""
+    pairs = []
+    for item in text.split(","):
+        token, sep, bias = item.partition(":")
+        if not sep:
+            raise ValueError(f"logit bias {item!r} is not TOKEN:BIAS")
+        pairs.append((int(token), float(bias)))
+    return tuple(sorted(pairs))
+
+
+def setting_text(value) -> str:
+    """A setting's value as its flag takes it (``logit_bias`` pairs as ``3:2.5,5:-1``)."""
+    if isinstance(value, tuple):
+        return ",".join(f"{int(t)}:{b:g}" for t, b in value)
+    return f"{value:g}"
+
+
 #: The history-dependent and min-p settings the certify command accepts: (flag, SamplingConfig field, type, off value).
 _EXTRA_SETTINGS = (
     ("--min-p", "min_p", float, None),
@@ -31,6 +49,7 @@ _EXTRA_SETTINGS = (
     ("--presence-penalty", "presence_penalty", float, 0.0),
     ("--frequency-penalty", "frequency_penalty", float, 0.0),
     ("--min-new-tokens", "min_new_tokens", int, 0),
+    ("--logit-bias", "logit_bias", parse_logit_bias, ()),
 )
 
 
@@ -48,7 +67,7 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
     for _, name, _, off in _EXTRA_SETTINGS:
         value = getattr(sampling, name)
         if value != off and not (sampling.greedy and name == "min_p"):
-            parts.append(f"{name}={value:g}")
+            parts.append(f"{name}={setting_text(value)}")
     parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
     return ", ".join(parts)
 

@@ -21,7 +21,7 @@ from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
 from .conventions import TOP_K_TIES_CLI, explain, judged_contexts
-from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label
+from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label, setting_text
 from .looks import Looks, Sequential, run_looks
 from .prompts import PromptReport, _greedy_test, _sampling_test
 from .read import (
@@ -53,7 +53,7 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
     for flag, name, _, off in _EXTRA_SETTINGS:
         value = getattr(sampling, name)
         if value != off and not (sampling.greedy and name == "min_p"):
-            args += [flag, f"{value:g}"]
+            args += [flag, setting_text(value)]
     if sampling.greedy:
         args.append("--greedy")
         if tolerance is not None:
