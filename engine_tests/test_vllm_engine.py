@@ -97,6 +97,13 @@ def test_min_p_is_refused_with_speculation(unpatched):
     assert c["level"] == "refused" and "min_p" in c["headline"]
 
 
+def test_logit_bias_is_refused_with_speculation_and_applied_without(unpatched):
+    """vLLM refuses logit_bias with any speculative configuration (SamplingParams verification), and applies it without."""
+    c = unpatched[0]["configs"]["draft-prob"]["cases"]["logit-bias"]
+    assert c["level"] == "refused" and "logit_bias" in c["headline"]
+    assert unpatched[0]["configs"]["control"]["cases"]["logit-bias"]["level"] in ("certified", "reduced", "inconclusive")
+
+
 def test_reduced_runs_cannot_check_expectations(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "conformance.engines", "vllm", "--out", str(tmp_path), "--scale", "0.1",
                            "--check-expected"], capture_output=True, text=True, timeout=60)

@@ -53,6 +53,13 @@ def test_matrix_cases_are_well_defined():
     assert len(matrix.case("position-1tok").prompt) == 1 and len(matrix.case("position").prompt) == 2
 
 
+def test_sampling_kwargs_pass_logit_bias_and_min_tokens():
+    kw = vllm.vllm_sampling_kwargs(matrix.case("logit-bias").sampling, max_new_tokens=3, eos=False, eos_id=7, seed=1)
+    assert kw["logit_bias"] == {2: 1.0, 5: -1.0} and "min_tokens" not in kw
+    kw = vllm.vllm_sampling_kwargs(SamplingConfig(min_new_tokens=2), max_new_tokens=3, eos=True, eos_id=7, seed=1)
+    assert kw["min_tokens"] == 2 and "logit_bias" not in kw
+
+
 def test_sampling_kwargs_set_every_filter_off_explicitly():
     kw = vllm.vllm_sampling_kwargs(SamplingConfig(temperature=0.7), max_new_tokens=3, eos=True, eos_id=7, seed=5)
     assert kw["top_k"] == 0 and kw["top_p"] == 1.0 and kw["min_p"] == 0.0 and kw["seed"] == 5
@@ -262,8 +269,8 @@ def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
     dependent = {c.name for c in matrix.CASES if matrix.law_depends_on_tie_rule(c)}
     assert dependent == {"warp-1tok", "warp", "ties", "position-1tok", "position"}
     ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
-    assert {c.name for c in ad.all_cases()} == {c.name for c in matrix.CASES} - dependent
-    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES)
+    assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | {"logit-bias", "min-tokens"}) - dependent
+    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + 2  # and the request features
 
 
 def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):

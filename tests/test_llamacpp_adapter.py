@@ -45,12 +45,14 @@ def test_payload_greedy_unseeded_penalties_minp():
     assert m["min_p"] == 0.2 and m["top_k"] == 0 and m["top_p"] == 1.0
 
 
-def test_refused_settings():
-    r = Request("x", (1,), SamplingConfig(temperature=1.0, logit_bias={1: 2.0}), 3, True, 7, 0)
-    with pytest.raises(ValueError, match="logit_bias"):
+def test_logit_bias_is_sent_and_min_tokens_refused():
+    assert lc.completion_payload(_req("logit-bias"))["logit_bias"] == [[2, 1.0], [5, -1.0]]
+    assert "logit_bias" not in lc.completion_payload(_req("warp"))
+    r = Request("x", (1,), SamplingConfig(temperature=1.0, min_new_tokens=2), 3, True, 7, 0)
+    with pytest.raises(ValueError, match="min_new_tokens"):
         lc.completion_payload(r)
     s = lc.LlamaCppSession.__new__(lc.LlamaCppSession)
-    assert "logit_bias" in s.refuses(r) and s.refuses(_req("warp")) is None
+    assert "min_new_tokens" in s.refuses(r) and s.refuses(_req("warp")) is None
 
 
 def test_eos_variant_per_request():

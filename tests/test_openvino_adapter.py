@@ -68,9 +68,11 @@ def test_mapping_greedy_no_eos_penalties_minp_lookup_control():
     assert m["min_p"] == 0.2 and m["top_k"] == 0 and m["top_p"] == 1.0
     lk = ovad.generation_fields(_req("eos"), ovad.ADAPTER.config("prompt-lookup"), seed=5)
     assert lk["num_assistant_tokens"] == 3 and lk["max_ngram_size"] == 2
-    with pytest.raises(ValueError, match="logit_bias"):
+    with pytest.raises(ValueError, match="GenerationConfig has no logit_bias"):
         ovad.generation_fields(Request("x", (1,), SamplingConfig(temperature=1.0, logit_bias={1: 2.0}), 3, True, 7, 0),
                                ovad.ADAPTER.config("control"), seed=0)
+    mt = ovad.generation_fields(_req("min-tokens"), ovad.ADAPTER.config("prompt-lookup"), seed=5)
+    assert mt["min_new_tokens"] == 3 and mt["ignore_eos"] is False
 
 
 def test_unseeded_requests_get_distinct_seeds_of_the_adapter():
@@ -85,7 +87,7 @@ def test_unseeded_requests_get_distinct_seeds_of_the_adapter():
 def test_configurations():
     names = [c.name for c in ovad.CONFIGS]
     assert len(set(names)) == len(names)
-    known = {c.name for c in CASES}
+    known = {c.name for c in CASES} | set(ovad.FEATURES)
     for c in ovad.CONFIGS:
         assert c.cases is None or set(c.cases) <= known, c.name
         assert c.speculative == (c.name != "control")

@@ -105,6 +105,9 @@ FEATURE_CASES: tuple[Case, ...] = (
     Case("logit-bias", "order1", (2, 5), SamplingConfig(temperature=1.0, logit_bias={2: 1.0, 5: -1.0}), 3, False, True,
          N, "logit_bias on every position, drafts included (ignored: TV 0.225 over the three tokens, 0.031 on the "
          "first alone)", 1_000_000),
+    Case("min-tokens", "order1", (2, 6), SamplingConfig(temperature=1.0, min_new_tokens=3), 4, True, True, N,
+         "EOS masked before the third token, drafts included (ignored: TV 0.272; EOS is 0.27 likely in the first three)",
+         1_100_000),
 )
 
 

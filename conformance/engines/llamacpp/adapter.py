@@ -125,10 +125,11 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {}, cases=MAIN, note="no speculation, one slot (-np 1)"),
+    Configuration("control", None, {}, cases=MAIN + ("logit-bias",), note="no speculation, one slot (-np 1)"),
     Configuration("control-np4", None, {"parallel": 4}, cases=("position",), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
-    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT, identical_to="control", k=3,
+    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT + ("logit-bias",),
+                  identical_to="control", k=3,
                   proposer="draft",
                   note="draft model, --spec-type draft-simple --spec-draft-n-max 3 --spec-draft-n-min 0 "
                        "--spec-draft-p-min 0 (llama.cpp's defaults)"),
@@ -195,8 +196,8 @@ def completion_payload(request) -> dict:
     """``/completion``'s body for one :class:`Request`: token ids in and out, the reference warper's order, every
     other filter off, EOS never banned (see the module docstring), the seed when the request has one."""
     s = request.sampling
-    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
-        raise ValueError("the llama.cpp matrix has no logit_bias / min_new_tokens / constraint cases")
+    if s.min_new_tokens or s.constraint is not None:
+        raise ValueError("the llama.cpp matrix has no min_new_tokens / constraint cases")
     body = {
         "prompt": [int(t) for t in request.prompt], "n_predict": int(request.max_new_tokens), "stream": False,
         "return_tokens": True, "cache_prompt": True, "samplers": list(SAMPLERS), "ignore_eos": False,
@@ -210,6 +211,8 @@ def completion_payload(request) -> dict:
         "frequency_penalty": float(s.frequency_penalty), "repeat_last_n": 128,  # >= the whole context
         "response_fields": ["tokens", "stop_type", "timings/draft_n", "timings/draft_n_accepted"],
     }
+    if s.logit_bias:  # llama.cpp puts its logit-bias sampler first in the chain, as the reference applies it first
+        body["logit_bias"] = [[int(t), float(b)] for t, b in s.logit_bias]
     if request.seed is not None:
         body["seed"] = int(request.seed)
     return body
@@ -481,7 +484,7 @@ class LlamaCppAdapter(EngineAdapter):
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=MAIN + ("penalty",), timeout_s=900.0,
+    cases=MAIN + ("penalty", "logit-bias"), timeout_s=900.0,
     seed_probe=True,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True,

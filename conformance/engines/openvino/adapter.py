@@ -57,6 +57,9 @@ K = 3
 #: Every matrix case (the penalty case departs by the engine's penalty definition: recorded, explained).
 ALL = tuple(c.name for c in CASES)
 SPEC = ("warp", "eos", "position")
+#: The request-feature cases (:data:`conformance.engines.matrix.FEATURE_CASES`): min_new_tokens is a GenerationConfig
+#: field; logit_bias is not (refused, with that reason).
+FEATURES = ("min-tokens", "logit-bias")
 
 
 def _draft(k: int, *, caching: bool = True, **extra) -> dict:
@@ -64,7 +67,7 @@ def _draft(k: int, *, caching: bool = True, **extra) -> dict:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {"prefix_caching": True}, cases=ALL,
+    Configuration("control", None, {"prefix_caching": True}, cases=ALL + FEATURES,
                   note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
     Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching on (LLMPipeline's default)"),
@@ -80,7 +83,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
     Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
                                                      "max_ngram_size": 2, "prefix_caching": True}, None,
-                  cases=("warp-1tok", "eos", "position", "greedy"), k=3, identical_to="control",
+                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES, k=3, identical_to="control",
                   note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
     Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
                   identical_to="control",
@@ -93,9 +96,12 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
     off values: ``top_k`` 0, ``top_p`` 1, ``min_p`` 0), EOS as the one stop token (``ignore_eos`` when EOS is an
     ordinary token), the request's seed, the speculative options of the configuration. Pure: no OpenVINO."""
     s = request.sampling
-    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
-        raise ValueError("the OpenVINO matrix has no logit_bias / min_new_tokens / constraint cases")
-    f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": 0, "apply_chat_template": False,
+    if s.logit_bias:
+        raise ValueError("OpenVINO GenAI's GenerationConfig has no logit_bias")
+    if s.constraint is not None:
+        raise ValueError("the OpenVINO matrix has no constraint cases")
+    f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": int(s.min_new_tokens),
+         "apply_chat_template": False,
          "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 0,
          "repetition_penalty": float(s.repetition_penalty), "presence_penalty": float(s.presence_penalty),
          "frequency_penalty": float(s.frequency_penalty)}
@@ -285,7 +291,7 @@ class OpenVINOAdapter(EngineAdapter):
 
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
-    timeout_s=900.0,
+    cases=ALL + FEATURES, timeout_s=900.0,
     seed_probe=True,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",

@@ -25,7 +25,7 @@ from pathlib import Path
 from specdec_ref.warp import SamplingConfig
 
 from ..adapter import Conventions, EngineAdapter, venv_python
-from ..matrix import Configuration
+from ..matrix import CASES, Configuration
 
 __all__ = ["ADAPTER", "CONFIGS", "ENGINE_ARGS", "vllm_sampling_kwargs", "speculative_config", "target_path",
            "spec_counters", "replay_script", "find_python"]
@@ -98,8 +98,12 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
         kw.update(ignore_eos=False, stop_token_ids=[eos_id])
     else:
         kw.update(ignore_eos=True)
-    if s.logit_bias or s.min_new_tokens or s.constraint is not None:
-        raise ValueError("the vLLM matrix has no logit_bias / min_new_tokens / constraint cases")
+    if s.logit_bias:
+        kw["logit_bias"] = {int(t): float(b) for t, b in s.logit_bias}
+    if s.min_new_tokens:
+        kw["min_tokens"] = int(s.min_new_tokens)
+    if s.constraint is not None:
+        raise ValueError("the vLLM matrix has no constraint cases")
     if s.top_k and s.top_k_ties != "all":
         raise ValueError(f"vLLM's top-k keeps every token tied with the k-th: it cannot sample top_k_ties={s.top_k_ties!r}")
     return kw
@@ -262,6 +266,7 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
+    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens"),
     max_model_len=ENGINE_ARGS["max_model_len"],
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
