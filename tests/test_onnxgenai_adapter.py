@@ -47,10 +47,12 @@ def test_search_options_per_request():
     assert og_ad.search_options(_req("warp", case="warp"), k=3)["max_length"] == 5  # law cases: the exact budget
     rep = Request("x", (1,), SamplingConfig(temperature=1.0, repetition_penalty=1.3), 3, True, 7, 0)
     assert og_ad.search_options(rep)["repetition_penalty"] == 1.3
+    mt = og_ad.search_options(_req("min-tokens"))  # min_length counts the prompt: [2, 6] + 3 generated
+    assert mt["min_length"] == 5 and mt["max_length"] == 6
 
 
 def test_refused_settings_and_the_tie_rule():
-    for name, what in (("min-p", "min_p"), ("penalty", "presence_penalty")):
+    for name, what in (("min-p", "min_p"), ("penalty", "presence_penalty"), ("logit-bias", "logit_bias")):
         with pytest.raises(ValueError, match=what):
             og_ad.search_options(_req(name))
     keep_all = Request("ties", (0, 4), SamplingConfig(temperature=1.5, top_k=2), 3, True, 7, 0)
@@ -83,7 +85,7 @@ def test_configurations_declare_their_schemes():
     for c in ad.configurations:  # every identity claim has the control cases it compares with
         if c.identical_to:
             assert {x.name for x in ad.cases_for(c)} <= control, c.name
-    assert {x.name for x in ad.cases_for(ad.config("draft-k3"))} == set(og_ad.LAW)
+    assert {x.name for x in ad.cases_for(ad.config("draft-k3"))} == set(og_ad.LAW) | {"min-tokens"}
 
 
 def test_conventions():

@@ -65,7 +65,7 @@ start=$(date +%s)
 mkdir -p "$HOME_DIR" || die "cannot create $HOME_DIR"
 rm -f "$STAMP"
 exec 9> "$HOME_DIR/.lock"
-command -v flock >/dev/null && { flock -n 9 || die "another llamacpp_env.sh is building in $HOME_DIR"; }
+command -v flock >/dev/null && { flock -n 9 || die "another llama.cpp build (scripts/env.sh llamacpp) is running in $HOME_DIR"; }
 
 if [ ! -f "$HOME_DIR/src/CMakeLists.txt" ]; then
     echo "env.sh llamacpp: downloading the llama-cpp-python==$VERSION sdist"

@@ -76,6 +76,9 @@ LAW = tuple(n for n in ALL if n not in ("min-p", "penalty"))
 #: request is its own Generator, about 1 ms each here); draft-k3 runs every expressible case.
 CONTROL = ("warp-1tok", "ties", "position", "greedy-1tok", "greedy", "min-p", "penalty")
 SHORT = ("warp-1tok", "position", "greedy")
+#: The request-feature cases (:data:`conformance.engines.matrix.FEATURE_CASES`): ``min_new_tokens`` as ``min_length``
+#: (prompt included); no ``logit_bias`` search option (refused).
+FEATURES = ("min-tokens", "logit-bias")
 
 
 def _draft(**o) -> dict:
@@ -83,8 +86,8 @@ def _draft(**o) -> dict:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {}, cases=CONTROL, note="no speculation"),
-    Configuration("draft-k3", "draft_model", _draft(max_draft_tokens=3), "token", cases=LAW, k=3,
+    Configuration("control", None, {}, cases=CONTROL + FEATURES, note="no speculation"),
+    Configuration("draft-k3", "draft_model", _draft(max_draft_tokens=3), "token", cases=LAW + ("min-tokens",), k=3,
                   note="draft model (model.draft), max_draft_tokens 3"),
     Configuration("draft-k1", "draft_model", _draft(max_draft_tokens=1), "token", cases=("warp-1tok", "greedy-1tok"),
                   k=1, note="draft model, max_draft_tokens 1"),
@@ -265,7 +268,7 @@ def search_options(request, k: int = 0) -> dict:
     s = request.sampling
     missing = [n for n, v in (("min_p", s.min_p), ("presence_penalty", s.presence_penalty),
                               ("frequency_penalty", s.frequency_penalty), ("logit_bias", s.logit_bias),
-                              ("min_new_tokens", s.min_new_tokens), ("constraint", s.constraint is not None)) if v]
+                              ("constraint", s.constraint is not None)) if v]
     if missing:
         raise ValueError(f"ONNX Runtime GenAI has no {', '.join(missing)} search option")
     if not s.greedy and s.top_k and getattr(s, "top_k_ties", "all") != "lowest_ids":
@@ -279,6 +282,8 @@ def search_options(request, k: int = 0) -> dict:
                     top_p=float(s.top_p or 1.0))
     if s.repetition_penalty != 1.0:
         opts["repetition_penalty"] = float(s.repetition_penalty)
+    if s.min_new_tokens:  # min_length counts the prompt: EOS masked while prompt + generated < min_length
+        opts["min_length"] = len(request.prompt) + int(s.min_new_tokens)
     if request.seed is not None:
         opts["random_seed"] = int(request.seed)
     return opts
@@ -421,7 +426,7 @@ class OnnxGenaiAdapter(EngineAdapter):
 
 ADAPTER = OnnxGenaiAdapter(
     name="onnxgenai", title="ONNX Runtime GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=ALL, timeout_s=900.0, seed_probe=True,
+    cases=ALL + FEATURES, timeout_s=900.0, seed_probe=True,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=False, seeds="per_request",
         notes=("top-k keeps exactly k: std::partial_sort's heap keeps the lowest ids among tied tokens on every "
