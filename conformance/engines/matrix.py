@@ -108,6 +108,9 @@ FEATURE_CASES: tuple[Case, ...] = (
     Case("min-tokens", "order1", (2, 6), SamplingConfig(temperature=1.0, min_new_tokens=3), 4, True, True, N,
          "EOS masked before the third token, drafts included (ignored: TV 0.272; EOS is 0.27 likely in the first three)",
          1_100_000),
+    Case("frequency", "order1", (4, 5, 0), SamplingConfig(temperature=0.8, frequency_penalty=1.0), 3, False, True, N,
+         "frequency penalty counting each output token, drafts before it included (ignored: TV 0.434; counted once, "
+         "as a presence penalty: TV 0.102)", 1_200_000),
 )
 
 

@@ -266,7 +266,7 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
-    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens"),
+    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency"),
     max_model_len=ENGINE_ARGS["max_model_len"],
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
