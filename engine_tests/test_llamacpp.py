@@ -206,7 +206,11 @@ def test_finding_llama_speculative_aborts_with_branching_drafts(paths):
     assert rc in (-6, 134) and "GGML_ASSERT(logits != nullptr)" in out, (rc, out[-600:])
     print("llama-speculative -np 4:", "split_equal logged" if "split_equal" in out else "split_equal lost with the abort")
     rc1, out1 = _speculative(paths, ("order2-target", "order2-draft"), "--seed", "2")
-    assert rc1 == 0 and "n_accept" in out1, (rc1, out1[-600:])
+    # one branch runs to its end: exit 0 and the generated text (written to stdout directly); its closing statistics
+    # (``n_accept``) go through the same log thread and were lost once on a loaded machine: reported, not required
+    generated = re.findall(r"t\d", out1.split("t0", 1)[-1])
+    assert rc1 == 0 and len(generated) >= 8, (rc1, out1[-600:])
+    print("llama-speculative, one branch:", "n_accept logged" if "n_accept" in out1 else "n_accept lost with the log")
 
 
 def test_every_spec_type_is_identical_per_seed_on_long_requests():
