@@ -2,10 +2,10 @@
 
 Engine-neutral: nothing here imports an engine, and every adapter (:mod:`conformance.engines.adapter`) draws its
 cases from :data:`CASES` (an engine may leave some out: a setting it cannot express, a convention it does not
-state). A *configuration* is one engine set-up (speculative method and its options, the scheme it declares); a
+state) and the request-feature cases it names from :data:`FEATURE_CASES`. A *configuration* is one engine set-up (speculative method and its options, the scheme it declares); a
 *case* is one sampling setting on one prompt of one exactly-known target, certified by
 ``conformance.samples.certify_samples``. Invariant: every case's law is determined by its settings (no top-p cut
-inside a tie group; ``tests/test_engine_matrix.py`` checks it), and every request of a case has its own seed when
+inside a tie group; ``tests/test_engine_runner.py`` checks it), and every request of a case has its own seed when
 the case is seeded, so a case's JSONL is a valid black-box file.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 from specdec_ref.warp import SamplingConfig
 
-__all__ = ["K", "Case", "Configuration", "CASES", "FEATURE_CASES", "FAMILIES", "EFFICIENCY", "Efficiency", "case", "SCHEMES",
-           "law_depends_on_tie_rule"]
+__all__ = ["K", "Case", "Configuration", "CASES", "FEATURE_CASES", "FAMILIES", "EFFICIENCY", "Efficiency", "case",
+           "SCHEMES", "law_depends_on_tie_rule"]
 
 #: Draft tokens per round in every speculative configuration.
 K = 3

@@ -146,7 +146,8 @@ def explain(model, sampling: SamplingConfig, contexts: dict, rejudge, *, eos_id)
             line = f"departs only {what.where}; fits {what.flag}, {fit}"
             record.update(convention=what.name, flag=what.flag, where=what.where)
         else:
-            names = " and ".join(s.name for s in what)
+            names = [s.name for s in what]
+            names = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
             declared = ", ".join(f"{s.flag} {setting_text(getattr(sampling, s.name))}" for s in what)
             verb = "has" if len(what) == 1 else "have"
             line = f"{names} {verb} no effect: the file fits the law without {'it' if len(what) == 1 else 'them'} " \
