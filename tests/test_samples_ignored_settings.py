@@ -85,15 +85,15 @@ def test_two_settings_dropped_together_are_named_together():
                               max_new_tokens=MAX_NEW, eos_id=7)
     assert verdict.level == "not_certified", verdict.report()
     assert verdict.explained and verdict.explained.startswith(
-        "logit_bias and min_new_tokens have no effect: the file fits the law without them"), verdict.report()
-    assert verdict.explained_by["ignored"] == ["logit_bias", "min_new_tokens"]
+        "min_new_tokens and logit_bias have no effect: the file fits the law without them"), verdict.report()
+    assert verdict.explained_by["ignored"] == ["min_new_tokens", "logit_bias"]
 
 
 def test_the_alternatives_are_each_declared_setting_then_all_of_them():
     s = SamplingConfig(temperature=0.8, logit_bias=BIAS, frequency_penalty=0.5, min_p=0.1)
     alts = ignored_alternatives(s)
     assert [tuple(x.name for x in what) for what, _ in alts] == [
-        ("logit_bias",), ("frequency_penalty",), ("min_p",), ("logit_bias", "frequency_penalty", "min_p")]
+        ("min_p",), ("frequency_penalty",), ("logit_bias",), ("min_p", "frequency_penalty", "logit_bias")]
     assert alts[-1][1] == SamplingConfig(temperature=0.8)
     assert ignored_alternatives(SamplingConfig(temperature=0.8)) == []
     assert ignored_alternatives(SamplingConfig(greedy=True, min_p=0.1)) == []  # greedy ignores min_p by definition

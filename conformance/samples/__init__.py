@@ -102,7 +102,8 @@ from .law import MAX_CELLS, SAMPLES_TV, AmbiguousLawError, choose_length, split_
 from .prompts import PromptReport
 from .read import FINISH_EOS, FINISH_LENGTH, SampleRecord, SamplesInputError, invariant_violations, read_records, write_jsonl
 from .looks import Looks
-from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, GrowingFile, SamplesVerdict, certify_samples, replay_command
+from .command import replay_command
+from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, GrowingFile, SamplesVerdict, certify_samples
 
 __all__ = [
     "SAMPLES_TV",

@@ -23,7 +23,7 @@ import torch
 from properties.sequences import next_token_law
 from specdec_ref.warp import TOP_K_TIES, SamplingConfig
 
-from .law import setting_text
+from .law import _EXTRA_SETTINGS, extra_settings_on, setting_text
 
 #: ``SamplingConfig.top_k_ties`` value -> its spelling on the command line (``--top-k-ties``).
 TOP_K_TIES_CLI = {"all": "all", "lowest_ids": "lowest-ids"}
@@ -71,25 +71,16 @@ class IgnoredSetting:
     flag: str  # its command-line flag: "--logit-bias"
     off: object
 
-    def held_by(self, sampling: SamplingConfig) -> bool:
-        return getattr(sampling, self.name) != self.off and not (sampling.greedy and self.name == "min_p")
 
-
-#: The settings whose silent omission the tool names (history-dependent settings and min-p).
-IGNORABLE: tuple[IgnoredSetting, ...] = (
-    IgnoredSetting("logit_bias", "--logit-bias", ()),
-    IgnoredSetting("min_new_tokens", "--min-new-tokens", 0),
-    IgnoredSetting("frequency_penalty", "--frequency-penalty", 0.0),
-    IgnoredSetting("presence_penalty", "--presence-penalty", 0.0),
-    IgnoredSetting("repetition_penalty", "--repetition-penalty", 1.0),
-    IgnoredSetting("min_p", "--min-p", None),
-)
+#: The settings whose silent omission the tool names: every history-dependent and min-p setting the command takes.
+IGNORABLE: tuple[IgnoredSetting, ...] = tuple(IgnoredSetting(name, flag, off) for flag, name, _, off in _EXTRA_SETTINGS)
 
 
 def ignored_alternatives(sampling: SamplingConfig) -> list[tuple[tuple[IgnoredSetting, ...], SamplingConfig]]:
     """``(settings dropped, the settings without them)``: each declared ignorable setting alone, then all of them
     together when more than one is declared."""
-    held = [s for s in IGNORABLE if s.held_by(sampling)]
+    by_name = {s.name: s for s in IGNORABLE}
+    held = [by_name[name] for _, name, _ in extra_settings_on(sampling)]
     out = [((s,), replace(sampling, **{s.name: s.off})) for s in held]
     if len(held) > 1:
         out.append((tuple(held), replace(sampling, **{s.name: s.off for s in held})))

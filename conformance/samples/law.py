@@ -53,6 +53,12 @@ _EXTRA_SETTINGS = (
 )
 
 
+def extra_settings_on(sampling: SamplingConfig) -> list[tuple[str, str, object]]:
+    """``(flag, field, value)`` of every :data:`_EXTRA_SETTINGS` entry the settings turn on (min-p not under greedy)."""
+    return [(flag, name, getattr(sampling, name)) for flag, name, _, off in _EXTRA_SETTINGS
+            if getattr(sampling, name) != off and not (sampling.greedy and name == "min_p")]
+
+
 def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
     if sampling.greedy:
         parts = ["greedy"]
@@ -64,10 +70,7 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
             parts.append(f"top_k_ties={sampling.top_k_ties}")
         if sampling.top_p is not None:
             parts.append(f"top_p={sampling.top_p:g}")
-    for _, name, _, off in _EXTRA_SETTINGS:
-        value = getattr(sampling, name)
-        if value != off and not (sampling.greedy and name == "min_p"):
-            parts.append(f"{name}={setting_text(value)}")
+    parts += [f"{name}={setting_text(value)}" for _, name, value in extra_settings_on(sampling)]
     parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
     return ", ".join(parts)
 

@@ -9,7 +9,6 @@ first of each completion shown; the tokens after it untested), never an input er
 """
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass, field
 
 import torch
@@ -20,8 +19,9 @@ from properties.transitions import FIRST_TESTED_POSITION, count_transitions, fir
 from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
-from .conventions import TOP_K_TIES_CLI, explain, judged_contexts
-from .law import _EXTRA_SETTINGS, SAMPLES_TV, _settings_label, setting_text
+from .command import replay_command
+from .conventions import explain, judged_contexts
+from .law import SAMPLES_TV, _settings_label
 from .looks import Looks, Sequential, run_looks
 from .prompts import PromptReport, _greedy_test, _sampling_test
 from .read import (
@@ -43,42 +43,6 @@ SHOWN_IMPOSSIBLE = 5
 RECORDED_IMPOSSIBLE = 20
 
 INCONCLUSIVE = "INCONCLUSIVE"  # CERTIFIED, REDUCED and NOT_CERTIFIED are the suite's own words (conformance.report)
-
-
-def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, length: int | None,
-                   source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None,
-                   looks: Looks | None = None) -> str:
-    """The command line that reproduces a verdict."""
-    args = ["python", "-m", "conformance.samples", "--model", model_name]
-    for flag, name, _, off in _EXTRA_SETTINGS:
-        value = getattr(sampling, name)
-        if value != off and not (sampling.greedy and name == "min_p"):
-            args += [flag, setting_text(value)]
-    if sampling.greedy:
-        args.append("--greedy")
-        if tolerance is not None:
-            args += ["--tolerance", f"{tolerance:g}"]
-        elif dtype and dtype != "float32":
-            args += ["--dtype", dtype]
-    else:
-        args += ["--temperature", f"{sampling.temperature:g}"]
-        if sampling.top_k is not None:
-            args += ["--top-k", str(sampling.top_k)]
-        if sampling.top_k_ties != "all":
-            args += ["--top-k-ties", TOP_K_TIES_CLI[sampling.top_k_ties]]
-        if sampling.top_p is not None:
-            args += ["--top-p", f"{sampling.top_p:g}"]
-        if length is not None:
-            args += ["--length", str(length)]
-        if tv != SAMPLES_TV:
-            args += ["--tv", f"{tv:g}"]
-    args += ["--max-new-tokens", str(max_new_tokens)]
-    if eos:
-        args.append("--eos")
-    if looks is not None:
-        args += ["--looks"] if looks.whole_file else ["--planned-n", f"{looks.nominal_n:g}"]
-    args.append(source)
-    return shlex.join(args)
 
 
 def _fit_lines(head: str, f: FitResult) -> list[str]:
