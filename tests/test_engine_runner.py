@@ -207,9 +207,15 @@ def test_recorded_expectations_cover_the_matrix():
                 # sections, recorded when the whole matrix ran; vLLM's "patch A,C": the proposer heads only)
                 if key == "unpatched" or (key, cfg.name) not in _PATCH_SUBSETS:
                     assert row is not None, (name, key, cfg.name)
-                if row is not None:
+                if row is not None and key not in _CONDITION_SECTIONS.get(name, {}):
                     for c in ad.cases_for(cfg):
-                        assert c.name in row, (name, key, cfg.name, c.name)
+                        if c.condition is None:  # a matrix case: every section the matrix ran records it
+                            assert c.name in row, (name, key, cfg.name, c.name)
+        for key, conditions in _CONDITION_SECTIONS.get(name, {}).items():  # the conditions' cases, where the stage runs them
+            for cfg in ad.configurations:
+                for c in ad.cases_for(cfg):
+                    if c.condition in conditions:
+                        assert c.name in data["expected"][key].get(cfg.name, {}), (name, key, cfg.name, c.name)
 
 
 #: (patch key, configuration) pairs a patched section does not record: the stage runs that patch on other configurations
@@ -222,6 +228,13 @@ _PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("control-deep3", "
                   for cfg in configs}
 #: vLLM's "patch A,C,D,E" (the seed fixes): the stage runs eagle-prob only
 _PATCH_SUBSETS |= {("patch A,C,D,E", c.name) for c in adapters.adapter("vllm").configurations if c.name != "eagle-prob"}
+#: Sections that record serving conditions only (``--conditions``), per engine: section -> the conditions it records
+#: for every configuration that runs them (vLLM: all with A, C, F; prefix caching without C on the draft model).
+_CONDITION_SECTIONS = {"vllm": {"patch A,C,F": tuple(adapters.adapter("vllm").conditions),
+                                "patch A,F": ()}}
+_PATCH_SUBSETS |= {(key, c.name) for key, keep in (("patch A,C,F", ("control", "draft-prob", "draft-greedy")),
+                                                   ("patch A,F", ("draft-prob", "draft-greedy")))
+                   for c in adapters.adapter("vllm").configurations if c.name not in keep}
 
 
 def test_markdown_table_rows():

@@ -249,3 +249,26 @@ def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_nami
     assert dropped["explained"].startswith("logit_bias has no effect: the file fits the law without it"), dropped
     assert "--logit-bias 2:1,5:-1" in dropped["replay"]
     assert "logit-bias, explained: logit_bias has no effect" in (tmp_path / "verdicts.md").read_text()
+
+
+def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path):
+    """A condition's cases run in their own engine load with its knobs; the evidence the engine reports decides
+    whether it was reached: 0 preemptions under the preemption condition is NOT REACHED (a failure, the law's own level
+    kept beside it), never a pass."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.05",
+                        "--conditions", "all"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, unreached = configs["control"]["cases"]["preemption.60-62"], configs["no-pressure"]["cases"]["preemption.60-62"]
+    law = ("certified", "reduced", "inconclusive")  # 321 completions: the law's level is not what this test is about
+    assert ok["level"] in law and ok["condition"]["passed"] is True, ok["headline"]
+    assert ok["condition"]["text"] == f"preemptions {ok['condition']['evidence']['preemptions']} > 0"
+    assert unreached["level"] == "not_reached" and unreached["law_level"] in law, unreached
+    assert unreached["headline"].startswith("NOT REACHED: preemption: preemptions 0 > 0 FAILS")
+    assert "--configs no-pressure --cases preemption.60-62" in unreached["replay_command"]
+    block = configs["control"]["cases"]["block-boundary.29-32"]
+    assert block["condition"]["text"] == "block_size 32 == 32" and "4 prompts of 29-32 tokens" in block["settings"]
+    assert (tmp_path / "raw" / "control" / "order2@preemption" / "preemption.60-62.jsonl").exists()
+    assert "no-pressure / preemption.60-62, condition: preemptions 0 > 0 FAILS" in (tmp_path / "verdicts.md").read_text()
+    from conformance.engines.report import expectation_entries
+
+    assert expectation_entries({"configs": configs})["no-pressure"]["preemption.60-62"] == "not_reached"

@@ -17,7 +17,10 @@ An adapter declares, as data:
 * ``configurations``: :class:`conformance.engines.matrix.Configuration` records, each with the scheme it declares;
 * ``conventions``: :class:`Conventions` (top-k ties, where the first token comes from, what is known to differ);
 * ``cases``: the names of the matrix cases it runs (default: every case whose settings it can express);
-* ``patches``: opt-in fixes the worker may apply (``--patch``), by name.
+* ``patches``: opt-in fixes the worker may apply (``--patch``), by name;
+* ``conditions``: the serving conditions it runs (:mod:`conformance.engines.conditions`), each with the configurations
+  that run it; such an adapter implements :meth:`EngineAdapter.open_condition` (the condition's knobs mapped to the
+  engine's settings) and its sessions report the evidence (``condition_counters``).
 
 and implements :meth:`EngineAdapter.python` (an interpreter that imports the engine), and in the worker process only
 :meth:`EngineAdapter.installed_version` and :meth:`EngineAdapter.open` (load the engine for one configuration and
@@ -137,6 +140,10 @@ class EngineSession(Protocol):
         """The engine's cumulative speculative counters, ``{"drafts", "draft_tokens", "accepted",
         "accepted_per_pos"}`` (``accepted_per_pos`` may be None), or None when it reports none."""
 
+    def condition_counters(self) -> dict | None:
+        """Optional (sessions of adapters that run conditions): what the engine reports now of
+        :data:`conformance.engines.conditions.EVIDENCE` (counters cumulative; settings as it runs them)."""
+
     def refuses(self, request: Request) -> str | None:
         """Why the engine refuses these settings at submission (its own validation), without generating; or None."""
 
@@ -158,6 +165,8 @@ class EngineAdapter(abc.ABC):
     conventions: Conventions = Conventions()
     cases: tuple[str, ...] | None = None  # None: every case of the matrix
     patches: dict = field(default_factory=dict)
+    #: Serving condition name -> the configurations that run its cases (:mod:`conformance.engines.conditions`).
+    conditions: dict = field(default_factory=dict)
     k: int = 3
     timeout_s: float = 420.0
     max_model_len: int = 128  # positions a request may use (prompt + new tokens + drafts) in this adapter's engine
@@ -169,6 +178,9 @@ class EngineAdapter(abc.ABC):
     #: seeds. On for the adapters whose stage has been re-run with it; a failing probe is a new outcome for an engine's
     #: expectation file, so an adapter turns it on when its expectations are re-recorded.
     seed_probe: bool = False
+    #: With ``--jobs N``, run each worker on its own share of the CPUs (an engine that binds its threads to every CPU
+    #: it may use, as vLLM does, slows down many times over when two workers spin on the same cores).
+    pin_workers: bool = False
 
     # ------------------------------------------------------------------ data
     def config(self, name: str) -> Configuration:
@@ -186,8 +198,14 @@ class EngineAdapter(abc.ABC):
         return chosen
 
     def cases_for(self, cfg: Configuration) -> tuple[Case, ...]:
+        """The cases ``cfg`` runs: its matrix cases, then the cases of every condition the adapter runs it under."""
         mine = self.all_cases()
-        return mine if cfg.cases is None else tuple(c for c in mine if c.name in cfg.cases)
+        mine = mine if cfg.cases is None else tuple(c for c in mine if c.name in cfg.cases)
+        if self.conditions:
+            from .conditions import condition_cases
+
+            mine += condition_cases(n for n, cfgs in self.conditions.items() if cfg.name in cfgs)
+        return mine
 
     def k_of(self, cfg: Configuration) -> int:
         return cfg.k or self.k
@@ -196,7 +214,7 @@ class EngineAdapter(abc.ABC):
         """The tokens one worker (a configuration on a target family) asks for, its cases' and its efficiency set's:
         the order ``--jobs`` starts workers in (longest first, so that no job starts last and runs alone)."""
         cfg = self.config(cfg_name)
-        tokens = sum(c.n * c.max_new_tokens for c in self.cases_for(cfg) if c.family == family)
+        tokens = sum(c.n * (c.max_new_tokens + len(c.prompt) // 8) for c in self.cases_for(cfg) if c.group == family)
         if cfg.speculative and family == EFFICIENCY.family:
             tokens += EFFICIENCY.n * EFFICIENCY.max_new_tokens
         return float(tokens * cfg.scale)
@@ -230,6 +248,13 @@ class EngineAdapter(abc.ABC):
     def open(self, cfg: Configuration, family: str) -> EngineSession:
         """Load the engine for one configuration on one target family (the pair of :attr:`families`): an
         :class:`EngineSession`. Raises when the engine refuses the set-up (the configuration's load error)."""
+
+    def open_condition(self, cfg: Configuration, family: str, condition) -> EngineSession:
+        """Load the engine for one configuration on one target family under a serving condition (a
+        :class:`conformance.engines.conditions.Condition`: its knobs mapped to the engine's settings). Raises when
+        the engine lacks a knob (say which) or refuses the set-up. Default: no knob is mapped."""
+        raise NotImplementedError(f"{self.title}'s adapter maps no serving-condition knob ({condition.name}: "
+                                  f"{', '.join(sorted(condition.settings))})")
 
     def export(self, check: bool = True) -> list[dict]:
         """Write the exactly-known checkpoints in the engine's own format (cached: only what is missing or stale) and,

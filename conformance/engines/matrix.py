@@ -38,6 +38,22 @@ class Case:
     n: int
     exercises: str
     seed_base: int = 0
+    condition: str | None = None  # a serving condition's case (:mod:`conformance.engines.conditions`)
+    extra_prompts: tuple[tuple[int, ...], ...] = ()  # further prompts: request i uses prompts[i % len(prompts)]
+
+    @property
+    def prompts(self) -> tuple[tuple[int, ...], ...]:
+        return (self.prompt,) + self.extra_prompts
+
+    def prompt_of(self, i: int) -> tuple[int, ...]:
+        """The prompt of request ``i`` (the prompts in turn)."""
+        return self.prompts[i % len(self.prompts)]
+
+    @property
+    def group(self) -> str:
+        """The worker a case runs in: its target family, or ``family@condition`` (a condition's engine settings
+        apply to one engine load)."""
+        return self.family if self.condition is None else f"{self.family}@{self.condition}"
 
     @property
     def model(self) -> str:
@@ -66,6 +82,8 @@ class Case:
         parts += [f"min tokens {s.min_new_tokens}"] if s.min_new_tokens else []
         parts.append(f"max {self.max_new_tokens}" + (", EOS" if self.eos else ", no EOS"))
         parts.append("seeded" if self.seeded else "unseeded")
+        if len(self.prompts) > 1:
+            parts.append(f"{len(self.prompts)} prompts of {min(map(len, self.prompts))}-{max(map(len, self.prompts))} tokens")
         return ", ".join(parts)
 
 

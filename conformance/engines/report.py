@@ -27,7 +27,8 @@ def patch_key(patch: str) -> str:
 
 
 def expectation_entries(results: dict) -> dict:
-    """``{config: {case: level}}`` (plus ``efficiency``, ``rounds`` where a configuration declares its argmax proposer,
+    """``{config: {case: level}}`` (plus ``efficiency``, ``rounds`` where a configuration declares its argmax proposer
+    and ``rounds:<case>`` for each serving condition's case it ran,
     and ``identity:<case>`` where it claims per-seed identity; ``seeds:<case>`` where the per-request seed probe failed
     on a case whose law passed: a passing probe adds no entry, so expectations recorded before the probe stay valid,
     and a case whose law failed adds none either, so its entry does not depend on whether a nondeterministic failure
@@ -45,6 +46,8 @@ def expectation_entries(results: dict) -> dict:
                 row[f"identity:{case}"] = "pass" if c["identity"]["passed"] else "fail"
             if (c.get("seeds") or {}).get("passed") is False and c["level"] in ("certified", "reduced"):
                 row[f"seeds:{case}"] = "fail"
+            if (c.get("rounds") or {}).get("passed") is not None:
+                row[f"rounds:{case}"] = "pass" if c["rounds"]["passed"] else "fail"
         out[cfg] = row
     return out
 
@@ -113,16 +116,17 @@ def markdown(results: dict) -> str:
         for case, c in r["cases"].items():
             power = "-" if c.get("power") is None else f"{c['power']:.3f} / {_fmt(c.get('detects'))}"
             verdict = c.get("headline") or c["level"]
-            for what in ("explained", "identity", "seeds", "speculation"):
+            for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds"):
                 x = c.get(what)
-                if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news
+                if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news; a condition's
+                    # evidence and its rounds are news either way (what the engine reported)
                     notes.append(f"* {cfg} / {case}, {what}: {x if isinstance(x, str) else x.get('text')}")
             looks = c.get("looks") or {}
             n = f"{c.get('n', '-')}" + (f" ({looks['look'].replace('_', ' ')}, of {looks['full_n']})" if looks.get("look") else "")
             lines.append(f"| {cfg} | {case} | {c.get('prompt', '')} | {c.get('settings', '')} | {n} | "
                          f"{power} | {verdict} | {c.get('departure') or '-'} | {acc} |")
     if notes:
-        lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation", ""] + notes
+        lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation, conditions' evidence", ""] + notes
     if any(r.get("efficiency") for r in results["configs"].values()):
         lines += ["", "## Efficiency (the engine's counters vs the exact expectation of the configured scheme)", "",
                   "| configuration | scheme | drafts (exact E) | per position: observed / exact (z) | verdict |",

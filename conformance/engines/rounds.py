@@ -68,7 +68,11 @@ def _target_rows_any(name: str) -> np.ndarray:
     from specdec_ref.exact_models import exact_model
 
     m = exact_model(name)
-    return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
+    bos = getattr(m, "bos_id", None)
+    if bos is None:
+        return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
+    # a draft of a <bos> family reads its last token only (order2-draft): row a after [<bos>, a], <bos>'s after [<bos>]
+    return np.asarray(m.next_logits([[bos, a] if a != bos else [bos] for a in range(m.vocab)]), dtype=np.float64)
 
 
 def proposal_law(spec: str, pair_name: str):
@@ -377,6 +381,27 @@ def rounds_of(ad, cfg, state: dict) -> dict | None:
             e["drafts"] = eff.get("drafts")
         out["efficiency"] = e
     return out
+
+
+def case_rounds(ad, cfg, case, info: dict) -> dict | None:
+    """The rounds check on one case's completions (a serving condition's: its prompts long, its engine settings its
+    own), for a configuration that declares its argmax ``proposer`` and an engine that reports each request's rounds:
+    every request's rounds against those rebuilt from its completion (:func:`check_rounds`; drafts the engine did not
+    make from the text, such as placeholders near a limit, show as a difference). None when there is nothing to
+    compare."""
+    import json
+    from pathlib import Path
+
+    if cfg.proposer is None or not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
+        return None
+    records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
+    if not records or any("rounds" not in r for r in records):
+        return None
+    law = proposal_law(cfg.proposer, ad.families[case.family])
+    check = check_rounds(law, records, ad.k_of(cfg), prefill=ad.conventions.first_token_at_prefill, counters=None,
+                         max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None)
+    check.pop("rounds")
+    return check
 
 
 def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round], str | None]:

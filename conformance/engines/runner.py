@@ -1,7 +1,7 @@
 """The shared engine runner: certify any registered engine from its outputs.
 
-    python -m conformance.engines ENGINE --out DIR [--configs a,b] [--cases x,y] [--patch A] [--scale F]
-                                         [--check-expected] [--record-expected] [--timeout S] [--jobs N]
+    python -m conformance.engines ENGINE --out DIR [--configs a,b] [--cases x,y] [--conditions all|c,d] [--patch A]
+                                         [--scale F] [--check-expected] [--record-expected] [--timeout S] [--jobs N]
 
 For every configuration of the engine's adapter (:mod:`conformance.engines.adapter`) and every target family it
 needs, a worker process (:mod:`conformance.engines.worker`, run with the adapter's interpreter, in its own process
@@ -19,6 +19,9 @@ then, the same for every engine:
   (:mod:`conformance.engines.efficiency`);
 * for a configuration that declares its argmax proposer, rebuilds every round of the efficiency set from the
   completions and compares them with the engine's counters, exactly (:mod:`conformance.engines.rounds`);
+* for a serving condition's case (``--conditions``: :mod:`conformance.engines.conditions`), checks the evidence the
+  engine reports that it reached the condition (a case that did not is ``NOT REACHED``) and, for an argmax proposer,
+  every request's rounds against those rebuilt from its completion;
 * checks per-seed identity where a configuration claims it (``identical_to``): request by request, naming the
   first request and position that differ;
 * where the engine declares per-request seeds (and its adapter runs the probe), checks that seeded requests give the
@@ -42,7 +45,7 @@ from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .matrix import EFFICIENCY
-from .rounds import rounds_of, sampled_rounds_of
+from .rounds import case_rounds, rounds_of, sampled_rounds_of
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
 from .report import TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, patch_key, write_json
 from .verdict import ENGINE_LEVELS, CaseVerdict, Check, ConfigVerdict, Level
@@ -53,9 +56,11 @@ REPLAY_N = 6000
 
 
 def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
-                split: bool = False, scale: float = 1.0, timeout: float, driver: WaveDriver | None = None) -> dict:
+                split: bool = False, scale: float = 1.0, timeout: float, driver: WaveDriver | None = None,
+                cpus: tuple[int, ...] | None = None) -> dict:
     """One worker process: it generates in the waves ``driver`` asks for (:mod:`conformance.engines.waves`), else every
-    case in one wave; its state (``worker.json``), with what the runner saw (timeouts, exit, the waves' verdicts)."""
+    case in one wave; its state (``worker.json``), with what the runner saw (timeouts, exit, the waves' verdicts).
+    ``cpus``: the CPUs the worker (and every thread and process it starts) may run on."""
     cmd = [python, "-m", "conformance.engines.worker", engine, "--config", cfg, "--raw", str(raw),
            "--scale", str(scale), "--family", family]
     cmd += ["--patch", patch] if patch else []
@@ -73,6 +78,11 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
     t0 = time.time()
     proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True, pass_fds=child_fds)
+    if cpus:  # before the engine starts its threads (they inherit the mask)
+        try:
+            os.sched_setaffinity(proc.pid, cpus)
+        except OSError:
+            pass
     for fd in child_fds:
         os.close(fd)
     timed_out = False
@@ -108,26 +118,26 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
 
 
 def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
-                cases: str = "", engine: str | None = None) -> dict:
+                cases: str = "", engine: str | None = None, cpus: tuple[int, ...] | None = None) -> dict:
     """One worker for one target family, in waves; cases lost to an engine crash are rerun once, one batch each."""
     engine = engine or ad.name
     cfg = ad.config(cfg_name)
     wanted = set(cases.split(",")) if cases else None
 
     def driver(names=None) -> WaveDriver:
-        mine = [_under_conventions(ad, c) for c in ad.cases_for(cfg) if c.family == family
+        mine = [_under_conventions(ad, c) for c in ad.cases_for(cfg) if c.group == family
                 and (wanted is None or c.name in wanted) and (names is None or c.name in names)]
         return WaveDriver(mine, raw, scale * cfg.scale, one_at_a_time=names is not None)
 
     state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
-                        cases=cases, driver=driver())
+                        cases=cases, driver=driver(), cpus=cpus)
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
     if crashed and not state.get("error", "").startswith("setup"):
         print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
         (raw / "worker.json").rename(raw / "worker-first.json")
         retry = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
-                            split=True, scale=scale, timeout=timeout, driver=driver(set(crashed)))
+                            split=True, scale=scale, timeout=timeout, driver=driver(set(crashed)), cpus=cpus)
         for n in crashed:
             c = retry["cases"].get(n, {"status": "not_run"})
             c["first_call"] = first[n]
@@ -142,13 +152,14 @@ def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch
 
 
 def families_of(ad, cfg_name: str, cases: tuple[str, ...] = ()) -> list[str]:
-    """The target families a configuration's workers run (one worker each), the efficiency set's first."""
+    """The worker groups a configuration runs (one worker each): its target families, the efficiency set's first, then
+    one ``family@condition`` per serving condition it runs (:attr:`conformance.engines.matrix.Case.group`)."""
     cfg = ad.config(cfg_name)
-    mine = [c for c in ad.cases_for(cfg) if not cases or c.name in cases]
-    families = [f for f in ad.families if any(c.family == f for c in mine)]
+    mine = [c for c in ad.cases_for(cfg) if (c.name in cases if cases else c.condition is None)]
+    families = [f for f in ad.families if any(c.group == f for c in mine)]
     if cfg.speculative and not cases and EFFICIENCY.family not in families:
         families.insert(0, EFFICIENCY.family)
-    return families
+    return families + list(dict.fromkeys(c.group for c in mine if c.condition is not None))
 
 
 def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, patch: str, scale: float, timeout: float,
@@ -156,13 +167,27 @@ def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, pat
                  on_done=None) -> dict[tuple[str, str], dict]:
     """The worker state of every ``(configuration, family)`` job, ``parallel`` workers at a time (each its own process
     and process group, its own raw folder; a job's crash rerun stays inside the job). The result does not depend on
-    ``parallel``: the jobs share nothing but the machine (the worker's timeout is per job)."""
+    ``parallel``: the jobs share nothing but the machine (the worker's timeout is per job). An adapter that pins its
+    workers (:attr:`~conformance.engines.adapter.EngineAdapter.pin_workers`) gets, per running job, its own share of
+    the CPUs this process may use."""
+    import queue
     from concurrent.futures import ThreadPoolExecutor
+
+    mine = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    shares = [tuple(mine[i::parallel]) for i in range(parallel)] if ad.pin_workers and parallel > 1 and \
+        len(mine) >= parallel else [None] * parallel
+    free = queue.Queue()
+    for share in shares:
+        free.put(share)
 
     def one(job):
         cfg_name, fam = job
-        st = _run_family(ad, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch, scale=scale,
-                         timeout=timeout, cases=",".join(cases), engine=engine)
+        share = free.get()
+        try:
+            st = _run_family(ad, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch, scale=scale,
+                             timeout=timeout, cases=",".join(cases), engine=engine, cpus=share)
+        finally:
+            free.put(share)
         if on_done is not None:
             on_done(job, st)
         return job, st
@@ -362,6 +387,11 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
 
     if not c.failed or case.greedy:
         return None
+    name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
+    rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
+             "--configs", cfg.name, "--cases", case.name] + (["--patch", patch] if patch else [])
+    if len(case.prompts) > 1 or c.level is Level.NOT_REACHED:  # the standalone scripts replay one prompt's law
+        return " ".join(shlex.quote(a) for a in rerun)
     dep = c.departure or ""
     length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
     if dep.startswith("position ") and not dep.startswith("position 1 "):
@@ -370,30 +400,40 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
     law = continuation_law(em, list(case.prompt), length, case.sampling, eos_id=int(em.eos_id) if case.eos else None)
     law = {" ".join(map(str, k)): float(v) for k, v in law.items()}
     cells = sum(1 for v in law.values() if v * REPLAY_N >= 20) + 1
-    name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
     path = out / "replay" / f"{name}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
     cmd = ad.replay(cfg, case, patch=patch, departure=dep, length=length, law=law, n=REPLAY_N,
                     critical=float(chi2.isf(1e-6, max(cells - 1, 1))), path=path)
-    if cmd:
-        return cmd
-    rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
-             "--configs", cfg.name,
-             "--cases", case.name] + (["--patch", patch] if patch else [])
-    return " ".join(shlex.quote(a) for a in rerun)
+    return cmd or " ".join(shlex.quote(a) for a in rerun)
 
 
-def _apply_checks(cfg, case, state: dict, c: CaseVerdict) -> None:
+def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
     from .seeds import seed_check
 
     info = state["cases"].get(case.name, {})
     probe = info.get("seed_probe")
     if probe is not None:
         c.seeds = seed_check(probe) if "error" not in probe else Check(False, f"seed probe: {probe['error']}")
+    if case.condition is not None and c.level not in ENGINE_LEVELS:
+        from .conditions import condition, evidence_check, per_request_evidence
+
+        try:
+            rounds = case_rounds(ad, cfg, case, info)
+        except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
+            c.level, c.headline = Level.TOOL_ERROR, f"TOOL ERROR: rounds check: {type(exc).__name__}: {exc}"[:300]
+            return
+        if rounds is not None and rounds.get("passed") is not None:
+            c.rounds = Check(rounds["passed"], rounds["text"], {"proposer": cfg.proposer})
+        lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines()) if info.get("file") else ()
+        reached, text = evidence_check(condition(case.condition), case, info.get("evidence"), per_request_evidence(lines))
+        c.condition = Check(reached, text, {"evidence": info.get("evidence")})
+        if not reached:
+            c.law_level, c.level = c.level, Level.NOT_REACHED
+            c.headline = f"NOT REACHED: {case.condition}: {text}; the law alone: {c.headline}"[:300]
     spec = speculation_check(cfg, case, info)
     if spec is not None:
         c.speculation = spec
-        if spec.passed is False:
+        if spec.passed is False and c.level is not Level.NOT_REACHED:
             c.law_level, c.level = c.level, Level.NOT_SPECULATING
             c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
 
@@ -407,6 +447,16 @@ def run(args) -> dict:
     only = tuple(x for x in (args.cases or "").split(",") if x)
     for n in names:
         ad.config(n)
+    conditions = getattr(args, "conditions", "") or ""
+    if conditions:  # the named serving conditions' cases only, on the configurations that run them
+        from .conditions import condition_cases
+
+        chosen = tuple(ad.conditions) if conditions == "all" else tuple(conditions.split(","))
+        unknown = sorted(set(chosen) - set(ad.conditions))
+        if unknown:
+            raise KeyError(f"{ad.name} runs no condition {', '.join(unknown)}; it runs: {', '.join(ad.conditions)}")
+        only += tuple(c.name for c in condition_cases(chosen))
+        names = [n for n in names if any(c.name in only for c in ad.cases_for(ad.config(n)))]
     t0 = time.time()
     results = {"engine": ad.name, "title": ad.title, "pinned": ad.version,
                "command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines", args.engine, *args.argv]),
@@ -439,11 +489,11 @@ def run(args) -> dict:
         entry = ConfigVerdict(cfg.note, cfg.scheme, cfg.method, worker_wall_s=state.get("wall_s"),
                               failure=state.get("error"))
         for case in ad.cases_for(cfg):
-            if only and case.name not in only:
+            if (only and case.name not in only) or (not only and case.condition is not None):
                 continue
             case = _under_conventions(ad, case)
             c = certify_case(case, state, args.scale * cfg.scale)
-            _apply_checks(cfg, case, state, c)
+            _apply_checks(ad, cfg, case, state, c)
             if cfg.identical_to and cfg.identical_to in states:
                 c.identity = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
             if c.failed:
@@ -453,7 +503,9 @@ def run(args) -> dict:
             print(f"    {case.name:14s} N={c.n:6d} {'(' + look + ')' if look else '':12s} {c.headline[:110]}" +
                   (f"  [departs: {c.departure}]" if c.departure else "") +
                   (f"  [identity: {c.identity.text[:80]}]" if c.identity else "") +
-                  (f"  [{c.seeds.text[:160]}]" if c.seeds and c.seeds.passed is False else ""), flush=True)
+                  (f"  [{c.seeds.text[:160]}]" if c.seeds and c.seeds.passed is False else "") +
+                  (f"  [condition: {c.condition.text[:100]}]" if c.condition else "") +
+                  (f"  [rounds: {c.rounds.text[:200]}]" if c.rounds else ""), flush=True)
         entry.efficiency = efficiency_of(ad, cfg, state)
         rounds = rounds_of(ad, cfg, state)  # argmax drafts: the rounds rebuilt from the completions vs the counters
         if rounds is not None:
@@ -488,6 +540,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patch", default="", help="the adapter's opt-in fixes to apply in the worker (e.g. vLLM's A or A,B)")
     ap.add_argument("--configs", default="", help="only these configurations (comma-separated)")
     ap.add_argument("--cases", default="", help="only these cases (comma-separated; no efficiency set)")
+    ap.add_argument("--conditions", default="", help="run these serving conditions' cases instead of the matrix "
+                    "(comma-separated, or all: conformance.engines.conditions), on the configurations that run them")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of every case's N (quick runs; verdicts then "
                     "lose power and --check-expected is refused)")
     ap.add_argument("--timeout", type=float, default=0, help="seconds per worker (default: the adapter's, x 1.5 per "

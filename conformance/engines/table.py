@@ -20,7 +20,7 @@ from pathlib import Path
 __all__ = ["rows_of", "summary_markdown", "main"]
 
 PASSING = ("certified", "reduced")
-ORDER = ("certified", "reduced", "inconclusive", "not_certified", "not_speculating", "lossy", "refused",
+ORDER = ("certified", "reduced", "inconclusive", "not_certified", "not_speculating", "not_reached", "lossy", "refused",
          "engine_error", "load_error", "timeout", "not_run", "tool_error")
 
 

@@ -20,6 +20,7 @@ class Level(str, Enum):
     NOT_CERTIFIED = "not_certified"
     INCONCLUSIVE = "inconclusive"
     NOT_SPECULATING = "not_speculating"  # a speculative configuration that drafted nothing
+    NOT_REACHED = "not_reached"  # a serving condition's evidence did not hold: the engine was not shown to reach it
     REFUSED = "refused"  # the engine refused the settings at submission
     ENGINE_ERROR = "engine_error"  # it crashed (after one rerun of the case alone)
     LOAD_ERROR = "load_error"  # it could not load the configuration
@@ -91,6 +92,8 @@ class CaseVerdict:
     speculation: Check | None = None
     identity: Check | None = None
     seeds: Check | None = None
+    condition: Check | None = None  # a serving condition's evidence, read from the engine
+    rounds: Check | None = None  # a condition case's per-request rounds against those rebuilt from its completions
     law_level: Level | None = None  # the law's level when another check (speculation) set the case's
 
     @property
@@ -99,7 +102,7 @@ class CaseVerdict:
 
     @property
     def failed(self) -> bool:
-        return self.level in (Level.NOT_CERTIFIED, Level.NOT_SPECULATING)
+        return self.level in (Level.NOT_CERTIFIED, Level.NOT_SPECULATING, Level.NOT_REACHED)
 
     def as_dict(self) -> dict:
         out = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if getattr(self, f.name) is not None}

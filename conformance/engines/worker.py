@@ -55,7 +55,7 @@ def scaled(n: int, scale: float) -> int:
 def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: int = 0) -> tuple[list[Request], list[int]]:
     """``(requests, their indices)``: requests ``start .. stop - 1`` of every case (``ranges[case.name]``; a request's
     index fixes its seed), interleaved by a permutation fixed by the wave's number."""
-    items = [(Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i)), i)
+    items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i)), i)
              for c in cases for i in range(*ranges[c.name])]
     random.Random(1234 + wave).shuffle(items)
     return [r for r, _ in items], [i for _, i in items]
@@ -96,7 +96,14 @@ class Worker:
         self.cfg = self.adapter.config(args.config)
         wanted = set(args.cases.split(",")) if args.cases else None
         self.cases = [c for c in self.adapter.cases_for(self.cfg) if (wanted is None or c.name in wanted)
-                      and c.family == args.family]
+                      and c.group == args.family]
+        self.family_name, _, cond = args.family.partition("@")
+        if cond:
+            from .conditions import condition
+
+            self.condition = condition(cond)
+        else:
+            self.condition = None
         # the law each case is sampled under is the one the engine declares (its top-k tie rule)
         from dataclasses import replace
 
@@ -123,7 +130,7 @@ class Worker:
             self.save()
             return 2
         self.save()
-        self.family(self.args.family)
+        self.family(self.family_name)
         self.state["finished"] = time.time()
         self.save()
         return 0
@@ -135,7 +142,8 @@ class Worker:
         info = self.state["families"].setdefault(fam, {})
         t0 = time.time()
         try:
-            session = self.adapter.open(self.cfg, fam)
+            session = self.adapter.open(self.cfg, fam) if self.condition is None else \
+                self.adapter.open_condition(self.cfg, fam, self.condition)
         except Exception as exc:  # noqa: BLE001
             info["error"] = f"load: {error_text(exc)}"
             for c in self.cases:
@@ -147,7 +155,7 @@ class Worker:
         eos_id = int(pair.target.eos_id)
         try:
             alive = True
-            if fam == EFFICIENCY.family and self.cfg.speculative and not self.args.cases:
+            if fam == EFFICIENCY.family and self.cfg.speculative and not self.args.cases and self.condition is None:
                 alive = self.efficiency(session, eos_id)
             mine = self.refused(session, self.cases, eos_id) if alive else self.cases
             if alive:
@@ -262,8 +270,10 @@ class Worker:
         t0 = time.time()
         try:
             before = session.counters() if self.cfg.speculative else None
+            seen = self.evidence_now(session)
             outs = session.generate(items)
             counters = delta(session.counters(), before) if self.cfg.speculative else None
+            evidence = evidence_delta(self.evidence_now(session), seen)
             if len(outs) != len(items):
                 raise RuntimeError(f"the engine returned {len(outs)} completions for {len(items)} requests")
         except Exception as exc:  # noqa: BLE001 - the engine crashed on this batch
@@ -296,6 +306,7 @@ class Worker:
                 "call_counters": _added(old.get("call_counters"), counters),
                 "case_counters": _per_request_sums(lines),
                 "waves": (old.get("waves") or []) + [[len(lines), seconds]],
+                **({"evidence": evidence_added(old.get("evidence"), evidence)} if evidence is not None else {}),
                 **({"seed_probe": old["seed_probe"]} if "seed_probe" in old else {})}
         self.save()
         if self.adapter.seed_probe and self.adapter.conventions.seeds == "per_request":
@@ -305,6 +316,15 @@ class Worker:
             if mine:
                 self.seed_probe(session, new, [r for r, _ in mine], [o for _, o in mine])
         return True
+
+    def evidence_now(self, session) -> dict | None:
+        """What the engine reports now of a condition's evidence (None outside a condition, or when it reports none)."""
+        if self.condition is None or not hasattr(session, "condition_counters"):
+            return None
+        try:
+            return session.condition_counters()
+        except Exception as exc:  # noqa: BLE001 - recorded: the condition is then not shown reached
+            return {"error": error_text(exc)}
 
     def seed_probe(self, session, group, items, outs) -> None:
         """The per-request seed probe (:mod:`conformance.engines.seeds`), after the batch and its counters."""
@@ -325,6 +345,28 @@ class Worker:
             if record is not None:
                 self.state["cases"][c.name]["seed_probe"] = record
         self.save()
+
+
+def evidence_delta(after: dict | None, before: dict | None) -> dict | None:
+    """A condition's evidence over one batch: counters ``after - before``, settings and readings as ``after``."""
+    from .conditions import COUNTERS
+
+    if after is None:
+        return None
+    before = before or {}
+    return {k: int(v) - int(before.get(k) or 0) if k in COUNTERS and v is not None else v for k, v in after.items()}
+
+
+def evidence_added(total: dict | None, more: dict | None) -> dict | None:
+    """A case's evidence over its batches: counters summed, settings and readings the latest."""
+    from .conditions import COUNTERS
+
+    if more is None:
+        return total
+    out = dict(total or {})
+    for k, v in more.items():
+        out[k] = int(out.get(k) or 0) + int(v) if k in COUNTERS and v is not None else v
+    return out
 
 
 def _added(total: dict | None, more: dict | None) -> dict | None:

