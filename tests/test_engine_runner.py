@@ -303,3 +303,31 @@ def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):
     assert export.main(["fixtures.engines:FAKE", "--no-check"]) == 0
     assert calls == [["/some/venv/bin/python", "-m", "conformance.engines", "export", "fixtures.engines:FAKE", "--no-check"]]
     assert sys.executable != "/some/venv/bin/python"
+
+
+def test_a_condition_cases_rounds_name_drafts_the_engine_did_not_make(tmp_path):
+    """Serving conditions' rounds check (rounds.case_rounds): an engine whose per-request rounds follow the draft
+    model's argmax from the text passes; one that reports a round of three rejected drafts where the completion goes
+    on exactly as the draft model's argmax (vLLM's zeroed drafts at the context edge) is named, request and round."""
+    from conformance.engines.conditions import condition
+    from conformance.engines.rounds import argmax_drafts, case_rounds, proposal_law
+
+    ad = adapters.adapter("vllm")
+    cfg, case = ad.config("draft-greedy"), condition("context-edge").cases[0]
+    law = proposal_law("draft", ad.families[case.family])
+    prompt = list(case.prompt)
+    first = [3]  # the prefill's token; then two rounds whose drafts are all accepted, and the bonus token
+    drafts1, _ = argmax_drafts(law, prompt + first, 3)
+    drafts2, _ = argmax_drafts(law, prompt + first + list(drafts1) + [1], 3)
+    completion = first + list(drafts1) + [1] + list(drafts2)[:2]
+    honest = {"prompt_ids": prompt, "completion_ids": completion, "seed": 1, "rounds": [[3, 3], [3, 2]]}
+    zeroed = {**honest, "seed": 2, "rounds": [[3, 3], [3, 0], [3, 0]]}
+
+    def check(records):
+        (tmp_path / "case.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        return case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": "case.jsonl"})
+
+    assert check([honest])["passed"] is True, check([honest])["text"]
+    bad = check([honest, zeroed])
+    assert bad["passed"] is False and "request 1 (seed 2)" in bad["text"] and "round 2" in bad["text"], bad["text"]
+    assert case_rounds(ad, ad.config("draft-prob"), case, {"status": "ok"}) is None  # sampled drafts: no argmax law

@@ -379,18 +379,21 @@ def efficiency_of(ad, cfg, state: dict) -> dict | None:
 
 
 def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: str | None = None) -> str | None:
-    """The replay of a failing sampling case: the adapter's standalone script, else the command rerunning it."""
+    """The replay of a failing sampling case: the adapter's standalone script, else the command rerunning it (also for a
+    condition case whose rounds differ)."""
     from scipy.stats import chi2
 
     from properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
-    if not c.failed or case.greedy:
+    rounds_failed = c.rounds is not None and c.rounds.passed is False
+    if not (c.failed or rounds_failed) or (case.greedy and not rounds_failed):
         return None
     name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
     rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
              "--configs", cfg.name, "--cases", case.name] + (["--patch", patch] if patch else [])
-    if len(case.prompts) > 1 or c.level is Level.NOT_REACHED:  # the standalone scripts replay one prompt's law
+    if len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED:  # the standalone scripts replay one
+        # prompt's law
         return " ".join(shlex.quote(a) for a in rerun)
     dep = c.departure or ""
     length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
@@ -496,7 +499,7 @@ def run(args) -> dict:
             _apply_checks(ad, cfg, case, state, c)
             if cfg.identical_to and cfg.identical_to in states:
                 c.identity = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
-            if c.failed:
+            if c.failed or (c.rounds is not None and c.rounds.passed is False):
                 c.replay_command = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
             entry.cases[case.name] = c
             look = (c.looks or {}).get("look")
