@@ -44,6 +44,7 @@ from typing import Protocol, Sequence
 
 from specdec_ref.warp import SamplingConfig
 
+from .conditions import condition_cases
 from .matrix import CASES, EFFICIENCY, FEATURE_CASES, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
@@ -202,8 +203,6 @@ class EngineAdapter(abc.ABC):
         mine = self.all_cases()
         mine = mine if cfg.cases is None else tuple(c for c in mine if c.name in cfg.cases)
         if self.conditions:
-            from .conditions import condition_cases
-
             mine += condition_cases(n for n, cfgs in self.conditions.items() if cfg.name in cfgs)
         return mine
 

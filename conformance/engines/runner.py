@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
+from .conditions import condition, condition_cases, evidence_check, per_request_evidence
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
@@ -418,8 +419,6 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
     if probe is not None:
         c.seeds = seed_check(probe) if "error" not in probe else Check(False, f"seed probe: {probe['error']}")
     if case.condition is not None and c.level not in ENGINE_LEVELS:
-        from .conditions import condition, evidence_check, per_request_evidence
-
         try:
             rounds = case_rounds(ad, cfg, case, info)
         except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
@@ -452,8 +451,6 @@ def run(args) -> dict:
         ad.config(n)
     conditions = getattr(args, "conditions", "") or ""
     if conditions:  # the named serving conditions' cases only, on the configurations that run them
-        from .conditions import condition_cases
-
         chosen = tuple(ad.conditions) if conditions == "all" else tuple(conditions.split(","))
         unknown = sorted(set(chosen) - set(ad.conditions))
         if unknown:

@@ -32,6 +32,7 @@ import traceback
 from pathlib import Path
 
 from .adapter import Request, adapter as get_adapter
+from .conditions import COUNTERS, condition
 from .matrix import EFFICIENCY
 
 COUNTER_KEYS = ("drafts", "draft_tokens", "accepted")
@@ -99,8 +100,6 @@ class Worker:
                       and c.group == args.family]
         self.family_name, _, cond = args.family.partition("@")
         if cond:
-            from .conditions import condition
-
             self.condition = condition(cond)
         else:
             self.condition = None
@@ -349,8 +348,6 @@ class Worker:
 
 def evidence_delta(after: dict | None, before: dict | None) -> dict | None:
     """A condition's evidence over one batch: counters ``after - before``, settings and readings as ``after``."""
-    from .conditions import COUNTERS
-
     if after is None:
         return None
     before = before or {}
@@ -359,8 +356,6 @@ def evidence_delta(after: dict | None, before: dict | None) -> dict | None:
 
 def evidence_added(total: dict | None, more: dict | None) -> dict | None:
     """A case's evidence over its batches: counters summed, settings and readings the latest."""
-    from .conditions import COUNTERS
-
     if more is None:
         return total
     out = dict(total or {})
