@@ -138,7 +138,7 @@ class Worker:
         from specdec_ref.exact_models import exact_pair
 
         pair = exact_pair(self.adapter.families[fam])
-        info = self.state["families"].setdefault(fam, {})
+        info = self.state["families"].setdefault(self.args.family, {})  # the worker's group (family@condition)
         t0 = time.time()
         try:
             session = self.adapter.open(self.cfg, fam) if self.condition is None else \
@@ -393,7 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("engine")
     ap.add_argument("--config", required=True)
     ap.add_argument("--raw", required=True, help="folder for this configuration's JSONL files and worker.json")
-    ap.add_argument("--family", required=True, help="target family (order1 / order2): one engine load per process")
+    ap.add_argument("--family", required=True, help="target family (order1 / order2), or family@condition for a "
+                    "serving condition's cases (conformance.engines.conditions): one engine load per process")
     ap.add_argument("--patch", default="", help="the adapter's patches to apply first, e.g. A or A,B")
     ap.add_argument("--cases", default="", help="only these cases (comma-separated); no efficiency set")
     ap.add_argument("--split", action="store_true", help="one batch per case")
