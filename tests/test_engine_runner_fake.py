@@ -240,7 +240,8 @@ def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_nami
     """The request-feature case ``logit-bias``: the control applies the bias and is certified; the speculative
     configuration accepts it and drops it, and its verdict names the setting (not a bare chi-square), in the
     record and in the verdict table."""
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25"]) == 0
+    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+                        "--cases", "logit-bias"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     control, dropped = configs["control"]["cases"]["logit-bias"], configs["ignores-bias"]["cases"]["logit-bias"]
     assert control["level"] in ("certified", "reduced") and not control.get("explained"), control["headline"]
@@ -249,6 +250,23 @@ def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_nami
     assert dropped["explained"].startswith("logit_bias has no effect: the file fits the law without it"), dropped
     assert "--logit-bias 2:1,5:-1" in dropped["replay"]
     assert "logit-bias, explained: logit_bias has no effect" in (tmp_path / "verdicts.md").read_text()
+
+
+def test_logprobs_left_unset_while_speculating_are_not_certified_with_their_positions(tmp_path):
+    """The request-feature case ``logprobs``: the control returns the exact log-probabilities (and the prompt's) and is
+    certified with the check's count; a configuration whose drafted tokens come back with probability 1 (llama-server's
+    speculative path) is NOT CERTIFIED although its law holds, the headline naming what and where, with a rerun command."""
+    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.1",
+                        "--cases", "logprobs"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, unset = configs["control"]["cases"]["logprobs"], configs["logprobs-unset"]["cases"]["logprobs"]
+    assert ok["level"] in ("certified", "reduced") and ok["logprobs"]["passed"] is True, ok["headline"]
+    assert ok["logprobs"]["prompt_tokens"] == 2 * ok["generated"] and "logprobs top-3" in ok["settings"]
+    assert unset["level"] == "not_certified" and unset["law_level"] in ("certified", "reduced", "inconclusive"), unset
+    assert unset["headline"].startswith("NOT CERTIFIED: logprobs wrong on ")
+    assert "(positions 2, 3, 4; right at 1): log-probability 0 (probability 1) returned" in unset["headline"]
+    assert "--configs logprobs-unset --cases logprobs" in unset["replay_command"]
+    assert "logprobs-unset / logprobs, logprobs: logprobs wrong" in (tmp_path / "verdicts.md").read_text()
 
 
 def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path):

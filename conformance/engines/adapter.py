@@ -83,12 +83,15 @@ class Conventions:
     efficiency expectation follows it); ``seeds``: ``per_request`` (each request's seed fixes its output),
     ``global`` (one engine seed) or ``none``; ``drafts_to_end``: a round drafts at most the tokens still to emit but
     one (``min(k, r - 1)``, llama.cpp), else always the proposer's full count (vLLM, which then counts drafts past
-    ``max_tokens``); ``notes``: other conventions, stated for the verdict table."""
+    ``max_tokens``); ``logprobs``: which log-probabilities the engine returns (:data:`conformance.engines.logprobs.
+    CONVENTIONS`: ``raw`` before the request's settings, ``processed`` of the law sampled from; None: it returns
+    none); ``notes``: other conventions, stated for the verdict table."""
 
     top_k_ties: str = "all"
     first_token_at_prefill: bool = True
     seeds: str = "per_request"
     drafts_to_end: bool = False
+    logprobs: str | None = None
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -96,6 +99,8 @@ class Conventions:
             raise ValueError(f"top_k_ties must be one of {TOP_K_TIES}, got {self.top_k_ties!r}")
         if self.seeds not in ("per_request", "global", "none"):
             raise ValueError(f"seeds must be per_request, global or none, got {self.seeds!r}")
+        if self.logprobs not in (None, "raw", "processed"):
+            raise ValueError(f"logprobs must be raw, processed or None, got {self.logprobs!r}")
 
     def sampling(self, s: SamplingConfig) -> SamplingConfig:
         """The case's settings under this engine's declared tie rule (the law the runner certifies against)."""
@@ -128,6 +133,7 @@ class Request:
     eos: bool  # stop at the target's EOS (else EOS is an ordinary token: the engine must not stop on it)
     eos_id: int
     seed: int | None
+    logprobs: int | None = None  # top-n log-probabilities asked per token (and per prompt token where offered)
 
 
 class EngineSession(Protocol):

@@ -40,6 +40,7 @@ class Case:
     seed_base: int = 0
     condition: str | None = None  # a serving condition's case (:mod:`conformance.engines.conditions`)
     extra_prompts: tuple[tuple[int, ...], ...] = ()  # further prompts: request i uses prompts[i % len(prompts)]
+    logprobs: int | None = None  # top-n log-probabilities asked per token (:mod:`conformance.engines.logprobs`)
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -80,6 +81,7 @@ class Case:
         parts += [f"freq {s.frequency_penalty:g}"] if s.frequency_penalty else []
         parts += ["bias " + " ".join(f"{t}:{b:+g}" for t, b in s.logit_bias)] if s.logit_bias else []
         parts += [f"min tokens {s.min_new_tokens}"] if s.min_new_tokens else []
+        parts += [f"logprobs top-{self.logprobs}"] if self.logprobs else []
         parts.append(f"max {self.max_new_tokens}" + (", EOS" if self.eos else ", no EOS"))
         parts.append("seeded" if self.seeded else "unseeded")
         if len(self.prompts) > 1:
@@ -129,6 +131,10 @@ FEATURE_CASES: tuple[Case, ...] = (
     Case("frequency", "order1", (4, 5, 0), SamplingConfig(temperature=0.8, frequency_penalty=1.0), 3, False, True, N,
          "frequency penalty counting each output token, drafts before it included (ignored: TV 0.434; counted once, "
          "as a presence penalty: TV 0.102)", 1_200_000),
+    Case("logprobs", "order2", (6, 0, 3), SamplingConfig(temperature=0.8), 4, True, True, N // 4,
+         "log-probabilities of every returned token and its top 3 (and of the prompt's tokens), drafted tokens "
+         "included, against the exact values at the same prefix (deterministic: every token of every request); the "
+         "law with them asked at a quarter of the sample (reduced power)", 1_300_000, logprobs=3),
 )
 
 

@@ -393,7 +393,8 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
     name = f"{cfg.name}-{case.name}" + (f"-patch{patch.replace(',', '')}" if patch else "")
     rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
              "--configs", cfg.name, "--cases", case.name] + (["--patch", patch] if patch else [])
-    if len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED:  # the standalone scripts replay one
+    logprobs_only = c.logprobs is not None and c.logprobs.passed is False and c.law_level in (Level.CERTIFIED, Level.REDUCED)
+    if len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED or logprobs_only:  # the standalone scripts replay one
         # prompt's law
         return " ".join(shlex.quote(a) for a in rerun)
     dep = c.departure or ""
@@ -432,12 +433,35 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         if not reached:
             c.law_level, c.level = c.level, Level.NOT_REACHED
             c.headline = f"NOT REACHED: {case.condition}: {text}; the law alone: {c.headline}"[:300]
+    if case.logprobs and c.level not in ENGINE_LEVELS and c.level is not Level.TOOL_ERROR:
+        _logprobs_check(ad, case, info, c)
     spec = speculation_check(cfg, case, info)
     if spec is not None:
         c.speculation = spec
         if spec.passed is False and c.level is not Level.NOT_REACHED:
             c.law_level, c.level = c.level, Level.NOT_SPECULATING
             c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
+
+
+def _logprobs_check(ad, case, info: dict, c: CaseVerdict) -> None:
+    """The case's returned log-probabilities against the exact values (:mod:`.logprobs`), under the engine's declared
+    convention; a wrong one makes the case NOT CERTIFIED, the law's own level kept as ``law_level``."""
+    from .logprobs import logprob_check
+
+    convention = ad.conventions.logprobs
+    if convention is None:
+        c.logprobs = Check(None, f"{ad.title}'s adapter declares no log-probability convention: not checked")
+        return
+    try:
+        lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())
+        c.logprobs = logprob_check(case, lines, convention)
+    except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
+        c.law_level, c.level = c.level, Level.TOOL_ERROR
+        c.headline = f"TOOL ERROR: logprobs check: {type(exc).__name__}: {exc}"[:300]
+        return
+    if c.logprobs is not None and c.logprobs.passed is False:
+        c.law_level, c.level = c.level, Level.NOT_CERTIFIED
+        c.headline = f"NOT CERTIFIED: {c.logprobs.detail['summary']}; the law alone: {c.headline}"[:300]
 
 
 def run(args) -> dict:

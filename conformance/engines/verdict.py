@@ -94,6 +94,7 @@ class CaseVerdict:
     seeds: Check | None = None
     condition: Check | None = None  # a serving condition's evidence, read from the engine
     rounds: Check | None = None  # a condition case's per-request rounds against those rebuilt from its completions
+    logprobs: Check | None = None  # the returned log-probabilities against the exact values (a case that asks)
     law_level: Level | None = None  # the law's level when another check (speculation) set the case's
 
     @property

@@ -56,7 +56,7 @@ def scaled(n: int, scale: float) -> int:
 def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: int = 0) -> tuple[list[Request], list[int]]:
     """``(requests, their indices)``: requests ``start .. stop - 1`` of every case (``ranges[case.name]``; a request's
     index fixes its seed), interleaved by a permutation fixed by the wave's number."""
-    items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i)), i)
+    items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i), c.logprobs), i)
              for c in cases for i in range(*ranges[c.name])]
     random.Random(1234 + wave).shuffle(items)
     return [r for r, _ in items], [i for _, i in items]

@@ -125,10 +125,10 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {}, cases=MAIN + ("logit-bias",), note="no speculation, one slot (-np 1)"),
+    Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs"), note="no speculation, one slot (-np 1)"),
     Configuration("control-np4", None, {"parallel": 4}, cases=("position",), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
-    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT + ("logit-bias",),
+    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT + ("logit-bias", "logprobs"),
                   identical_to="control", k=3,
                   proposer="draft",
                   note="draft model, --spec-type draft-simple --spec-draft-n-max 3 --spec-draft-n-min 0 "
@@ -215,7 +215,24 @@ def completion_payload(request) -> dict:
         body["logit_bias"] = [[int(t), float(b)] for t, b in s.logit_bias]
     if request.seed is not None:
         body["seed"] = int(request.seed)
+    if request.logprobs:  # the raw distribution's top n (post_sampling_probs off), per generated token
+        body.update(n_probs=int(request.logprobs), post_sampling_probs=False)
+        body["response_fields"] = body["response_fields"] + ["completion_probabilities"]
     return body
+
+
+def returned_logprobs(response: dict) -> dict:
+    """``{"logprobs": [{"id": logprob, ...} per generated token]}`` from ``completion_probabilities`` (the sampled
+    token's ``logprob`` and its ``top_logprobs``), or {} where the response has none."""
+    probs = response.get("completion_probabilities")
+    if probs is None:
+        return {}
+    out = []
+    for p in probs:
+        entry = {str(int(t["id"])): float(t["logprob"]) for t in p.get("top_logprobs") or []}
+        entry[str(int(p["id"]))] = float(p["logprob"])
+        out.append(entry)
+    return {"logprobs": out}
 
 
 def server_args(cfg: Configuration, draft: str | None, *, ctx_per_slot: int = 128) -> list[str]:
@@ -416,7 +433,7 @@ class LlamaCppSession(VariantSession):
     def one(self, srv: Server, request) -> dict:
         r = srv.complete(completion_payload(request))
         toks = [int(t) for t in r.get("tokens") or []]
-        out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type"))}
+        out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type")), **returned_logprobs(r)}
         if self.cfg.speculative:
             t = r.get("timings") or {}  # response_fields flattens the paths: "timings/draft_n" (absent: no drafts)
             out.update(draft_tokens=int(r.get("timings/draft_n", t.get("draft_n")) or 0),
@@ -484,10 +501,10 @@ class LlamaCppAdapter(EngineAdapter):
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=MAIN + ("penalty", "logit-bias"), timeout_s=900.0,
+    cases=MAIN + ("penalty", "logit-bias", "logprobs"), timeout_s=900.0,
     seed_probe=True,
     conventions=Conventions(
-        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True,
+        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
         notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
                "applies the temperature last)",
                "top-k keeps exactly k; tied tokens are chosen by std::partial_sort's heap, not by a stated rule (not "

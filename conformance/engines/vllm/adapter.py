@@ -82,9 +82,11 @@ CONFIGS: tuple[Configuration, ...] = (
 )
 
 
-def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed) -> dict:
+def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed,
+                         logprobs: int | None = None) -> dict:
     """``SamplingParams`` keyword arguments for one request: every filter set to its explicit off value
-    (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only."""
+    (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only; ``logprobs``: the top n
+    log-probabilities of every generated and every prompt token (``logprobs``, ``prompt_logprobs``)."""
     s = sampling
     kw = dict(n=1, max_tokens=max_new_tokens, seed=seed, detokenize=False,
               repetition_penalty=float(s.repetition_penalty), presence_penalty=float(s.presence_penalty),
@@ -102,6 +104,8 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
         kw["logit_bias"] = {int(t): float(b) for t, b in s.logit_bias}
     if s.min_new_tokens:
         kw["min_tokens"] = int(s.min_new_tokens)
+    if logprobs:
+        kw.update(logprobs=int(logprobs), prompt_logprobs=int(logprobs))
     if s.constraint is not None:
         raise ValueError("the vLLM matrix has no constraint cases")
     if s.top_k and s.top_k_ties != "all":
@@ -171,6 +175,24 @@ def _rounds(completion) -> dict:
     return {"rounds": [[int(d), int(a)] for d, a in zip(m.per_step_drafted, m.per_step_accepted)]}
 
 
+def _logprob_dicts(positions) -> list | None:
+    """vLLM's per-position ``{token_id: Logprob}`` as ``{"id": logprob}`` (None where vLLM has none: the first prompt
+    token)."""
+    if positions is None:
+        return None
+    return [None if pos is None else {str(int(t)): float(lp.logprob) for t, lp in pos.items()} for pos in positions]
+
+
+def _returned_logprobs(out) -> dict:
+    """A request's ``logprobs`` (one dict per generated token) and ``prompt_logprobs``, where it asked for them."""
+    rec = {}
+    if out.outputs[0].logprobs is not None:
+        rec["logprobs"] = _logprob_dicts(out.outputs[0].logprobs)
+    if getattr(out, "prompt_logprobs", None) is not None:
+        rec["prompt_logprobs"] = _logprob_dicts(out.prompt_logprobs)
+    return rec
+
+
 def _per_request_evidence(out) -> dict:
     """Under a serving condition, what vLLM says of one request: how often it was preempted
     (``RequestOutput.metrics.num_preemptions``) and how many prompt tokens the prefix cache served
@@ -235,13 +257,14 @@ class VLLMSession:
         from vllm import SamplingParams
 
         return SamplingParams(**vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos,
-                                                     eos_id=r.eos_id, seed=r.seed))
+                                                     eos_id=r.eos_id, seed=r.seed, logprobs=r.logprobs))
 
     def generate(self, requests) -> list[dict]:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
                                  [self._params(r) for r in requests], use_tqdm=False)
         return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason,
-                 **_rounds(o.outputs[0]), **(_per_request_evidence(o) if self.under_condition else {})} for o in outs]
+                 **_rounds(o.outputs[0]), **(_per_request_evidence(o) if self.under_condition else {}),
+                 **_returned_logprobs(o)} for o in outs]
 
     def counters(self) -> dict | None:
         return spec_counters(self.llm) if self.cfg.speculative else None
@@ -314,11 +337,11 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
-    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency"),
+    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs"),
     max_model_len=ENGINE_ARGS["max_model_len"],
     conditions={name: ("control", "draft-prob", "draft-greedy") for name in
                 ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
-    conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request",
+    conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
     seed_probe=True, pin_workers=True,
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
