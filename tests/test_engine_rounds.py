@@ -363,3 +363,29 @@ def test_the_expectation_of_ngram_rounds_on_the_order2_target_keys_rounds_by_wha
     assert eff["positions"][0]["expected"] == pytest.approx(np.mean(direct), abs=1e-12)
     assert eff["distinct_round_starts"] == 2
 
+
+
+class _FixedDrafts:
+    """A proposer that always drafts ``drafts`` (truncated to the room the round has)."""
+
+    def __init__(self, drafts):
+        self.drafts = list(drafts)
+
+    def proposal(self, text, k):
+        return self.drafts[:k]
+
+
+@pytest.mark.parametrize("drafts, completion, rule, accepted, censored", [
+    ((7, 1), [5, 7], None, 1, True),  # a matched EOS is an accepted draft; what followed is unknown
+    ((7, 1), [5, 7], 7, 0, False),  # llama.cpp: before the last draft it is the round's own token
+    ((1, 7), [5, 1, 7], 7, 2, False),  # at the last draft it is accepted
+    ((1, 2), [5, 1, 7], 7, 1, False),  # an EOS the target sampled against another draft: an ordinary rejection
+])
+def test_a_drafted_eos_is_counted_by_the_engines_declared_rule(drafts, completion, rule, accepted, censored):
+    """llama.cpp's verifier stops at a drafted EOS the target matched before the round's last draft and counts it as
+    the target's token (its counters say 0 accepted where the rounds rebuilt under the usual rule say 1..2: found under
+    the prefix-cache condition, the same without the cache); ``Conventions.eos_draft="target"`` states it."""
+    from conformance.engines.rounds import reconstruct
+
+    rounds = reconstruct(_FixedDrafts(drafts), [6, 0], completion, 2, prefill=True, eos_ends_round=rule)
+    assert [(r.accepted, r.censored) for r in rounds] == [(accepted, censored)]

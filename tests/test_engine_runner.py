@@ -212,7 +212,8 @@ def test_recorded_expectations_cover_the_matrix():
                     for c in ad.cases_for(cfg):
                         if c.condition is None:  # a matrix case: every section the matrix ran records it
                             assert c.name in row, (name, key, cfg.name, c.name)
-        for key, conditions in _CONDITION_SECTIONS.get(name, {}).items():  # the conditions' cases, where the stage runs them
+        recorded = {**_CONDITION_SECTIONS.get(name, {}), **_CONDITIONS_BESIDE_MATRIX.get(name, {})}
+        for key, conditions in recorded.items():  # the conditions' cases, where the stage runs them
             for cfg in ad.configurations:
                 for c in ad.cases_for(cfg):
                     if c.condition in conditions:
@@ -233,6 +234,8 @@ _PATCH_SUBSETS |= {("patch A,C,D,E", c.name) for c in adapters.adapter("vllm").c
 #: for every configuration that runs them (vLLM: all with A, C, F; prefix caching without C on the draft model).
 _CONDITION_SECTIONS = {"vllm": {"patch A,C,F": tuple(adapters.adapter("vllm").conditions),
                                 "patch A,F": ()}}
+#: Conditions recorded in a section that also holds the matrix (llama.cpp: unpatched, its one condition).
+_CONDITIONS_BESIDE_MATRIX = {"llamacpp": {"unpatched": tuple(adapters.adapter("llamacpp").conditions)}}
 _PATCH_SUBSETS |= {(key, c.name) for key, keep in (("patch A,C,F", ("control", "draft-prob", "draft-greedy")),
                                                    ("patch A,F", ("draft-prob", "draft-greedy")))
                    for c in adapters.adapter("vllm").configurations if c.name not in keep}
@@ -332,3 +335,31 @@ def test_a_condition_cases_rounds_name_drafts_the_engine_did_not_make(tmp_path):
     bad = check([honest, zeroed])
     assert bad["passed"] is False and "request 1 (seed 2)" in bad["text"] and "round 2" in bad["text"], bad["text"]
     assert case_rounds(ad, ad.config("draft-prob"), case, {"status": "ok"}) is None  # sampled drafts: no argmax law
+
+
+def test_evidence_on_a_knob_the_engine_lacks_is_not_applicable_but_never_enough():
+    """An unpaged engine (llama.cpp) has no KV block size: under prefix caching the block-size predicate is stated as
+    not applicable and the cache hits decide; under the block-boundary condition nothing is left to show it reached."""
+    from conformance.engines.conditions import condition, evidence_check
+
+    absent = {"block_size": "not paged"}
+    pc = condition("prefix-cache")
+    ok, text = evidence_check(pc, pc.cases[0], {"prefix_cache_hits": 5}, absent=absent)
+    assert ok and text == "prefix_cache_hits 5 > 0; block_size: not applicable (not paged)"
+    assert evidence_check(pc, pc.cases[0], {"prefix_cache_hits": 0}, absent=absent)[0] is False
+    bb = condition("block-boundary")
+    ok, text = evidence_check(bb, bb.cases[0], {}, absent=absent)
+    assert not ok and text.endswith("no evidence left that the engine can report: not shown reached")
+
+
+def test_llamacpp_maps_only_the_knobs_it_can_show():
+    """llama-server takes prefix caching and the context per slot; a token budget (no chunking it reports) and a KV
+    pool (it never preempts) make the condition a load error naming the knob."""
+    from conformance.engines.conditions import condition
+    from conformance.engines.llamacpp.adapter import condition_settings
+
+    assert condition_settings(condition("prefix-cache")) == {"prefix_caching": True, "max_model_len": 128}
+    with pytest.raises(NotImplementedError, match="token_budget"):
+        condition_settings(condition("chunked-prefill"))
+    with pytest.raises(NotImplementedError, match="kv_blocks"):
+        condition_settings(condition("preemption"))

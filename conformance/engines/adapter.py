@@ -83,7 +83,9 @@ class Conventions:
     efficiency expectation follows it); ``seeds``: ``per_request`` (each request's seed fixes its output),
     ``global`` (one engine seed) or ``none``; ``drafts_to_end``: a round drafts at most the tokens still to emit but
     one (``min(k, r - 1)``, llama.cpp), else always the proposer's full count (vLLM, which then counts drafts past
-    ``max_tokens``); ``logprobs``: which log-probabilities the engine returns (:data:`conformance.engines.logprobs.
+    ``max_tokens``); ``eos_draft``: how a drafted EOS the target matches is counted, ``accepted`` (an accepted draft)
+    or ``target`` (before the round's last draft it ends the round as the target's own token, llama.cpp);
+    ``logprobs``: which log-probabilities the engine returns (:data:`conformance.engines.logprobs.
     CONVENTIONS`: ``raw`` before the request's settings, ``processed`` of the law sampled from; None: it returns
     none); ``notes``: other conventions, stated for the verdict table."""
 
@@ -91,6 +93,7 @@ class Conventions:
     first_token_at_prefill: bool = True
     seeds: str = "per_request"
     drafts_to_end: bool = False
+    eos_draft: str = "accepted"
     logprobs: str | None = None
     notes: tuple[str, ...] = ()
 
@@ -99,6 +102,8 @@ class Conventions:
             raise ValueError(f"top_k_ties must be one of {TOP_K_TIES}, got {self.top_k_ties!r}")
         if self.seeds not in ("per_request", "global", "none"):
             raise ValueError(f"seeds must be per_request, global or none, got {self.seeds!r}")
+        if self.eos_draft not in ("accepted", "target"):
+            raise ValueError(f"eos_draft must be accepted or target, got {self.eos_draft!r}")
         if self.logprobs not in (None, "raw", "processed"):
             raise ValueError(f"logprobs must be raw, processed or None, got {self.logprobs!r}")
 
@@ -174,6 +179,9 @@ class EngineAdapter(abc.ABC):
     patches: dict = field(default_factory=dict)
     #: Serving condition name -> the configurations that run its cases (:mod:`conformance.engines.conditions`).
     conditions: dict = field(default_factory=dict)
+    #: Condition knobs the engine has no counterpart for (knob -> why, e.g. an unpaged KV cache has no block size):
+    #: :meth:`open_condition` accepts them, and evidence about them is stated as not applicable, never required.
+    absent_knobs: dict = field(default_factory=dict)
     k: int = 3
     timeout_s: float = 420.0
     max_model_len: int = 128  # positions a request may use (prompt + new tokens + drafts) in this adapter's engine

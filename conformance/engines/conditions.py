@@ -173,20 +173,30 @@ def per_request_evidence(lines) -> dict:
     return out
 
 
-def evidence_check(cond: Condition, case: Case, observed: dict | None, per_request: dict | None = None):
+def evidence_check(cond: Condition, case: Case, observed: dict | None, per_request: dict | None = None,
+                   absent: dict | None = None):
     """``(reached, text)``: whether every evidence predicate of ``cond`` holds on what the engine reported over the
     case's batches (``observed``; None: the engine reports nothing, so the condition is not shown reached); the text
-    adds how many requests the engine says reached it (``per_request``: :func:`per_request_evidence`)."""
+    adds how many requests the engine says reached it (``per_request``: :func:`per_request_evidence`). ``absent``: the
+    knobs the engine has no counterpart for (``EngineAdapter.absent_knobs``, knob -> why): a predicate on one of them
+    is stated as not applicable and not required, but at least one predicate must hold."""
     if observed is None:
         return False, "the engine reports none of the evidence this condition needs: not shown reached"
-    parts, ok = [], True
+    parts, ok, judged = [], True, 0
     for name, op, value in cond.evidence:
+        if name in (absent or {}):
+            parts.append(f"{name}: not applicable ({absent[name]})")
+            continue
+        judged += 1
         want = max(len(p) for p in case.prompts) if value == "longest_prompt" else (
             cond.settings[value] if isinstance(value, str) else value)
         got = observed.get(name)
         held = got is not None and _OPS[op](got, want)
         ok &= held
         parts.append(f"{name} {got} {op} {want}" + ("" if held else " FAILS" if got is not None else " (not reported)"))
+    if not judged:
+        ok = False
+        parts.append("no evidence left that the engine can report: not shown reached")
     for key, what in PER_REQUEST.items():
         if (per_request or {}).get(key) is not None:
             parts.append(f"{per_request[key]} of {per_request['requests']} requests {what}")

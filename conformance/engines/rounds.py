@@ -141,12 +141,16 @@ def greedy_next(target_name: str) -> Callable[[int], int]:
 
 def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *, prefill: bool = True,
                 request: int = 0, extend: Callable[[int], int] | None = None,
-                max_new: int | None = None) -> list[Round]:
+                max_new: int | None = None, eos_ends_round: int | None = None) -> list[Round]:
     """The rounds of one request (module docstring). ``prefill``: the first token is a plain target sample (no
     round); a text on which the law proposes nothing is a plain target step (no round counted, as vLLM's n-gram
     without a match). ``extend(last) -> next``: the deterministic continuation past the completion's end (greedy
     requests), which settles a censored round; None leaves it censored. ``max_new``: the request's ``max_tokens``
-    under ``drafts_to_end`` (a round drafts at most the tokens still to emit but one); None: always ``k``."""
+    under ``drafts_to_end`` (a round drafts at most the tokens still to emit but one); None: always ``k``.
+    ``eos_ends_round``: the EOS id of an engine whose verifier stops at a drafted EOS the target matched before the
+    round's last draft and counts it as the round's own sampled token, not an accepted draft (llama.cpp's
+    ``common_sampler_sample_and_accept_n``); at the last draft it is accepted. None: a matched EOS is an accepted draft
+    like any other."""
     text = list(prompt) + list(completion)
     pos = len(prompt) + (1 if prefill and completion else 0)
     rounds = []
@@ -160,6 +164,9 @@ def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *
         while m < len(drafts) and pos + m < len(text) and text[pos + m] == drafts[m]:
             m += 1
         censored = m < len(drafts) and pos + m >= len(text)
+        ends = [j for j in range(m) if drafts[j] == eos_ends_round and pos + j == len(text) - 1]
+        if ends:  # the completion ends at a matched, drafted EOS: the engine's count is exact
+            m, censored = (ends[0] if ends[0] + 1 < len(drafts) else len(drafts)), False
         if censored and extend is not None:
             last = text[-1]
             while m < len(drafts):
@@ -184,7 +191,8 @@ def _totals(rounds: Sequence[Round], k: int) -> dict:
 
 
 def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counters: dict | None,
-                 extend: Callable[[int], int] | None = None, max_new: int | None = None) -> dict:
+                 extend: Callable[[int], int] | None = None, max_new: int | None = None,
+                 eos_ends_round: int | None = None) -> dict:
     """The engine's counters (and per-request rounds where each record has ``rounds``: ``[[drafted, accepted], ...]``
     in order; else per-request totals where each has ``draft_tokens`` and ``accepted``) against the rounds rebuilt
     from the records' ``prompt_ids`` / ``completion_ids`` (``max_new``: see :func:`reconstruct`). ``passed`` False on
@@ -195,7 +203,7 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
     totals = not per_request and bool(records) and all("draft_tokens" in r and "accepted" in r for r in records)
     for i, rec in enumerate(records):
         mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend,
-                           max_new=max_new)
+                           max_new=max_new, eos_ends_round=eos_ends_round)
         rounds.extend(mine)
         if per_request and first is None:
             engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
@@ -385,21 +393,25 @@ def rounds_of(ad, cfg, state: dict) -> dict | None:
 
 def case_rounds(ad, cfg, case, info: dict) -> dict | None:
     """The rounds check on one case's completions (a serving condition's: its prompts long, its engine settings its
-    own), for a configuration that declares its argmax ``proposer`` and an engine that reports each request's rounds:
-    every request's rounds against those rebuilt from its completion (:func:`check_rounds`; drafts the engine did not
-    make from the text, such as placeholders near a limit, show as a difference). None when there is nothing to
-    compare."""
+    own), for a configuration that declares its argmax ``proposer`` and an engine that reports each request's rounds
+    (or its drafted and accepted totals): every request's against those rebuilt from its completion
+    (:func:`check_rounds`; drafts the engine did not make from the text, such as placeholders near a limit or drafts
+    from a stale draft cache, show as a difference). None when there is nothing to compare."""
     import json
     from pathlib import Path
+
+    from specdec_ref.exact_models import exact_model
 
     if cfg.proposer is None or not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
         return None
     records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
-    if not records or any("rounds" not in r for r in records):
+    reported = all("rounds" in r for r in records) or all("draft_tokens" in r and "accepted" in r for r in records)
+    if not records or not reported:
         return None
     law = proposal_law(cfg.proposer, ad.families[case.family])
+    eos = int(exact_model(case.model).eos_id) if case.eos and ad.conventions.eos_draft == "target" else None
     check = check_rounds(law, records, ad.k_of(cfg), prefill=ad.conventions.first_token_at_prefill, counters=None,
-                         max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None)
+                         max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None, eos_ends_round=eos)
     check.pop("rounds")
     return check
 

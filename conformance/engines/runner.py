@@ -428,7 +428,8 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         if rounds is not None and rounds.get("passed") is not None:
             c.rounds = Check(rounds["passed"], rounds["text"], {"proposer": cfg.proposer})
         lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines()) if info.get("file") else ()
-        reached, text = evidence_check(condition(case.condition), case, info.get("evidence"), per_request_evidence(lines))
+        reached, text = evidence_check(condition(case.condition), case, info.get("evidence"), per_request_evidence(lines),
+                                       absent=ad.absent_knobs)
         c.condition = Check(reached, text, {"evidence": info.get("evidence")})
         if not reached:
             c.law_level, c.level = c.level, Level.NOT_REACHED

@@ -258,6 +258,22 @@ def server_args(cfg: Configuration, draft: str | None, *, ctx_per_slot: int = 12
     return args
 
 
+#: Serving-condition knobs llama-server has no counterpart for (:attr:`EngineAdapter.absent_knobs`).
+ABSENT_KNOBS = {"block_size": "llama.cpp's KV cache is not paged: a slot's cells are contiguous, its prompt cache "
+                              "reuses any common prefix"}
+#: The knobs mapped: ``prefix_caching`` -> each request's ``cache_prompt``, ``max_model_len`` -> ``-c`` per slot.
+MAPPED_KNOBS = ("prefix_caching", "max_model_len")
+
+
+def condition_settings(condition) -> dict:
+    """The condition's knobs llama-server runs with; raises naming a knob it has no setting for (a token budget:
+    ``-b`` / ``-ub`` exist, but the server reports no chunking to prove it reached; a KV pool: it never preempts)."""
+    missing = sorted(set(condition.settings) - set(MAPPED_KNOBS) - set(ABSENT_KNOBS))
+    if missing:
+        raise NotImplementedError(f"llama-server has no mapped setting for {', '.join(missing)} ({condition.name})")
+    return {k: v for k, v in condition.settings.items() if k in MAPPED_KNOBS}
+
+
 def parse_metrics(text: str) -> dict:
     """``/metrics`` (Prometheus text) -> the runner's counters."""
     val = {}
@@ -397,11 +413,13 @@ class LlamaCppSession(VariantSession):
     """One configuration on one target family: up to two servers (the ``eos`` and ``plain`` GGUF variants),
     each started on first use."""
 
-    def __init__(self, cfg: Configuration, pair, *, log_dir: str | None = None):
+    def __init__(self, cfg: Configuration, pair, *, log_dir: str | None = None, condition=None):
         from .gguf_export import export
 
         super().__init__()
         self.cfg, self.pair = cfg, pair
+        self.settings = condition_settings(condition) if condition is not None else None
+        self.cache_hits, self._lock = 0, threading.Lock()
         if cfg.options.get("head") == "eagle3":  # the head and the deep target it reads (same table as the target)
             from .gguf_heads import DEEP, HEAD, export_eagle3
 
@@ -424,16 +442,27 @@ class LlamaCppSession(VariantSession):
 
     def load(self, variant: str) -> Server:
         target, draft = (self.paths[(m, variant)] for m in self.models)
+        ctx = int((self.settings or {}).get("max_model_len", 128))
         srv = Server(server_binary(), target, parallel=self.parallel,
-                     args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None),
+                     args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None,
+                                      ctx_per_slot=ctx),
                      log_dir=self.log_dir)
         srv.start()
         return srv
 
     def one(self, srv: Server, request) -> dict:
-        r = srv.complete(completion_payload(request))
+        body = completion_payload(request)
+        if self.settings is not None:  # under a condition: its prompt caching, and what the cache served
+            body["cache_prompt"] = bool(self.settings.get("prefix_caching", True))
+            body["response_fields"] = body["response_fields"] + ["timings/cache_n"]
+        r = srv.complete(body)
         toks = [int(t) for t in r.get("tokens") or []]
         out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type")), **returned_logprobs(r)}
+        if self.settings is not None:
+            cached = int(r.get("timings/cache_n", (r.get("timings") or {}).get("cache_n")) or 0)
+            out["cached_tokens"] = cached
+            with self._lock:
+                self.cache_hits += cached
         if self.cfg.speculative:
             t = r.get("timings") or {}  # response_fields flattens the paths: "timings/draft_n" (absent: no drafts)
             out.update(draft_tokens=int(r.get("timings/draft_n", t.get("draft_n")) or 0),
@@ -455,6 +484,15 @@ class LlamaCppSession(VariantSession):
         if k and tot["accepted_per_pos"] is None:  # the per-position series appears with the first verification
             tot["accepted_per_pos"] = [0] * k
         return tot
+
+    def condition_counters(self) -> dict:
+        """What llama-server reports of a serving condition: the prompt tokens its slots' caches served (each
+        response's ``timings.cache_n``, summed) and the context per slot it runs with (``/props``)."""
+        out = {"prefix_cache_hits": self.cache_hits}
+        for srv in self.instances.values():
+            props = json.loads(srv._call("GET", "/props"))
+            out["max_model_len"] = int(props["default_generation_settings"]["n_ctx"])
+        return out
 
     def validate(self, request) -> None:
         completion_payload(request)
@@ -484,6 +522,11 @@ class LlamaCppAdapter(EngineAdapter):
 
         return LlamaCppSession(cfg, exact_pair(self.families[family]))
 
+    def open_condition(self, cfg, family, condition):
+        from specdec_ref.exact_models import exact_pair
+
+        return LlamaCppSession(cfg, exact_pair(self.families[family]), condition=condition)
+
     def export(self, check: bool = True) -> list[dict]:
         """The GGUF files (targets, drafts, the EAGLE-3 head and its deep target, the ``qwen35`` target with its MTP
         block, each in its ``eos`` and ``plain`` variant) and, with ``check``, their probabilities through
@@ -502,9 +545,10 @@ class LlamaCppAdapter(EngineAdapter):
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty", "logit-bias", "logprobs"), timeout_s=900.0,
-    seed_probe=True,
+    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3")}, absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
+        eos_draft="target",
         notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
                "applies the temperature last)",
                "top-k keeps exactly k; tied tokens are chosen by std::partial_sort's heap, not by a stated rule (not "
