@@ -286,8 +286,8 @@ def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
     dependent = {c.name for c in matrix.CASES if matrix.law_depends_on_tie_rule(c)}
     assert dependent == {"warp-1tok", "warp", "ties", "position-1tok", "position"}
     ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
-    assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | {"logit-bias", "min-tokens", "frequency", "logprobs"}) - dependent
-    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + 4  # and the request features
+    assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | {"logit-bias", "min-tokens", "frequency", "logprobs", "n-samples"}) - dependent
+    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + 5  # and the request features
 
 
 def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):

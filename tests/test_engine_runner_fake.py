@@ -269,6 +269,24 @@ def test_logprobs_left_unset_while_speculating_are_not_certified_with_their_posi
     assert "logprobs-unset / logprobs, logprobs: logprobs wrong" in (tmp_path / "verdicts.md").read_text()
 
 
+def test_n_completions_per_request_are_lines_with_their_index_and_copies_are_named(tmp_path):
+    """The request-feature case ``n-samples`` (n = 4 per request): each completion is a line with its request's seed
+    and its ``index``; a control whose completions are independent is certified, one that returns n copies of a
+    request's first completion is NOT CERTIFIED with the copies named (vLLM #4934's class: n > 1 sharing randomness)."""
+    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+                        "--cases", "n-samples"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, copies = configs["control"]["cases"]["n-samples"], configs["n-copies"]["cases"]["n-samples"]
+    assert ok["level"] in ("certified", "reduced") and "n 4 per request" in ok["settings"], ok["headline"]
+    assert ok["samples"]["copies_explain"] is False and ok["samples"]["identical"] < 20
+    lines = [json.loads(x) for x in (tmp_path / "raw" / "control" / "order2" / "n-samples.jsonl").read_text().splitlines()]
+    assert [(x["seed"], x["index"]) for x in lines[:5]] == [(1_400_000, 0), (1_400_000, 1), (1_400_000, 2),
+                                                             (1_400_000, 3), (1_400_004, 0)]
+    assert copies["level"] == "not_certified", copies["headline"]
+    assert copies["explained"].startswith("a request's 4 completions are copies of one another: all 4 completions "
+                                          "the same in ")
+
+
 def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path):
     """A condition's cases run in their own engine load with its knobs; the evidence the engine reports decides
     whether it was reached: 0 preemptions under the preemption condition is NOT REACHED (a failure, the law's own level

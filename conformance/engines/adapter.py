@@ -139,6 +139,7 @@ class Request:
     eos_id: int
     seed: int | None
     logprobs: int | None = None  # top-n log-probabilities asked per token (and per prompt token where offered)
+    n: int = 1  # completions asked for (the record then holds "samples": one record per completion, with "index")
 
 
 class EngineSession(Protocol):
@@ -146,7 +147,8 @@ class EngineSession(Protocol):
 
     def generate(self, requests: Sequence[Request]) -> list[dict]:
         """One record per request, in order: ``{"completion_ids": [...], "finish_reason": ...}`` plus, where the
-        engine reports them per request, ``"draft_tokens"`` and ``"accepted"``. Raises on an engine failure."""
+        engine reports them per request, ``"draft_tokens"`` and ``"accepted"``; a request with ``n > 1`` gives
+        ``{"samples": [record, ...]}``, one record per completion with its ``"index"``. Raises on an engine failure."""
 
     def counters(self) -> dict | None:
         """The engine's cumulative speculative counters, ``{"drafts", "draft_tokens", "accepted",

@@ -41,6 +41,11 @@ class Case:
     condition: str | None = None  # a serving condition's case (:mod:`conformance.engines.conditions`)
     extra_prompts: tuple[tuple[int, ...], ...] = ()  # further prompts: request i uses prompts[i % len(prompts)]
     logprobs: int | None = None  # top-n log-probabilities asked per token (:mod:`conformance.engines.logprobs`)
+    samples: int = 1  # completions per request (the API's n): ``n`` counts completions, n / samples requests
+
+    def __post_init__(self):
+        if self.samples < 1 or self.n % self.samples:
+            raise ValueError(f"case {self.name!r}: samples must be >= 1 and divide n ({self.n}), got {self.samples}")
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -65,7 +70,9 @@ class Case:
         return self.sampling.greedy
 
     def seed(self, i: int) -> int | None:
-        return self.seed_base + i if self.seeded else None
+        """Request ``i``'s seed: ``seed_base + i * samples`` (room for engines that seed a request's j-th completion
+        with ``seed + j``, as vLLM does: no two completions of a case share a seed)."""
+        return self.seed_base + i * self.samples if self.seeded else None
 
     def settings(self) -> str:
         s = self.sampling
@@ -82,6 +89,7 @@ class Case:
         parts += ["bias " + " ".join(f"{t}:{b:+g}" for t, b in s.logit_bias)] if s.logit_bias else []
         parts += [f"min tokens {s.min_new_tokens}"] if s.min_new_tokens else []
         parts += [f"logprobs top-{self.logprobs}"] if self.logprobs else []
+        parts += [f"n {self.samples} per request"] if self.samples > 1 else []
         parts.append(f"max {self.max_new_tokens}" + (", EOS" if self.eos else ", no EOS"))
         parts.append("seeded" if self.seeded else "unseeded")
         if len(self.prompts) > 1:
@@ -135,6 +143,9 @@ FEATURE_CASES: tuple[Case, ...] = (
          "log-probabilities of every returned token and its top 3 (and of the prompt's tokens), drafted tokens "
          "included, against the exact values at the same prefix (deterministic: every token of every request); the "
          "law with them asked at a quarter of the sample (reduced power)", 1_300_000, logprobs=3),
+    Case("n-samples", "order2", (6, 0), SamplingConfig(temperature=1.0), 3, True, True, N,
+         "four completions per request (n = 4), pooled as independent samples: completions that share their "
+         "randomness (copies of one another) inflate every cell's variance four-fold", 1_400_000, samples=4),
 )
 
 

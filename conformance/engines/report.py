@@ -116,7 +116,7 @@ def markdown(results: dict) -> str:
         for case, c in r["cases"].items():
             power = "-" if c.get("power") is None else f"{c['power']:.3f} / {_fmt(c.get('detects'))}"
             verdict = c.get("headline") or c["level"]
-            for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds", "logprobs"):
+            for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds", "logprobs", "samples"):
                 x = c.get(what)
                 if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news; a condition's
                     # evidence and its rounds are news either way (what the engine reported)

@@ -258,7 +258,8 @@ def _departure(case, path: Path, rec: dict) -> str | None:
     cut = []
     for line in path.read_text().splitlines()[: rec["n"]]:  # the lines the verdict read
         r = json.loads(line)
-        cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"]})
+        cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"],
+                    "index": r.get("index")})
     first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
                             eos_id=True if case.eos else None).as_record()
     fits = first.get("statistics") or []
@@ -342,15 +343,17 @@ def identity_check(case, mine: dict, other: dict, other_name: str) -> Check | No
     a, b = mine["cases"].get(case.name, {}), other["cases"].get(case.name, {})
     if not case.seeded or a.get("status") != "ok" or b.get("status") != "ok":
         return None
-    load = lambda info: {r["seed"]: r for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
+    load = lambda info: {(r["seed"], r.get("index")): r  # noqa: E731 - a request's n completions by their index
+                         for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
     ra, rb = load(a), load(b)
     common = sorted(set(ra) & set(rb))
-    for n, seed in enumerate(common):
-        x, y = ra[seed]["completion_ids"], rb[seed]["completion_ids"]
+    for key in common:
+        x, y = ra[key]["completion_ids"], rb[key]["completion_ids"]
         if x != y:
             pos = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
             differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
-            return Check(False, f"differs from {other_name} at request seed {seed}, position {pos + 1}: {x} vs {y} "
+            where = f"request seed {key[0]}" + (f" completion {key[1]}" if key[1] is not None else "")
+            return Check(False, f"differs from {other_name} at {where}, position {pos + 1}: {x} vs {y} "
                                 f"({differing} of {len(common)} requests differ)",
                          {"compared": len(common), "differing": differing})
     return Check(bool(common), f"identical to {other_name} on all {len(common)} requests" if common else
@@ -436,12 +439,43 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
             c.headline = f"NOT REACHED: {case.condition}: {text}; the law alone: {c.headline}"[:300]
     if case.logprobs and c.level not in ENGINE_LEVELS and c.level is not Level.TOOL_ERROR:
         _logprobs_check(ad, case, info, c)
+    if case.samples > 1 and c.level not in ENGINE_LEVELS and info.get("file"):
+        c.samples = _copies_note(case, Path(info["dir"]) / info["file"])
+        if c.level is Level.NOT_CERTIFIED and c.samples.detail.get("copies_explain"):
+            c.explained = c.samples.text
     spec = speculation_check(cfg, case, info)
     if spec is not None:
         c.speculation = spec
         if spec.passed is False and c.level is not Level.NOT_REACHED:
             c.law_level, c.level = c.level, Level.NOT_SPECULATING
             c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
+
+
+def _copies_note(case, path: Path) -> Check:
+    """For a case with n > 1 completions per request: in how many requests all n are the same completion, against the
+    share the exact law gives independent completions (``sum_x P(x)^n``). Descriptive (``passed`` None): the verdict
+    is the law's; where the law failed and copies are several times too frequent, the runner names them as the
+    departure's explanation."""
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_model
+
+    groups: dict = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        groups.setdefault((r.get("seed"), tuple(r["prompt_ids"])), []).append(tuple(r["completion_ids"]))
+    full = [g for g in groups.values() if len(g) == case.samples]
+    same = sum(1 for g in full if len(set(g)) == 1)
+    em = exact_model(case.model)
+    law = continuation_law(em, list(case.prompt), case.max_new_tokens, case.sampling,
+                           eos_id=int(em.eos_id) if case.eos else None)
+    share = sum(float(p) ** case.samples for p in law.values())
+    expected = share * len(full)
+    text = (f"all {case.samples} completions the same in {same} of {len(full)} requests (independent completions: "
+            f"{expected:.1f} expected, share {share:.4f})")
+    explain = same > 3 * expected + 10  # several times the independent share: the completions share their randomness
+    if explain:
+        text = f"a request's {case.samples} completions are copies of one another: " + text
+    return Check(None, text, {"requests": len(full), "identical": same, "expected": expected, "copies_explain": explain})
 
 
 def _logprobs_check(ad, case, info: dict, c: CaseVerdict) -> None:

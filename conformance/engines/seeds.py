@@ -45,8 +45,7 @@ def probe_requests(items) -> tuple[list, list[int]]:
 def compare(case: str, items, outs, probe_outs, picked) -> dict | None:
     """The probe's record for ``case``: ``{compared, differing, first}`` (``first``: seed, 1-based position, both
     completions), or None when the case had no seeded request in the probe."""
-    pairs = [(items[i].seed, outs[i]["completion_ids"], again["completion_ids"])
-             for i, again in zip(picked, probe_outs) if items[i].case == case]
+    pairs = [(items[i].seed, _ids(outs[i]), _ids(again)) for i, again in zip(picked, probe_outs) if items[i].case == case]
     if not pairs:
         return None
     differing = [(seed, a, b) for seed, a, b in pairs if list(a) != list(b)]
@@ -56,6 +55,13 @@ def compare(case: str, items, outs, probe_outs, picked) -> dict | None:
         pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         out["first"] = {"seed": seed, "position": pos + 1, "batch": [int(t) for t in a], "again": [int(t) for t in b]}
     return out
+
+
+def _ids(out: dict) -> list[int]:
+    """A request's completion, or its n completions one after the other (a request asking for n > 1)."""
+    if "samples" in out:
+        return [int(t) for s in out["samples"] for t in s["completion_ids"]]
+    return [int(t) for t in out["completion_ids"]]
 
 
 def seed_check(probe: dict | None):

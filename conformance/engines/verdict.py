@@ -95,6 +95,7 @@ class CaseVerdict:
     condition: Check | None = None  # a serving condition's evidence, read from the engine
     rounds: Check | None = None  # a condition case's per-request rounds against those rebuilt from its completions
     logprobs: Check | None = None  # the returned log-probabilities against the exact values (a case that asks)
+    samples: Check | None = None  # n > 1 completions per request: how often all n are the same (descriptive)
     law_level: Level | None = None  # the law's level when another check (speculation) set the case's
 
     @property

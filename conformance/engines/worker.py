@@ -49,6 +49,20 @@ def delta(after: dict | None, before: dict | None) -> dict | None:
     return d
 
 
+def request_lines(req, out: dict) -> list[dict]:
+    """A request's lines in the case file: one per completion (``"index"`` on each where it asked for ``n > 1``)."""
+    if req.n > 1:
+        samples = out.get("samples")
+        if not isinstance(samples, list) or len(samples) != req.n:
+            raise RuntimeError(f"a request asking for n={req.n} completions got "
+                               f"{'none' if samples is None else len(samples)} in its record's 'samples'")
+        return [{"prompt_ids": list(req.prompt), "completion_ids": [int(t) for t in s["completion_ids"]],
+                 "seed": req.seed, "index": int(s.get("index", j)),
+                 **{k: v for k, v in s.items() if k not in ("completion_ids", "index")}} for j, s in enumerate(samples)]
+    return [{"prompt_ids": list(req.prompt), "completion_ids": [int(t) for t in out["completion_ids"]],
+             "seed": req.seed, **{k: v for k, v in out.items() if k != "completion_ids"}}]
+
+
 def scaled(n: int, scale: float) -> int:
     return max(1, int(round(n * scale)))
 
@@ -56,7 +70,8 @@ def scaled(n: int, scale: float) -> int:
 def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: int = 0) -> tuple[list[Request], list[int]]:
     """``(requests, their indices)``: requests ``start .. stop - 1`` of every case (``ranges[case.name]``; a request's
     index fixes its seed), interleaved by a permutation fixed by the wave's number."""
-    items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i), c.logprobs), i)
+    items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i), c.logprobs,
+                      c.samples), i)
              for c in cases for i in range(*ranges[c.name])]
     random.Random(1234 + wave).shuffle(items)
     return [r for r, _ in items], [i for _, i in items]
@@ -243,10 +258,12 @@ class Worker:
                         self.state["cases"][c.name] = {"status": "not_run",
                                                        "error": "engine failed earlier in this process"}
                     continue
-                alive = self.generate(session, group, {c.name: (have[c.name], targets[c.name]) for c in group},
+                # lines -> requests: a case with n > 1 completions per request writes n lines per request
+                stop = {c.name: -(-targets[c.name] // c.samples) for c in group}
+                alive = self.generate(session, group, {c.name: (have[c.name] // c.samples, stop[c.name]) for c in group},
                                       eos_id, wave)
                 if alive:
-                    have.update({c.name: targets[c.name] for c in group})
+                    have.update({c.name: stop[c.name] * c.samples for c in group})
             wave += 1
             self.save()
             if channel is not None:
@@ -285,8 +302,7 @@ class Worker:
         seconds = round(time.time() - t0, 2)
         per_case: dict[str, list] = {c.name: [] for c in group}
         for req, i, out in sorted(zip(items, indices, outs), key=lambda x: (x[0].case, x[1])):  # request order
-            per_case[req.case].append({"prompt_ids": list(req.prompt), "completion_ids": [int(t) for t in out["completion_ids"]],
-                                       "seed": req.seed, **{k: v for k, v in out.items() if k != "completion_ids"}})
+            per_case[req.case].extend(request_lines(req, out))
         for c in group:
             path = self.raw / f"{c.name}.jsonl"
             first = ranges[c.name][0] == 0

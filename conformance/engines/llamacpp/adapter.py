@@ -126,7 +126,7 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 CONFIGS: tuple[Configuration, ...] = (
     Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs"), note="no speculation, one slot (-np 1)"),
-    Configuration("control-np4", None, {"parallel": 4}, cases=("position",), identical_to="control",
+    Configuration("control-np4", None, {"parallel": 4}, cases=("position", "n-samples"), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
     Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT + ("logit-bias", "logprobs"),
                   identical_to="control", k=3,
@@ -138,7 +138,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="draft-simple, --spec-draft-n-max 1"),
     Configuration("draft-k5", "draft-simple", _draft(5), "sample_match", cases=("eos", "position"),
                   identical_to="control", k=5, proposer="draft", note="draft-simple, --spec-draft-n-max 5"),
-    Configuration("draft-k3-np4", "draft-simple", _draft(3, parallel=4), "sample_match", cases=("position",),
+    Configuration("draft-k3-np4", "draft-simple", _draft(3, parallel=4), "sample_match", cases=("position", "n-samples"),
                   identical_to="control", k=3, proposer="draft",
                   note="draft-simple --spec-draft-n-max 3 with four parallel slots (-np 4)"),
     Configuration("draft-ignored", "draft-model (no --spec-type)", {"draft_model": True, "draft_max": 3},
@@ -215,7 +215,7 @@ def completion_payload(request) -> dict:
         body["logit_bias"] = [[int(t), float(b)] for t, b in s.logit_bias]
     if request.seed is not None:
         body["seed"] = int(request.seed)
-    if request.logprobs:  # the raw distribution's top n (post_sampling_probs off), per generated token
+    if getattr(request, "logprobs", None):  # the raw distribution's top n (post_sampling_probs off), per generated token
         body.update(n_probs=int(request.logprobs), post_sampling_probs=False)
         body["response_fields"] = body["response_fields"] + ["completion_probabilities"]
     return body
@@ -455,7 +455,17 @@ class LlamaCppSession(VariantSession):
         if self.settings is not None:  # under a condition: its prompt caching, and what the cache served
             body["cache_prompt"] = bool(self.settings.get("prefix_caching", True))
             body["response_fields"] = body["response_fields"] + ["timings/cache_n"]
-        r = srv.complete(body)
+        if request.n > 1:  # n_cmpl: child tasks on free slots, the j-th seeded seed + j; one result per completion
+            body["n_cmpl"] = int(request.n)
+            body["response_fields"] = body["response_fields"] + ["index"]
+            results = srv.complete(body)
+            if not isinstance(results, list) or len(results) != request.n:
+                raise RuntimeError(f"llama-server returned {len(results) if isinstance(results, list) else 1} results "
+                                   f"for n_cmpl={request.n}")
+            return {"samples": [{**self._record(r), "index": int(r.get("index", j))} for j, r in enumerate(results)]}
+        return self._record(srv.complete(body))
+
+    def _record(self, r: dict) -> dict:
         toks = [int(t) for t in r.get("tokens") or []]
         out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type")), **returned_logprobs(r)}
         if self.settings is not None:
@@ -544,7 +554,7 @@ class LlamaCppAdapter(EngineAdapter):
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=MAIN + ("penalty", "logit-bias", "logprobs"), timeout_s=900.0,
+    cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples"), timeout_s=900.0,
     seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3")}, absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",

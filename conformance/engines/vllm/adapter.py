@@ -83,12 +83,13 @@ CONFIGS: tuple[Configuration, ...] = (
 
 
 def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed,
-                         logprobs: int | None = None) -> dict:
+                         logprobs: int | None = None, n: int = 1) -> dict:
     """``SamplingParams`` keyword arguments for one request: every filter set to its explicit off value
     (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only; ``logprobs``: the top n
-    log-probabilities of every generated and every prompt token (``logprobs``, ``prompt_logprobs``)."""
+    log-probabilities of every generated and every prompt token (``logprobs``, ``prompt_logprobs``); ``n``:
+    completions per request (vLLM seeds the j-th with ``seed + j``)."""
     s = sampling
-    kw = dict(n=1, max_tokens=max_new_tokens, seed=seed, detokenize=False,
+    kw = dict(n=int(n), max_tokens=max_new_tokens, seed=seed, detokenize=False,
               repetition_penalty=float(s.repetition_penalty), presence_penalty=float(s.presence_penalty),
               frequency_penalty=float(s.frequency_penalty))
     if s.greedy:
@@ -257,14 +258,20 @@ class VLLMSession:
         from vllm import SamplingParams
 
         return SamplingParams(**vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos,
-                                                     eos_id=r.eos_id, seed=r.seed, logprobs=r.logprobs))
+                                                     eos_id=r.eos_id, seed=r.seed, logprobs=r.logprobs, n=r.n))
 
     def generate(self, requests) -> list[dict]:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
                                  [self._params(r) for r in requests], use_tqdm=False)
-        return [{"completion_ids": [int(t) for t in o.outputs[0].token_ids], "finish_reason": o.outputs[0].finish_reason,
-                 **_rounds(o.outputs[0]), **(_per_request_evidence(o) if self.under_condition else {}),
-                 **_returned_logprobs(o)} for o in outs]
+        return [self._record(r, o) for r, o in zip(requests, outs)]
+
+    def _record(self, r, o) -> dict:
+        extra = {**(_per_request_evidence(o) if self.under_condition else {}), **_returned_logprobs(o)}
+        one = lambda c: {"completion_ids": [int(t) for t in c.token_ids], "finish_reason": c.finish_reason,  # noqa: E731
+                         **_rounds(c)}
+        if r.n > 1:  # one record per completion, in vLLM's index order
+            return {"samples": [{**one(c), "index": int(c.index)} for c in sorted(o.outputs, key=lambda c: c.index)]}
+        return {**one(o.outputs[0]), **extra}
 
     def counters(self) -> dict | None:
         return spec_counters(self.llm) if self.cfg.speculative else None
@@ -337,7 +344,7 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
-    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs"),
+    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples"),
     max_model_len=ENGINE_ARGS["max_model_len"],
     conditions={name: ("control", "draft-prob", "draft-greedy") for name in
                 ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
