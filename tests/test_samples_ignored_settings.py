@@ -115,3 +115,22 @@ def test_a_malformed_or_out_of_vocabulary_bias_is_an_input_error(tmp_path, capsy
     assert "argument --logit-bias: logit bias '2=1' is not TOKEN:BIAS" in capsys.readouterr().err
     assert main(["--logit-bias", "9:1", *base]) == 2
     assert "logit_bias names token 9, outside the vocabulary [0, 8)" in capsys.readouterr().err
+
+
+def _greedy_lines(completion, n=200):
+    return [{"prompt_ids": [4], "completion_ids": list(completion), "seed": i} for i in range(n)]
+
+
+def test_greedy_files_are_judged_under_their_history_settings_and_a_dropped_one_is_named():
+    """Greedy decoding applies the history settings too: from ``[4]`` the bias {2: +1, 5: -1} turns the greedy
+    continuation ``5 0 0`` into ``2 1 2``. A file that applied the bias is CERTIFIED under it; one that dropped it is
+    NOT CERTIFIED, and the verdict says the bias had no effect (the greedy check once compared with the unbiased
+    argmax: it passed the second file and failed the first)."""
+    greedy = dict(model=MODEL, max_new_tokens=MAX_NEW)
+    biased = SamplingConfig(greedy=True, logit_bias=BIAS)
+    ok = certify_samples(_greedy_lines((2, 1, 2)), sampling=biased, **greedy)
+    assert ok.level == "certified", ok.report()
+    dropped = certify_samples(_greedy_lines((5, 0, 0)), sampling=biased, **greedy)
+    assert dropped.level == "not_certified", dropped.report()
+    assert dropped.explained.startswith("logit_bias has no effect: the file fits the law without it "
+                                        "(declared --logit-bias 2:1,5:-1), every completion equals that law's greedy continuation"), dropped.report()

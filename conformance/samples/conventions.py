@@ -128,9 +128,12 @@ def explain(model, sampling: SamplingConfig, contexts: dict, rejudge, *, eos_id)
         if verdict.level not in ("certified", "reduced"):
             continue
         fits = verdict.fits
-        p = min(f.p_value for f in fits)
-        fit = (f"p = {p:.3g} (the smallest of its {len(fits)} tests' p-values, alpha {fits[0].alpha:.3g} each; "
-               f"{verdict.headline} there)")
+        if fits:
+            p = min(f.p_value for f in fits)
+            fit = (f"p = {p:.3g} (the smallest of its {len(fits)} tests' p-values, alpha {fits[0].alpha:.3g} each; "
+                   f"{verdict.headline} there)")
+        else:  # greedy: deterministic, every completion checked
+            p, fit = None, f"every completion equals that law's greedy continuation ({verdict.headline} there)"
         record = {"p_value": p, "level": verdict.level, "headline": verdict.headline, "sampling": other.as_dict(),
                   "replay": verdict.replay}
         if isinstance(what, Convention):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
-from properties.sequences import law_to_cells, next_logits64
+from properties.sequences import law_to_cells, processed_logits64
 from properties.stats import FitResult, goodness_of_fit
 
 from .law import AmbiguousLawError, _law, _settings_label, choose_length, split_ties
@@ -112,15 +112,19 @@ def _classify(model, prefix: list[int], got: int | None, z: torch.Tensor, dtype,
     )
 
 
-def _greedy_walk(model, prompt, completion, *, max_new_tokens, eos_id, dtype, tolerance=None) -> tuple[dict | None, list[dict]]:
-    """Walk one completion along the engine's path: ``(first algorithmic divergence or None, flips)``."""
+def _greedy_walk(model, prompt, completion, sampling, *, max_new_tokens, eos_id, dtype,
+                 tolerance=None) -> tuple[dict | None, list[dict]]:
+    """Walk one completion along the engine's path: ``(first algorithmic divergence or None, flips)``. Each row is the
+    target's logits after the history settings on the completion's own history (penalties, logit bias, min_new_tokens:
+    greedy decoding applies them too)."""
     steps = min(len(completion) + 1, max_new_tokens)  # one row per position the engine chose (or stopped) at
     flips = []
     for i in range(steps):
         if eos_id is not None and i > 0 and completion[i - 1] == eos_id:
             return None, flips  # stopped at EOS (tokens after it are an invariant violation)
         context = list(prompt) + list(completion[:i])
-        z = next_logits64(model, [context])[0]  # row by row: a context past a divergence is never evaluated
+        # row by row: a context past a divergence is never evaluated
+        z = processed_logits64(model, prompt, [completion[:i]], sampling, eos_id=eos_id)[0]
         got = completion[i] if i < len(completion) else None
         expected = int(torch.argmax(z))
         if got == expected:
@@ -134,14 +138,15 @@ def _greedy_walk(model, prompt, completion, *, max_new_tokens, eos_id, dtype, to
     return None, flips
 
 
-def _greedy_test(model, prompt, group: list[SampleRecord], *, max_new_tokens, eos_id, dtype, tolerance=None) -> PromptReport:
+def _greedy_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, dtype,
+                 tolerance=None) -> PromptReport:
     report = PromptReport(prompt, len(group), [r.line for r in group])
     done: dict[tuple, tuple] = {}
     for r in group:
         if r.completion not in done:
             done[r.completion] = _greedy_walk(
-                model, prompt, r.completion, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype, tolerance=tolerance
-            )
+                model, prompt, r.completion, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype,
+                tolerance=tolerance)
         divergence, flips = done[r.completion]
         if divergence is not None:
             report.divergences.append({**divergence, "line": r.line, "completion": list(r.completion)})

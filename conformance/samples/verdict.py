@@ -366,7 +366,7 @@ def certify_samples(
             verdict = judge_lines(records, sampling, alpha, looks.nominal_n / max(len(records), 1))
         judged, at_alpha, at_scale = records[: verdict.n], seq.alpha or alpha, looks.nominal_n / max(verdict.n, 1)
         _word_looks(verdict, seq, looks, tv, alpha)
-    if verdict.level == "not_certified" and not sampling.greedy and not verdict.violations:
+    if verdict.level == "not_certified" and not verdict.violations:
         # a known alternative convention (conventions.CONVENTIONS) that fits earns one line; the level never changes
         stops = {d["index"]: d["position"] for d in verdict.impossible}
         contexts = judged_contexts(
@@ -502,8 +502,8 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
     for prompt, group in groups.items():
         if sampling.greedy:
             reports.append(_greedy_test(
-                exact, prompt, group, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype, tolerance=tolerance
-            ))
+                exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype,
+                tolerance=tolerance))
         else:
             reports.append(_sampling_test(
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
