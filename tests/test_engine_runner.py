@@ -223,10 +223,11 @@ def test_recorded_expectations_cover_the_matrix():
 #: (patch key, configuration) pairs a patched section does not record: the stage runs that patch on other configurations
 _PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("control-deep3", "eagle", "medusa", "eagle3",
                                                               "eagle3-one-layer", "mtp", "mtp-llama", "dflash",
-                                                              "eagle-prob"),
+                                                              "eagle-prob", "control-processed"),
                                                   "patch A,C": ("control", "control-deep3", "draft-prob", "draft-greedy",
                                                                 "block", "ngram", "eagle3-one-layer", "dflash",
-                                                                "suffix", "synthetic")}.items()
+                                                                "suffix", "synthetic", "control-processed",
+                                                                "draft-prob-processed")}.items()
                   for cfg in configs}
 #: vLLM's "patch A,C,D,E" (the seed fixes): the stage runs eagle-prob only
 _PATCH_SUBSETS |= {("patch A,C,D,E", c.name) for c in adapters.adapter("vllm").configurations if c.name != "eagle-prob"}
@@ -363,3 +364,16 @@ def test_llamacpp_maps_only_the_knobs_it_can_show():
         condition_settings(condition("chunked-prefill"))
     with pytest.raises(NotImplementedError, match="kv_blocks"):
         condition_settings(condition("preemption"))
+
+
+def test_a_configuration_states_which_logprobs_it_returns():
+    """vLLM's ``logprobs_mode`` is an engine setting: the processed configurations are judged against the law sampled
+    from, the others against the raw distribution (its default); the option never reaches ``speculative_config``."""
+    ad = vllm.ADAPTER
+    assert ad.logprobs_of(ad.config("control")) == "raw" and ad.logprobs_of(ad.config("draft-prob")) == "raw"
+    assert ad.logprobs_of(ad.config("control-processed")) == "processed"
+    spec = vllm.speculative_config(ad.config("draft-prob-processed"), "/draft")
+    assert "logprobs_mode" not in spec and spec["draft_sample_method"] == "probabilistic"
+    # it repeats draft-prob's set-up with one setting that cannot touch acceptance: no second efficiency set
+    assert runner.families_of(ad, "draft-prob-processed") == ["order2"]
+    assert runner.families_of(ad, "draft-prob")[0] == "order1"

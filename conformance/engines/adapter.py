@@ -225,6 +225,11 @@ class EngineAdapter(abc.ABC):
     def k_of(self, cfg: Configuration) -> int:
         return cfg.k or self.k
 
+    def logprobs_of(self, cfg: Configuration) -> str | None:
+        """Which log-probabilities ``cfg`` returns (:attr:`Conventions.logprobs`); an adapter whose configurations
+        choose it (an engine setting) overrides this."""
+        return self.conventions.logprobs
+
     def work_estimate(self, cfg_name: str, family: str) -> float:
         """The tokens one worker (a configuration on a target family) asks for, its cases' and its efficiency set's:
         the order ``--jobs`` starts workers in (longest first, so that no job starts last and runs alone)."""

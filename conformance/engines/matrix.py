@@ -175,7 +175,9 @@ class Configuration:
     ``sampled_proposer``: the exact law a ``token``-scheme configuration samples its drafts from (the same names as
     ``proposer``): the engine's per-request rounds place every round in its completion, and the acceptance per
     position is tested against the exact expectation given those rounds' texts
-    (:func:`conformance.engines.rounds.sampled_rounds_of`)."""
+    (:func:`conformance.engines.rounds.sampled_rounds_of`); ``efficiency``: False for a configuration that repeats
+    another's speculative set-up with one engine setting changed that cannot touch acceptance (its efficiency is that
+    configuration's), so its worker does not rerun the efficiency set."""
 
     name: str
     method: str | None
@@ -189,6 +191,7 @@ class Configuration:
     scale: float = 1.0
     proposer: str | None = None
     sampled_proposer: str | None = None
+    efficiency: bool = True  # runs the efficiency request set (False: another configuration's set-up, one setting changed)
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .conditions import condition, condition_cases, evidence_check, per_request_evidence
+from .features import apply_logprobs_check, copies_note
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
@@ -158,7 +159,7 @@ def families_of(ad, cfg_name: str, cases: tuple[str, ...] = ()) -> list[str]:
     cfg = ad.config(cfg_name)
     mine = [c for c in ad.cases_for(cfg) if (c.name in cases if cases else c.condition is None)]
     families = [f for f in ad.families if any(c.group == f for c in mine)]
-    if cfg.speculative and not cases and EFFICIENCY.family not in families:
+    if cfg.speculative and cfg.efficiency and not cases and EFFICIENCY.family not in families:
         families.insert(0, EFFICIENCY.family)
     return families + list(dict.fromkeys(c.group for c in mine if c.condition is not None))
 
@@ -438,9 +439,9 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
             c.law_level, c.level = c.level, Level.NOT_REACHED
             c.headline = f"NOT REACHED: {case.condition}: {text}; the law alone: {c.headline}"[:300]
     if case.logprobs and c.level not in ENGINE_LEVELS and c.level is not Level.TOOL_ERROR:
-        _logprobs_check(ad, case, info, c)
+        apply_logprobs_check(ad, cfg, case, info, c)
     if case.samples > 1 and c.level not in ENGINE_LEVELS and info.get("file"):
-        c.samples = _copies_note(case, Path(info["dir"]) / info["file"])
+        c.samples = copies_note(case, Path(info["dir"]) / info["file"])
         if c.level is Level.NOT_CERTIFIED and c.samples.detail.get("copies_explain"):
             c.explained = c.samples.text
     spec = speculation_check(cfg, case, info)
@@ -449,54 +450,6 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         if spec.passed is False and c.level is not Level.NOT_REACHED:
             c.law_level, c.level = c.level, Level.NOT_SPECULATING
             c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
-
-
-def _copies_note(case, path: Path) -> Check:
-    """For a case with n > 1 completions per request: in how many requests all n are the same completion, against the
-    share the exact law gives independent completions (``sum_x P(x)^n``). Descriptive (``passed`` None): the verdict
-    is the law's; where the law failed and copies are several times too frequent, the runner names them as the
-    departure's explanation."""
-    from properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
-
-    groups: dict = {}
-    for line in path.read_text().splitlines():
-        r = json.loads(line)
-        groups.setdefault((r.get("seed"), tuple(r["prompt_ids"])), []).append(tuple(r["completion_ids"]))
-    full = [g for g in groups.values() if len(g) == case.samples]
-    same = sum(1 for g in full if len(set(g)) == 1)
-    em = exact_model(case.model)
-    law = continuation_law(em, list(case.prompt), case.max_new_tokens, case.sampling,
-                           eos_id=int(em.eos_id) if case.eos else None)
-    share = sum(float(p) ** case.samples for p in law.values())
-    expected = share * len(full)
-    text = (f"all {case.samples} completions the same in {same} of {len(full)} requests (independent completions: "
-            f"{expected:.1f} expected, share {share:.4f})")
-    explain = same > 3 * expected + 10  # several times the independent share: the completions share their randomness
-    if explain:
-        text = f"a request's {case.samples} completions are copies of one another: " + text
-    return Check(None, text, {"requests": len(full), "identical": same, "expected": expected, "copies_explain": explain})
-
-
-def _logprobs_check(ad, case, info: dict, c: CaseVerdict) -> None:
-    """The case's returned log-probabilities against the exact values (:mod:`.logprobs`), under the engine's declared
-    convention; a wrong one makes the case NOT CERTIFIED, the law's own level kept as ``law_level``."""
-    from .logprobs import logprob_check
-
-    convention = ad.conventions.logprobs
-    if convention is None:
-        c.logprobs = Check(None, f"{ad.title}'s adapter declares no log-probability convention: not checked")
-        return
-    try:
-        lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())
-        c.logprobs = logprob_check(case, lines, convention)
-    except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
-        c.law_level, c.level = c.level, Level.TOOL_ERROR
-        c.headline = f"TOOL ERROR: logprobs check: {type(exc).__name__}: {exc}"[:300]
-        return
-    if c.logprobs is not None and c.logprobs.passed is False:
-        c.law_level, c.level = c.level, Level.NOT_CERTIFIED
-        c.headline = f"NOT CERTIFIED: {c.logprobs.detail['summary']}; the law alone: {c.headline}"[:300]
 
 
 def run(args) -> dict:

@@ -169,7 +169,8 @@ class Worker:
         eos_id = int(pair.target.eos_id)
         try:
             alive = True
-            if fam == EFFICIENCY.family and self.cfg.speculative and not self.args.cases and self.condition is None:
+            if fam == EFFICIENCY.family and self.cfg.speculative and self.cfg.efficiency and not self.args.cases \
+                    and self.condition is None:
                 alive = self.efficiency(session, eos_id)
             mine = self.refused(session, self.cases, eos_id) if alive else self.cases
             if alive:

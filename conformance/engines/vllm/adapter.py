@@ -45,6 +45,12 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="no speculation, on the 3-layer deep target of the order-1 table (eagle3's target)"),
     Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
                   note="draft model sampled from softmax(draft / T); standard rejection sampling"),
+    Configuration("control-processed", None, {"logprobs_mode": "processed_logprobs"}, cases=("logprobs",),
+                  note="no speculation, logprobs_mode processed_logprobs (log-probabilities of the law sampled from)"),
+    Configuration("draft-prob-processed", "draft_model", {"draft_sample_method": "probabilistic",
+                                                          "logprobs_mode": "processed_logprobs"}, "token",
+                  cases=("logprobs",), efficiency=False,
+                  note="draft-prob with logprobs_mode processed_logprobs (the rejection sampler's own logprob path)"),
     Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
                   cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok"),
                   proposer="draft", note="draft model argmax, treated as one-hot in rejection sampling"),
@@ -115,7 +121,7 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
 
 
 #: Configuration options the adapter reads itself (never passed to vLLM's ``speculative_config``).
-_OWN_OPTIONS = ("head", "target_layers", "target")
+_OWN_OPTIONS = ("head", "target_layers", "target", "logprobs_mode")
 
 
 def target_path(cfg: Configuration, pair) -> str:
@@ -234,6 +240,8 @@ class VLLMSession:
 
         self.cfg, self.under_condition = cfg, engine_args is not None
         extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer or cfg.sampled_proposer else {}
+        if "logprobs_mode" in cfg.options:
+            extra["logprobs_mode"] = cfg.options["logprobs_mode"]
         self.llm = LLM(model=target_path(cfg, pair),
                        speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
                        **(engine_args or ENGINE_ARGS), **extra)
@@ -297,6 +305,12 @@ class VLLMSession:
 
 
 class VLLMAdapter(EngineAdapter):
+    def logprobs_of(self, cfg) -> str | None:
+        """vLLM's ``logprobs_mode`` engine setting (option ``logprobs_mode``): ``raw_logprobs`` (its default) or
+        ``processed_logprobs``."""
+        mode = cfg.options.get("logprobs_mode", "raw_logprobs")
+        return {"raw_logprobs": "raw", "processed_logprobs": "processed"}[mode]
+
     def python(self) -> str:
         return venv_python("vllm", ".venv-vllm", INSTALL)
 

@@ -51,7 +51,7 @@ matrix_step vllm engine-unpatched "engine level: the black-box matrix, unpatched
 # the patch touches speculative decoding only: the control (control-deep3), suffix and synthetic rows are the
 # unpatched run's
 matrix_step vllm engine-patch-A "engine level: the black-box matrix, patch A" --jobs 2 --patch A \
-    --configs draft-prob,draft-greedy,block,ngram
+    --configs draft-prob,draft-greedy,block,ngram,draft-prob-processed
 # the heads unpatched ran above; with A and C the rounds rebuilt from the completions must equal the counters
 matrix_step vllm engine-patch-AC "engine level: the heads, patch A,C" --jobs 2 --patch A,C \
     --configs eagle,medusa,eagle3,eagle-prob,mtp
