@@ -413,6 +413,9 @@ class LlamaCppSession(VariantSession):
     """One configuration on one target family: up to two servers (the ``eos`` and ``plain`` GGUF variants),
     each started on first use."""
 
+    settings: dict | None = None  # a serving condition's mapped knobs (None: the matrix's plain set-up)
+    cache_hits = 0  # prompt tokens the slots' caches served, summed over responses (under a condition)
+
     def __init__(self, cfg: Configuration, pair, *, log_dir: str | None = None, condition=None):
         from .gguf_export import export
 
