@@ -558,7 +558,8 @@ class LlamaCppAdapter(EngineAdapter):
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples"), timeout_s=900.0,
-    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3")}, absent_knobs=ABSENT_KNOBS,
+    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3")},
+    absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
         eos_draft="target",
