@@ -377,3 +377,18 @@ def test_a_configuration_states_which_logprobs_it_returns():
     # it repeats draft-prob's set-up with one setting that cannot touch acceptance: no second efficiency set
     assert runner.families_of(ad, "draft-prob-processed") == ["order2"]
     assert runner.families_of(ad, "draft-prob")[0] == "order1"
+
+
+def test_a_request_asking_for_n_completions_that_gets_fewer_is_named():
+    """An engine that answers an n = 4 request with one completion: the worker's lines raise with the counts (the worker
+    records it as the batch's engine error), never a silent shorter file."""
+    from conformance.engines.adapter import Request
+    from conformance.engines.worker import request_lines
+
+    req = Request("n-samples", (6, 0), matrix.case("n-samples").sampling, 3, True, 7, 1_400_000, None, 4)
+    lines = request_lines(req, {"samples": [{"completion_ids": [1, 7], "index": j} for j in range(4)]})
+    assert [x["index"] for x in lines] == [0, 1, 2, 3] and all(x["seed"] == 1_400_000 for x in lines)
+    with pytest.raises(RuntimeError, match="asking for n=4 completions got 1"):
+        request_lines(req, {"samples": [{"completion_ids": [1, 7]}]})
+    with pytest.raises(RuntimeError, match="got none"):
+        request_lines(req, {"completion_ids": [1, 7]})

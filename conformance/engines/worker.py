@@ -293,7 +293,10 @@ class Worker:
             evidence = evidence_delta(self.evidence_now(session), seen)
             if len(outs) != len(items):
                 raise RuntimeError(f"the engine returned {len(outs)} completions for {len(items)} requests")
-        except Exception as exc:  # noqa: BLE001 - the engine crashed on this batch
+            per_case: dict[str, list] = {c.name: [] for c in group}
+            for req, i, out in sorted(zip(items, indices, outs), key=lambda x: (x[0].case, x[1])):  # request order
+                per_case[req.case].extend(request_lines(req, out))  # raises on a wrong number of n > 1 completions
+        except Exception as exc:  # noqa: BLE001 - the engine crashed on this batch, or answered it malformed
             err = error_text(exc)
             for c in group:
                 self.state["cases"][c.name] = {"status": "engine_error", "error": err, "with": [g.name for g in group],
@@ -301,9 +304,6 @@ class Worker:
             self.save()
             return False
         seconds = round(time.time() - t0, 2)
-        per_case: dict[str, list] = {c.name: [] for c in group}
-        for req, i, out in sorted(zip(items, indices, outs), key=lambda x: (x[0].case, x[1])):  # request order
-            per_case[req.case].extend(request_lines(req, out))
         for c in group:
             path = self.raw / f"{c.name}.jsonl"
             first = ranges[c.name][0] == 0
