@@ -71,6 +71,19 @@ def test_the_previous_positions_values_are_named_off_by_one():
     assert check.passed is False and check.detail["explained"] == "the values are the previous position's (same token)"
 
 
+def test_the_next_positions_values_are_named():
+    """Values one position late (a row the engine read after committing the token) on every token that has one."""
+    def ahead(i, toks, e):
+        if i + 1 >= len(toks):
+            return e
+        nxt = _row(tuple(toks[:i + 1]))
+        return {t: float(nxt[int(t)]) for t in e}
+
+    lines = [line for line in _lines(ahead) if len(line["completion_ids"]) > 1]
+    check = logprob_check(CASE, lines, "raw")
+    assert check.passed is False and check.detail["explained"] == "the values are the next position's (same token)"
+
+
 def test_processed_values_under_a_raw_declaration_are_named():
     check = logprob_check(CASE, _lines(lambda i, toks, e: {t: float(_row(tuple(toks[:i]), "processed")[int(t)])
                                                            for t in e}), "raw")

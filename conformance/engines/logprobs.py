@@ -119,7 +119,7 @@ def _positions(counter: Counter) -> str:
     return ", ".join(f"{p}: {c}" for p, c in sorted(counter.items()))
 
 
-def logprob_check(case, lines: Iterable[dict], convention: str, eos_id=None):
+def logprob_check(case, lines: Iterable[dict], convention: str):
     """The :class:`conformance.engines.verdict.Check` of a case's returned log-probabilities (its JSONL lines);
     None when the case asks for none."""
     from specdec_ref.exact_models import exact_model

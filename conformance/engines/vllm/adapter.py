@@ -190,13 +190,12 @@ def _logprob_dicts(positions) -> list | None:
     return [None if pos is None else {str(int(t)): float(lp.logprob) for t, lp in pos.items()} for pos in positions]
 
 
-def _returned_logprobs(out) -> dict:
-    """A request's ``logprobs`` (one dict per generated token) and ``prompt_logprobs``, where it asked for them."""
-    rec = {}
-    if out.outputs[0].logprobs is not None:
-        rec["logprobs"] = _logprob_dicts(out.outputs[0].logprobs)
-    if getattr(out, "prompt_logprobs", None) is not None:
-        rec["prompt_logprobs"] = _logprob_dicts(out.prompt_logprobs)
+def _completion_record(c) -> dict:
+    """One completion's record: its token ids, finish reason, rounds and, where asked, ``logprobs`` (one dict per
+    generated token)."""
+    rec = {"completion_ids": [int(t) for t in c.token_ids], "finish_reason": c.finish_reason, **_rounds(c)}
+    if c.logprobs is not None:
+        rec["logprobs"] = _logprob_dicts(c.logprobs)
     return rec
 
 
@@ -274,12 +273,15 @@ class VLLMSession:
         return [self._record(r, o) for r, o in zip(requests, outs)]
 
     def _record(self, r, o) -> dict:
-        extra = {**(_per_request_evidence(o) if self.under_condition else {}), **_returned_logprobs(o)}
-        one = lambda c: {"completion_ids": [int(t) for t in c.token_ids], "finish_reason": c.finish_reason,  # noqa: E731
-                         **_rounds(c)}
+        """A request's record: per completion its own fields, per request the evidence of a condition and the prompt's
+        log-probabilities (on every completion of an n > 1 request)."""
+        shared = {**(_per_request_evidence(o) if self.under_condition else {}),
+                  **({"prompt_logprobs": _logprob_dicts(o.prompt_logprobs)}
+                     if getattr(o, "prompt_logprobs", None) is not None else {})}
         if r.n > 1:  # one record per completion, in vLLM's index order
-            return {"samples": [{**one(c), "index": int(c.index)} for c in sorted(o.outputs, key=lambda c: c.index)]}
-        return {**one(o.outputs[0]), **extra}
+            return {"samples": [{**_completion_record(c), "index": int(c.index), **shared}
+                                for c in sorted(o.outputs, key=lambda c: c.index)]}
+        return {**_completion_record(o.outputs[0]), **shared}
 
     def counters(self) -> dict | None:
         return spec_counters(self.llm) if self.cfg.speculative else None
