@@ -183,13 +183,15 @@ def continuation_law(
     *,
     eos_id: int | Sequence[int] | None = None,
     min_prob: float = 0.0,
+    stop=None,
 ) -> ContinuationLaw:
     """Exact law of the next ``n`` tokens after ``prompt`` under AR sampling with ``config``.
 
     ``target_model``: a transformers model (its float64 copy is run) or an
     ``specdec_ref.exact_models.ExactModel`` (its table logits are used; no forward).
     ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
-    tokens (length n, or shorter ending in ``eos_id``); only continuations of positive
+    tokens (length n, or shorter ending in ``eos_id`` or in the token that completes a stop string of ``stop``, a
+    :class:`properties.stops.StopStrings`: a deterministic stopping rule like EOS); only continuations of positive
     probability appear. History-dependent settings are applied at every position on that
     position's own history (:func:`next_token_law`); ``min_new_tokens`` masks ``eos_id``. ``min_prob > 0`` prunes every branch (prefix) whose probability falls
     below it, at the level where it falls below (recorded in ``pruned_mass`` /
@@ -219,7 +221,7 @@ def continuation_law(
             if p < min_prob:
                 pruned_mass += p
                 pruned.add(seq)
-            elif last or t in eos:
+            elif last or t in eos or (stop is not None and stop(seq)):
                 leaves[seq] = p
             else:
                 next_frontier.append(seq)
@@ -234,6 +236,7 @@ def continuation_law(
     law.n = n
     law.config = config
     law.eos_id = eos_id
+    law.stop = stop
     law.min_prob = float(min_prob)
     law.pruned_mass = pruned_mass
     law.pruned_prefixes = frozenset(pruned)

@@ -132,20 +132,24 @@ class ImpossibleToken:
     token: int
 
 
-def _ends(completion: Sequence[int], eos: set) -> int:
-    """How many tokens of ``completion`` the law covers: up to and including its first EOS."""
+def _ends(completion: Sequence[int], eos: set, stop=None) -> int:
+    """How many tokens of ``completion`` the law covers: up to and including its first EOS, or the token that
+    completes its first stop string (``stop``: a :class:`properties.stops.StopStrings`), whichever comes first."""
+    end = len(completion)
     for i, t in enumerate(completion):
         if t in eos:
-            return i + 1
-    return len(completion)
+            end = i + 1
+            break
+    stopped = stop.end(completion[:end]) if stop is not None else None
+    return end if stopped is None else stopped
 
 
 def first_impossible(
     model, completions: Iterable[tuple[Sequence[int], Sequence[int]]], config: SamplingConfig, *, eos_id=None,
-    max_position: int | None = None,
+    max_position: int | None = None, stop=None,
 ) -> list[ImpossibleToken | None]:
-    """Per completion, its first token (up to the first EOS and ``max_position``) that the exact law of its context
-    gives probability 0.
+    """Per completion, its first token (up to the first EOS or completed stop string (``stop``) and ``max_position``)
+    that the exact law of its context gives probability 0.
 
     Walks every completion position by position (one batched law per prompt and position) and stops a completion at
     its first impossible token, so no context past one is evaluated (it may not be a context the model defines).
@@ -153,7 +157,7 @@ def first_impossible(
     """
     eos = set(eos_set(eos_id))
     items = [(tuple(int(t) for t in p), [int(t) for t in c]) for p, c in completions]
-    ends = [_ends(c, eos) if max_position is None else min(_ends(c, eos), max_position) for _, c in items]
+    ends = [_ends(c, eos, stop) if max_position is None else min(_ends(c, eos, stop), max_position) for _, c in items]
     out: list[ImpossibleToken | None] = [None] * len(items)
     alive = [i for i in range(len(items)) if ends[i] > 0]
     pos = 1
@@ -187,11 +191,12 @@ def count_transitions(
     first_position: int = FIRST_TESTED_POSITION,
     max_position: int | None = None,
     impossible: Sequence[ImpossibleToken | None] | None = None,
+    stop=None,
 ) -> TransitionCounts:
     """Count (context class, next token) over generated positions ``first_position..max_position``.
 
-    ``completions``: ``(prompt_ids, completion_ids)`` pairs. Tokens after the first EOS (an invariant
-    violation, reported elsewhere) are not counted; contexts whose law a top-p cut splits between tied
+    ``completions``: ``(prompt_ids, completion_ids)`` pairs. Tokens after the first EOS or completed stop string
+    (``stop``; an invariant violation, reported elsewhere) are not counted; contexts whose law a top-p cut splits between tied
     logits are excluded and counted in ``excluded``. ``impossible``: :func:`first_impossible` of the same
     completions; a completion is then counted up to its first impossible token (an impossible outcome of its
     class) and the tokens after it are excluded (:data:`AFTER_IMPOSSIBLE`). Without it, a completion whose
@@ -204,13 +209,13 @@ def count_transitions(
     for index, (prompt, completion) in enumerate(completions):
         prompt = tuple(int(t) for t in prompt)
         completion = [int(t) for t in completion]
-        end = _ends(completion, eos)
-        stop = impossible[index] if impossible is not None else None
-        if stop is not None:
-            after = range(max(stop.position + 1, first_position), (end if max_position is None else min(end, max_position)) + 1)
+        end = _ends(completion, eos, stop)
+        bad = impossible[index] if impossible is not None else None
+        if bad is not None:
+            after = range(max(bad.position + 1, first_position), (end if max_position is None else min(end, max_position)) + 1)
             if len(after):
                 excluded[AFTER_IMPOSSIBLE] = excluded.get(AFTER_IMPOSSIBLE, 0) + len(after)
-            end = stop.position
+            end = bad.position
         last = end if max_position is None else min(end, max_position)
         per_prompt = visits.setdefault(prompt, {})
         for pos in range(first_position, last + 1):

@@ -39,12 +39,19 @@ def test_matrix_cases_are_well_defined():
     seeds = set()
     for c in matrix.CASES + matrix.FEATURE_CASES:
         em = exact_model(c.model)
-        # the logprobs case: the returned values checked token by token; its law at a quarter of the sample
-        assert c.n >= (20000 if not c.greedy else 100) or (c.logprobs and c.n >= 5000)
+        # the logprobs case: the returned values checked token by token; its law at a quarter of the sample; the
+        # streamed case: every text checked, and per seed its non-streamed twin's completion
+        assert c.n >= (20000 if not c.greedy else 100) or ((c.logprobs or c.same_seeds_as) and c.n >= 5000)
         assert split_ties(em, c.prompt, c.max_new_tokens, c.sampling, eos_id=em.eos_id if c.eos else None) == []
         if c.seeded:
             s = {c.seed(i) for i in range(c.n)}
-            assert len(s) == c.n and not (s & seeds)
+            assert len(s) == c.n
+            if c.same_seeds_as:  # a twin repeats its twin's first seeds, with the same law
+                twin = matrix.case(c.same_seeds_as)
+                assert s <= {twin.seed(i) for i in range(twin.n)} and (twin.prompt, twin.sampling, twin.stops) == \
+                    (c.prompt, c.sampling, c.stops)
+                continue
+            assert not (s & seeds)
             seeds |= s
     for name in adapters.ADAPTERS:
         for cfg in adapters.adapter(name).configurations:
@@ -204,9 +211,10 @@ def test_recorded_expectations_cover_the_matrix():
         for key, section in data["expected"].items():
             for cfg in ad.configurations:
                 row = section.get(cfg.name)
-                # unpatched: every configuration; a patch: those its stage runs with it (a superset for the older
-                # sections, recorded when the whole matrix ran; vLLM's "patch A,C": the proposer heads only)
-                if key == "unpatched" or (key, cfg.name) not in _PATCH_SUBSETS:
+                # unpatched: every configuration (vLLM's server configurations: with patch A only); a patch: those
+                # its stage runs with it (a superset for the older sections, recorded when the whole matrix ran;
+                # vLLM's "patch A,C": the proposer heads only)
+                if (key, cfg.name) not in _PATCH_SUBSETS:
                     assert row is not None, (name, key, cfg.name)
                 if row is not None and key not in _CONDITION_SECTIONS.get(name, {}):
                     for c in ad.cases_for(cfg):
@@ -227,7 +235,9 @@ _PATCH_SUBSETS = {(key, cfg) for key, configs in {"patch A": ("control-deep3", "
                                                   "patch A,C": ("control", "control-deep3", "draft-prob", "draft-greedy",
                                                                 "block", "ngram", "eagle3-one-layer", "dflash",
                                                                 "suffix", "synthetic", "control-processed",
-                                                                "draft-prob-processed")}.items()
+                                                                "draft-prob-processed", "serve-control",
+                                                                "serve-draft-prob"),
+                                                  "unpatched": ("serve-control", "serve-draft-prob")}.items()
                   for cfg in configs}
 #: vLLM's "patch A,C,D,E" (the seed fixes): the stage runs eagle-prob only
 _PATCH_SUBSETS |= {("patch A,C,D,E", c.name) for c in adapters.adapter("vllm").configurations if c.name != "eagle-prob"}
@@ -287,8 +297,9 @@ def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
     dependent = {c.name for c in matrix.CASES if matrix.law_depends_on_tie_rule(c)}
     assert dependent == {"warp-1tok", "warp", "ties", "position-1tok", "position"}
     ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
-    assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | {"logit-bias", "min-tokens", "frequency", "logprobs", "n-samples"}) - dependent
-    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + 5  # and the request features
+    features = {"logit-bias", "min-tokens", "frequency", "logprobs", "n-samples", "stop-strings", "stop-stream"}
+    assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | features) - dependent
+    assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + len(features)  # and the request features
 
 
 def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):

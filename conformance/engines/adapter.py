@@ -87,7 +87,9 @@ class Conventions:
     or ``target`` (before the round's last draft it ends the round as the target's own token, llama.cpp);
     ``logprobs``: which log-probabilities the engine returns (:data:`conformance.engines.logprobs.
     CONVENTIONS`: ``raw`` before the request's settings, ``processed`` of the law sampled from; None: it returns
-    none); ``notes``: other conventions, stated for the verdict table."""
+    none); ``token_prefix``: what the engine's generated text puts before each token's name on the exactly-known
+    vocabulary (vLLM ``" "``, llama.cpp ``""``; None: it returns no text, so no stop-string or streaming case);
+    ``notes``: other conventions, stated for the verdict table."""
 
     top_k_ties: str = "all"
     first_token_at_prefill: bool = True
@@ -95,6 +97,7 @@ class Conventions:
     drafts_to_end: bool = False
     eos_draft: str = "accepted"
     logprobs: str | None = None
+    token_prefix: str | None = None
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -106,6 +109,19 @@ class Conventions:
             raise ValueError(f"eos_draft must be accepted or target, got {self.eos_draft!r}")
         if self.logprobs not in (None, "raw", "processed"):
             raise ValueError(f"logprobs must be raw, processed or None, got {self.logprobs!r}")
+
+    def under(self, case):
+        """``case`` as this engine runs it: its settings under the declared tie rule, its stop strings rendered with
+        the engine's token prefix."""
+        from dataclasses import replace
+
+        if not case.texts:
+            return replace(case, sampling=self.sampling(case.sampling))
+        if self.token_prefix is None:
+            raise ValueError(f"case {case.name!r} asks for the generated text; this engine's adapter declares no "
+                             "token_prefix (it returns no text)")
+        return replace(case, sampling=self.sampling(case.sampling), token_prefix=self.token_prefix,
+                       stops=tuple(s.replace("{p}", self.token_prefix) for s in case.stops))
 
     def sampling(self, s: SamplingConfig) -> SamplingConfig:
         """The case's settings under this engine's declared tie rule (the law the runner certifies against)."""
@@ -140,6 +156,8 @@ class Request:
     seed: int | None
     logprobs: int | None = None  # top-n log-probabilities asked per token (and per prompt token where offered)
     n: int = 1  # completions asked for (the record then holds "samples": one record per completion, with "index")
+    stop: tuple[str, ...] = ()  # stop strings (the record then holds "text", the generated text returned)
+    stream: bool = False  # streamed: the record's tokens and "text" are its chunks' put together
 
 
 class EngineSession(Protocol):

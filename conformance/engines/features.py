@@ -1,5 +1,5 @@
-"""The checks of request features beside a case's law: the log-probabilities an engine returns, and the n > 1
-completions of one request.
+"""The checks of request features beside a case's law: the log-probabilities an engine returns, the n > 1
+completions of one request, and a streamed case against its non-streamed twin.
 
 Engine-neutral, called by the runner on each case's file after its law's verdict. A wrong log-probability makes the
 case NOT CERTIFIED whatever its law (:mod:`conformance.engines.logprobs` states the rule); the n > 1 note is descriptive
@@ -12,7 +12,90 @@ from pathlib import Path
 
 from .verdict import CaseVerdict, Check, Level
 
-__all__ = ["apply_logprobs_check", "copies_note"]
+__all__ = ["apply_logprobs_check", "apply_text_checks", "copies_note", "twin_check", "text_note"]
+
+#: How a returned text departs from its tokens' rendering, named where one pattern explains every departure.
+TEXT_PATTERNS = {
+    "held_back": "the text of the last token(s), the start of a stop string, is missing: held back in case the stop "
+                 "string completes, and never sent when generation ended otherwise",
+    "not_cut": "the stop string is not cut from the text",
+    "past_stop": "the text runs past the stop string",
+}
+
+
+def _text_pattern(stop, tokens, got: str, finish) -> str | None:
+    want = stop.returned_text(tokens)
+    if got == want:
+        return None
+    whole = stop.text(tokens)
+    if stop.end(tokens) is not None and got == whole:
+        return "not_cut"
+    if want.startswith(got) and stop.end(tokens) is None:
+        held = len(want) - len(got)  # the text ends with the start of a stop string, within what is missing
+        if any(want.endswith(s[:i]) for s in stop.strings for i in range(1, min(len(s), held + 1))):
+            return "held_back"
+    if got.startswith(want) and stop.end(tokens) is not None:
+        return "past_stop"
+    return "other"
+
+
+def text_note(case, path: Path) -> Check | None:
+    """For a case that asks for the text: how many returned texts differ from their tokens' rendering, by pattern
+    (:data:`TEXT_PATTERNS`), with the first example and the finish reasons; None when every text is right. The
+    verdict is the black-box tool's (a wrong text is an invariant violation); this names the departure."""
+    stop = case.stop_rule()
+    counts: dict[str, int] = {}
+    first: dict[str, dict] = {}
+    finishes: dict[str, dict] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r.get("text") is None:
+            continue
+        total += 1
+        kind = _text_pattern(stop, r["completion_ids"], r["text"], r.get("finish_reason"))
+        if kind is None:
+            continue
+        counts[kind] = counts.get(kind, 0) + 1
+        first.setdefault(kind, {"seed": r.get("seed"), "tokens": r["completion_ids"], "text": r["text"],
+                                "rendered": stop.returned_text(r["completion_ids"]), "finish_reason": r.get("finish_reason")})
+        f = finishes.setdefault(kind, {})
+        f[str(r.get("finish_reason"))] = f.get(str(r.get("finish_reason")), 0) + 1
+    if not counts:
+        return None
+    parts = []
+    for kind, k in sorted(counts.items(), key=lambda kv: -kv[1]):
+        ex = first[kind]
+        why = TEXT_PATTERNS.get(kind, "another difference")
+        parts.append(f"{k} of {total} texts: {why} (finish_reason {finishes[kind]}; first: seed {ex['seed']}, tokens "
+                     f"{ex['tokens']}, text {ex['text']!r}, rendered {ex['rendered']!r})")
+    return Check(False, "; ".join(parts), {"texts": total, "patterns": counts,
+                                           "explains": len(counts) == 1 and "other" not in counts})
+
+def twin_check(case, path: Path, twin_path: Path) -> Check:
+    """A case that repeats another's requests seed for seed (``case.same_seeds_as``; a streamed case and its
+    non-streamed twin) on an engine whose seeds are per request: every seed both files hold must give the same token
+    ids and the same text. A departure names the first seed, both completions and texts, and how many differ."""
+    def by_seed(p: Path) -> dict:
+        out = {}
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            out[(r.get("seed"), r.get("index"))] = (list(r["completion_ids"]), r.get("text"))
+        return out
+
+    mine, theirs = by_seed(path), by_seed(twin_path)
+    common = sorted(k for k in set(mine) & set(theirs) if k[0] is not None)
+    if not common:
+        return Check(None, f"no seed shared with {case.same_seeds_as}: not compared")
+    differing = [k for k in common if mine[k] != theirs[k]]
+    detail = {"twin": case.same_seeds_as, "compared": len(common), "differing": len(differing)}
+    if not differing:
+        return Check(True, f"per seed identical to {case.same_seeds_as}: {len(common)} of {len(common)} seeds, token "
+                           "ids and text", detail)
+    k = differing[0]
+    (a, ta), (b, tb) = mine[k], theirs[k]
+    return Check(False, f"{len(differing)} of {len(common)} seeds differ from {case.same_seeds_as} (first: seed "
+                        f"{k[0]}: {a} {ta!r} here, {b} {tb!r} there)", detail)
 
 
 def copies_note(case, path: Path) -> Check:
@@ -62,3 +145,27 @@ def apply_logprobs_check(ad, cfg, case, info: dict, c: CaseVerdict) -> None:
     if c.logprobs is not None and c.logprobs.passed is False:
         c.law_level, c.level = c.level, Level.NOT_CERTIFIED
         c.headline = f"NOT CERTIFIED: {c.logprobs.detail['summary']}; the law alone: {c.headline}"[:300]
+
+
+def apply_text_checks(ad, case, state: dict, c: CaseVerdict) -> None:
+    """A case that asks for the text: its texts by pattern (:func:`text_note`; one pattern that explains every wrong
+    text is the verdict's explanation) and, for a case repeating another's seeds on an engine whose seeds are per
+    request, the per-seed comparison (:func:`twin_check`), which makes a law that passed NOT CERTIFIED. Where the seed
+    probe of either case shows seeds not honoured, a differing seed is no evidence against the stream: not judged."""
+    from .seeds import seed_check
+
+    info = state["cases"][case.name]
+    path = Path(info["dir"]) / info["file"]
+    twin = state["cases"].get(case.same_seeds_as or "", {})
+    if case.same_seeds_as and ad.conventions.seeds == "per_request" and twin.get("file"):
+        c.twin = twin_check(case, path, Path(twin["dir"]) / twin["file"])
+        probes = [p for p in (info.get("seed_probe"), twin.get("seed_probe")) if p and "error" not in p]
+        if c.twin.passed is False and any(seed_check(p).passed is False for p in probes):
+            c.twin = Check(None, f"not judged: the seed probe shows seeds not honoured in this configuration, so a seed "
+                                 f"need not repeat its completion ({c.twin.text})", c.twin.detail)
+        if c.twin.passed is False and c.level in (Level.CERTIFIED, Level.REDUCED):
+            c.law_level, c.level = c.level, Level.NOT_CERTIFIED
+            c.headline = f"NOT CERTIFIED: {c.twin.text}; the law alone: {c.headline}"[:300]
+    c.text = text_note(case, path)
+    if c.text is not None and c.text.detail.get("explains") and c.level is Level.NOT_CERTIFIED:
+        c.explained = c.text.text

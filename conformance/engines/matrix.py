@@ -42,10 +42,35 @@ class Case:
     extra_prompts: tuple[tuple[int, ...], ...] = ()  # further prompts: request i uses prompts[i % len(prompts)]
     logprobs: int | None = None  # top-n log-probabilities asked per token (:mod:`conformance.engines.logprobs`)
     samples: int = 1  # completions per request (the API's n): ``n`` counts completions, n / samples requests
+    stops: tuple[str, ...] = ()  # stop strings; "{p}" stands for the engine's token prefix (Conventions.token_prefix)
+    stream: bool = False  # the engine streams the completion; the record is the chunks' tokens and text put together
+    token_prefix: str | None = None  # the engine's token prefix, set by Conventions.under (None: the template as is)
+    same_seeds_as: str | None = None  # a case whose requests this one repeats seed for seed (per seed identical)
 
     def __post_init__(self):
         if self.samples < 1 or self.n % self.samples:
             raise ValueError(f"case {self.name!r}: samples must be >= 1 and divide n ({self.n}), got {self.samples}")
+        if (self.stops or self.stream) and not self.eos:
+            raise ValueError(f"case {self.name!r}: stop strings and streaming are cased with EOS on (the EOS token then "
+                             "renders as nothing in every engine)")
+
+    @property
+    def texts(self) -> bool:
+        """Whether the case asks for the generated text (stop strings, streaming) and checks it against the tokens."""
+        return bool(self.stops) or self.stream
+
+    def stop_rule(self):
+        """The case's stop strings on its model's vocabulary under the engine's token prefix
+        (:class:`properties.stops.StopStrings`; None when the case asks for no text)."""
+        if not self.texts:
+            return None
+        if self.token_prefix is None:
+            raise ValueError(f"case {self.name!r}: its stop strings are a template until an engine's token prefix is "
+                             "set (Conventions.under)")
+        from properties.stops import StopStrings
+        from specdec_ref.exact_models import exact_model
+
+        return StopStrings.for_model(exact_model(self.model), self.stops, self.token_prefix)
 
     @property
     def prompts(self) -> tuple[tuple[int, ...], ...]:
@@ -90,6 +115,8 @@ class Case:
         parts += [f"min tokens {s.min_new_tokens}"] if s.min_new_tokens else []
         parts += [f"logprobs top-{self.logprobs}"] if self.logprobs else []
         parts += [f"n {self.samples} per request"] if self.samples > 1 else []
+        parts += ["stop " + " ".join(repr(s) for s in self.stops)] if self.stops else []
+        parts += ["streamed"] if self.stream else []
         parts.append(f"max {self.max_new_tokens}" + (", EOS" if self.eos else ", no EOS"))
         parts.append("seeded" if self.seeded else "unseeded")
         if len(self.prompts) > 1:
@@ -146,6 +173,19 @@ FEATURE_CASES: tuple[Case, ...] = (
     Case("n-samples", "order2", (6, 0), SamplingConfig(temperature=1.0), 3, True, True, N,
          "four completions per request (n = 4), pooled as independent samples: completions that share their "
          "randomness (copies of one another) inflate every cell's variance four-fold", 1_400_000, samples=4),
+    Case("stop-strings", "order1", (0,), SamplingConfig(temperature=1.0), 5, True, True, N,
+         "stop strings: one token ('t5', 17 % of completions stop there), one spanning two tokens ('2{p}t1', 16 %), "
+         "and a pair where the later-listed completes first ('t6' before 't6{p}t4', 9 %); stops at every position "
+         "1-5, the last at max_tokens (7.5 %). Token ids past the stop are impossible events (tokens of an accepted "
+         "block kept past it; the first-listed string winning: 5.7 % of completions), the returned text must be the "
+         "tokens' rendering cut before the stop, finish_reason 'stop' (also at max_tokens)", 1_500_000,
+         stops=("t6{p}t4", "2{p}t1", "t5", "t6")),
+    Case("stop-stream", "order1", (0,), SamplingConfig(temperature=1.0), 5, True, True, N // 4,
+         "stop-strings streamed: the chunks' tokens and text put together must be the completion and its text (a "
+         "multi-token step streamed as its last token only, text held back for a partial stop string and never "
+         "sent), and per seed the non-streamed completion (the same seeds as stop-strings); the law at a quarter of "
+         "the sample (reduced power)", 1_500_000, stops=("t6{p}t4", "2{p}t1", "t5", "t6"), stream=True,
+         same_seeds_as="stop-strings"),
 )
 
 

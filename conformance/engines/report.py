@@ -116,7 +116,8 @@ def markdown(results: dict) -> str:
         for case, c in r["cases"].items():
             power = "-" if c.get("power") is None else f"{c['power']:.3f} / {_fmt(c.get('detects'))}"
             verdict = c.get("headline") or c["level"]
-            for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds", "logprobs", "samples"):
+            for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds", "logprobs", "samples",
+                         "twin", "text"):
                 x = c.get(what)
                 if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news; a condition's
                     # evidence and its rounds are news either way (what the engine reported)
@@ -126,7 +127,8 @@ def markdown(results: dict) -> str:
             lines.append(f"| {cfg} | {case} | {c.get('prompt', '')} | {c.get('settings', '')} | {n} | "
                          f"{power} | {verdict} | {c.get('departure') or '-'} | {acc} |")
     if notes:
-        lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation, conditions' evidence, log-probabilities", ""] + notes
+        lines += ["", "## Per case: tie conventions, per-seed identity, seeds, speculation, conditions' evidence, "
+                  "log-probabilities, texts", ""] + notes
     if any(r.get("efficiency") for r in results["configs"].values()):
         lines += ["", "## Efficiency (the engine's counters vs the exact expectation of the configured scheme)", "",
                   "| configuration | scheme | drafts (exact E) | per position: observed / exact (z) | verdict |",

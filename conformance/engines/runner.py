@@ -45,7 +45,7 @@ from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .conditions import condition, condition_cases, evidence_check, per_request_evidence
-from .features import apply_logprobs_check, copies_note
+from .features import apply_logprobs_check, apply_text_checks, copies_note
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
@@ -262,7 +262,7 @@ def _departure(case, path: Path, rec: dict) -> str | None:
         cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"],
                     "index": r.get("index")})
     first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
-                            eos_id=True if case.eos else None).as_record()
+                            eos_id=True if case.eos else None, stop=case.stop_rule()).as_record()
     fits = first.get("statistics") or []
     if fits and not fits[0]["passed"]:
         f = fits[0]
@@ -292,7 +292,7 @@ def certify_case(case, state: dict, scale: float = 1.0) -> CaseVerdict:
     try:
         verdict = info.get("verdict") or certify_samples(
             str(path), model=case.model, sampling=case.sampling, max_new_tokens=case.max_new_tokens,
-            eos_id=True if case.eos else None, looks=case_looks(case, scale))
+            eos_id=True if case.eos else None, looks=case_looks(case, scale), stop=case.stop_rule())
         rec = verdict.as_record()
         power, detects = _fit_summary(rec)
         imp = rec.get("impossible") or {}
@@ -398,8 +398,8 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
     rerun = ["python", "-m", "conformance.engines", engine or ad.name, "--out", str(out / "replay" / name),
              "--configs", cfg.name, "--cases", case.name] + (["--patch", patch] if patch else [])
     logprobs_only = c.logprobs is not None and c.logprobs.passed is False and c.law_level in (Level.CERTIFIED, Level.REDUCED)
-    if len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED or logprobs_only:  # the standalone scripts replay one
-        # prompt's law
+    if len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED or logprobs_only or case.texts:
+        # the standalone scripts replay one prompt's law, token ids only
         return " ".join(shlex.quote(a) for a in rerun)
     dep = c.departure or ""
     length = 1 if dep.startswith("position 1 ") else case.max_new_tokens
@@ -444,6 +444,8 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         c.samples = copies_note(case, Path(info["dir"]) / info["file"])
         if c.level is Level.NOT_CERTIFIED and c.samples.detail.get("copies_explain"):
             c.explained = c.samples.text
+    if case.texts and c.level not in ENGINE_LEVELS and info.get("file"):
+        apply_text_checks(ad, case, state, c)
     spec = speculation_check(cfg, case, info)
     if spec is not None:
         c.speculation = spec
@@ -539,9 +541,7 @@ def run(args) -> dict:
 
 
 def _under_conventions(ad, case):
-    from dataclasses import replace
-
-    return replace(case, sampling=ad.conventions.sampling(case.sampling))
+    return ad.conventions.under(case)
 
 
 def main(argv=None) -> int:

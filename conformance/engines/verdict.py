@@ -96,6 +96,8 @@ class CaseVerdict:
     rounds: Check | None = None  # a condition case's per-request rounds against those rebuilt from its completions
     logprobs: Check | None = None  # the returned log-probabilities against the exact values (a case that asks)
     samples: Check | None = None  # n > 1 completions per request: how often all n are the same (descriptive)
+    twin: Check | None = None  # a case repeating another's seeds (streamed vs not): per seed the same ids and text
+    text: Check | None = None  # a case that asks for the text: returned texts unlike their tokens' rendering, by pattern
     law_level: Level | None = None  # the law's level when another check (speculation) set the case's
 
     @property

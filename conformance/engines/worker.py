@@ -71,7 +71,7 @@ def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: 
     """``(requests, their indices)``: requests ``start .. stop - 1`` of every case (``ranges[case.name]``; a request's
     index fixes its seed), interleaved by a permutation fixed by the wave's number."""
     items = [(Request(c.name, c.prompt_of(i), c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(i), c.logprobs,
-                      c.samples), i)
+                      c.samples, c.stops, c.stream), i)
              for c in cases for i in range(*ranges[c.name])]
     random.Random(1234 + wave).shuffle(items)
     return [r for r, _ in items], [i for _, i in items]
@@ -118,11 +118,8 @@ class Worker:
             self.condition = condition(cond)
         else:
             self.condition = None
-        # the law each case is sampled under is the one the engine declares (its top-k tie rule)
-        from dataclasses import replace
-
-        conv = self.adapter.conventions
-        self.cases = [replace(c, sampling=conv.sampling(c.sampling)) for c in self.cases]
+        # the law each case is sampled under is the one the engine declares (its top-k tie rule, its text)
+        self.cases = [self.adapter.conventions.under(c) for c in self.cases]
         self.lines: dict[str, list[dict]] = {}  # every line written per case, across waves
         self.state = {"engine": self.adapter.name, "config": self.cfg.name, "family": args.family,
                       "patch": args.patch or "", "applied": [], "split": bool(args.split),

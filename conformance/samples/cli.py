@@ -87,6 +87,13 @@ def _certify_main(argv: list[str]) -> int:
         "the default), 'lowest-ids' keeps exactly k, ties broken by the smallest id",
     )
     _add_extra_setting_args(parser)
+    parser.add_argument("--stop", action="append", default=None, metavar="STRING",
+                        help="a stop string the engine was given (repeatable; write --stop=' t1' for one that starts "
+                        "with a space): a completion also ends at the token that completes one, and a line's 'text' "
+                        "must be its tokens' rendering cut before it")
+    parser.add_argument("--token-prefix", default="", metavar="TEXT",
+                        help="with --stop: what the engine's text puts before every token's name (vLLM's detokenizer "
+                        "on the exactly-known vocabulary: --token-prefix=' '; llama.cpp: nothing, the default)")
     parser.add_argument("--length", type=int, default=None, help="L, the number of first tokens whose law is tested (default: chosen from N)")
     parser.add_argument("--tv", type=float, default=SAMPLES_TV, help=f"the alternative the power is stated against (default {SAMPLES_TV})")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="greedy: the dtype the engine ran in (flip tolerance)")
@@ -102,10 +109,17 @@ def _certify_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         sampling = _sampling_from_args(args)
+        stop = None
+        if args.stop is not None or args.token_prefix:
+            from properties.stops import StopStrings
+
+            from .read import _resolve_model
+
+            stop = StopStrings.for_model(_resolve_model(args.model), tuple(args.stop or ()), args.token_prefix)
         verdict = certify_samples(
             args.file, model=args.model, sampling=sampling, max_new_tokens=args.max_new_tokens,
             eos_id=True if args.eos else None, length=args.length, tv=args.tv, dtype=args.dtype, tolerance=args.tolerance,
-            looks=Looks(args.planned_n) if args.planned_n else bool(args.looks),
+            looks=Looks(args.planned_n) if args.planned_n else bool(args.looks), stop=stop,
         )
     except SamplesInputError as exc:
         print(f"INPUT ERROR: {exc}", file=sys.stderr)

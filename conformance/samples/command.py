@@ -18,8 +18,8 @@ __all__ = ["replay_command"]
 
 def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, length: int | None,
                    source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None,
-                   looks: Looks | None = None) -> str:
-    """The command line that reproduces a verdict."""
+                   looks: Looks | None = None, stop=None) -> str:
+    """The command line that reproduces a verdict (``stop``: its :class:`properties.stops.StopStrings`)."""
     args = ["python", "-m", "conformance.samples", "--model", model_name]
     for flag, _, value in extra_settings_on(sampling):
         args += [flag, setting_text(value)]
@@ -44,6 +44,11 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
     args += ["--max-new-tokens", str(max_new_tokens)]
     if eos:
         args.append("--eos")
+    if stop is not None:
+        for string in stop.strings:
+            args += [f"--stop={string}"]
+        if stop.prefix:
+            args += [f"--token-prefix={stop.prefix}"]
     if looks is not None:
         args += ["--looks"] if looks.whole_file else ["--planned-n", f"{looks.nominal_n:g}"]
     args.append(source)

@@ -59,7 +59,7 @@ def extra_settings_on(sampling: SamplingConfig) -> list[tuple[str, str, object]]
             if getattr(sampling, name) != off and not (sampling.greedy and name == "min_p")]
 
 
-def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
+def _settings_label(sampling: SamplingConfig, eos_id: int | None, stop=None) -> str:
     if sampling.greedy:
         parts = ["greedy"]
     else:
@@ -72,12 +72,14 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None) -> str:
             parts.append(f"top_p={sampling.top_p:g}")
     parts += [f"{name}={setting_text(value)}" for _, name, value in extra_settings_on(sampling)]
     parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
+    if stop is not None:
+        parts.append(stop.label())
     return ", ".join(parts)
 
 
-def _law(model, prompt, n: int, sampling: SamplingConfig, eos_id: int | None):
-
-    return continuation_law(model, list(prompt), n, sampling, eos_id=eos_id)
+def _law(model, prompt, n: int, sampling: SamplingConfig, eos_id: int | None, stop=None):
+    """The law of the first ``n`` tokens (``stop``: a :class:`properties.stops.StopStrings`, a leaf like EOS)."""
+    return continuation_law(model, list(prompt), n, sampling, eos_id=eos_id, stop=stop)
 
 
 def _power_at(law, n: int, alpha: float, tv: float) -> tuple[float, int]:
@@ -89,7 +91,7 @@ def _power_at(law, n: int, alpha: float, tv: float) -> tuple[float, int]:
 
 
 def choose_length(model, prompt, n: int, sampling: SamplingConfig, *, max_new_tokens: int, eos_id: int | None,
-                  alpha: float = ALPHA, tv: float = SAMPLES_TV, max_cells: int = MAX_CELLS) -> tuple[int, str]:
+                  alpha: float = ALPHA, tv: float = SAMPLES_TV, max_cells: int = MAX_CELLS, stop=None) -> tuple[int, str]:
     """``(L, why)``: the largest L <= max_new_tokens whose test still has power 0.99 against ``tv`` with ``n`` samples.
 
     Each extra token multiplies the cells; the pooled small cells and the extra degrees of freedom
@@ -98,11 +100,11 @@ def choose_length(model, prompt, n: int, sampling: SamplingConfig, *, max_new_to
     """
     chosen, why = 1, ""
     for length in range(1, max_new_tokens + 1):
-        law = _law(model, prompt, length, sampling, eos_id)
+        law = _law(model, prompt, length, sampling, eos_id, stop)
         if len(law) > max_cells and length > 1:
             why = f"L={length} would have {len(law)} continuations (> {max_cells})"
             break
-        if length > 1 and split_ties(model, prompt, length, sampling, eos_id=eos_id):
+        if length > 1 and split_ties(model, prompt, length, sampling, eos_id=eos_id, stop=stop):
             why = f"at L={length} a top-p cut splits tied logits (the law there depends on how ties are sorted)"
             break
         power, df = _power_at(law, n, alpha, tv)
@@ -114,15 +116,16 @@ def choose_length(model, prompt, n: int, sampling: SamplingConfig, *, max_new_to
             )
             break
         chosen = length
-        if all(len(seq) < length or (eos_id is not None and seq[-1] == eos_id) for seq in law) and length > 1:
-            why = f"every continuation ends with EOS by L={length}"
+        if all(len(seq) < length or (eos_id is not None and seq[-1] == eos_id) or (stop is not None and stop(seq))
+               for seq in law) and length > 1:
+            why = f"every continuation ends with EOS{' or a stop string' if stop is not None else ''} by L={length}"
             break
     else:
         why = f"L reaches max_new_tokens {max_new_tokens}"
     return chosen, why
 
 
-def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int | None) -> list[str]:
+def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int | None, stop=None) -> list[str]:
     """Rows of the law where the warped support splits a group of exactly tied logits (empty: the law is well defined).
 
     Which tied tokens top-k keeps is declared (``sampling.top_k_ties``), but a top-p cut can fall inside a tie
@@ -138,7 +141,7 @@ def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int |
     from properties.transitions import tie_split_mask
     from specdec_ref.warp import warp
 
-    law = _law(model, prompt, n, sampling, eos_id)
+    law = _law(model, prompt, n, sampling, eos_id, stop)
     prefixes = sorted({seq[:i] for seq in law for i in range(len(seq))})
     rows = processed_logits64(model, list(prompt), prefixes, sampling, eos_id=eos_id)
     kept = warp(rows, sampling, dtype=torch.float64) > 0

@@ -43,17 +43,17 @@ class PromptReport:
 
 
 def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv,
-                   length_n: int | None = None) -> PromptReport:
+                   length_n: int | None = None, stop=None) -> PromptReport:
     """``length_n``: the N that L is chosen for (default: this prompt's lines; planned looks pass the full look's)."""
     n = len(group)
     if length is None:
         length, reason = choose_length(model, prompt, length_n or n, sampling, max_new_tokens=max_new_tokens,
-                                       eos_id=eos_id, alpha=alpha, tv=tv)
+                                       eos_id=eos_id, alpha=alpha, tv=tv, stop=stop)
         if length_n and length_n != n:
             reason = f"chosen for the full look's N={length_n}: " + reason
     else:
         reason = "set by --length"
-    split = split_ties(model, prompt, length, sampling, eos_id=eos_id)
+    split = split_ties(model, prompt, length, sampling, eos_id=eos_id, stop=stop)
     if split:
         raise AmbiguousLawError(
             f"prompt {list(prompt)}: with these settings the law of the first {length} token(s) is not determined by "
@@ -62,9 +62,9 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
             "transformers' TopPLogitsWarper the highest); choose another top_p (or top_k) for this prompt"
             + (", or a smaller --length" if length > 1 else "")
         )
-    cells = law_to_cells(_law(model, prompt, length, sampling, eos_id))
+    cells = law_to_cells(_law(model, prompt, length, sampling, eos_id, stop))
     counts = cells.counts(r.completion[:length] for r in group)
-    settings = _settings_label(sampling, eos_id)
+    settings = _settings_label(sampling, eos_id, stop)
     fit = goodness_of_fit(
         counts, cells.probs, what=f"prompt {list(prompt)}: first {length} generated token(s) ({settings})",
         labels=cells.labels, alpha=alpha, tv=tv,  # the verdict prints the replay command once
@@ -113,15 +113,15 @@ def _classify(model, prefix: list[int], got: int | None, z: torch.Tensor, dtype,
 
 
 def _greedy_walk(model, prompt, completion, sampling, *, max_new_tokens, eos_id, dtype,
-                 tolerance=None) -> tuple[dict | None, list[dict]]:
+                 tolerance=None, stop=None) -> tuple[dict | None, list[dict]]:
     """Walk one completion along the engine's path: ``(first algorithmic divergence or None, flips)``. Each row is the
     target's logits after the history settings on the completion's own history (penalties, logit bias, min_new_tokens:
     greedy decoding applies them too)."""
     steps = min(len(completion) + 1, max_new_tokens)  # one row per position the engine chose (or stopped) at
     flips = []
     for i in range(steps):
-        if eos_id is not None and i > 0 and completion[i - 1] == eos_id:
-            return None, flips  # stopped at EOS (tokens after it are an invariant violation)
+        if i > 0 and ((eos_id is not None and completion[i - 1] == eos_id) or (stop is not None and stop(completion[:i]))):
+            return None, flips  # stopped at EOS or a stop string (tokens after it are an invariant violation)
         context = list(prompt) + list(completion[:i])
         # row by row: a context past a divergence is never evaluated
         z = processed_logits64(model, prompt, [completion[:i]], sampling, eos_id=eos_id)[0]
@@ -139,14 +139,14 @@ def _greedy_walk(model, prompt, completion, sampling, *, max_new_tokens, eos_id,
 
 
 def _greedy_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, dtype,
-                 tolerance=None) -> PromptReport:
+                 tolerance=None, stop=None) -> PromptReport:
     report = PromptReport(prompt, len(group), [r.line for r in group])
     done: dict[tuple, tuple] = {}
     for r in group:
         if r.completion not in done:
             done[r.completion] = _greedy_walk(
                 model, prompt, r.completion, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype,
-                tolerance=tolerance)
+                tolerance=tolerance, stop=stop)
         divergence, flips = done[r.completion]
         if divergence is not None:
             report.divergences.append({**divergence, "line": r.line, "completion": list(r.completion)})

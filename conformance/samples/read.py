@@ -79,6 +79,7 @@ class SampleRecord:
     seed: int | None = None
     finish_reason: str | None = None
     index: int | None = None  # position of the sample among the n of one request (shares its seed)
+    text: str | None = None  # the generated text the engine returned (checked against the tokens under stop strings)
 
 
 def _is_int(x) -> bool:
@@ -151,7 +152,10 @@ def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_
     index = obj.get("index")
     if index is not None and not (_is_int(index) and index >= 0):
         raise SamplesInputError(f"{where}: 'index' must be an int >= 0 or null, got {index!r}")
-    return SampleRecord(line, prompt, completion, seed=seed, finish_reason=finish, index=index)
+    text = obj.get("text")
+    if text is not None and not isinstance(text, str):
+        raise SamplesInputError(f"{where}: 'text' must be a string or null, got {type(text).__name__}")
+    return SampleRecord(line, prompt, completion, seed=seed, finish_reason=finish, index=index, text=text)
 
 
 def read_records(
@@ -221,8 +225,10 @@ def write_jsonl(path, records: Iterable[dict]) -> str:
 # ----------------------------------------------------------------------------- invariants
 
 
-def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int, eos_id: int | None, source: str) -> list[str]:
-    """Deterministic invariants (:mod:`conformance.samples` docstring), one message per violating line."""
+def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int, eos_id: int | None, source: str,
+                         stop=None) -> list[str]:
+    """Deterministic invariants (:mod:`conformance.samples` docstring), one message per violating line. ``stop``: the
+    stop strings (:class:`properties.stops.StopStrings`) a completion also ends at, and the text it must return."""
     problems = []
     for r in records:
         where = _where(source, r.line)
@@ -234,13 +240,41 @@ def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int
             at = c.index(eos_id)
             problems.append(f"{where}: {len(c) - at - 1} token(s) after the EOS ({eos_id}) at position {at}: generation must stop at EOS")
             continue
-        ends_eos = eos_id is not None and len(c) > 0 and c[-1] == eos_id
-        if len(c) < max_new_tokens and not ends_eos:
-            why = "ends without EOS" if eos_id is not None else "EOS stopping is off (no --eos)"
-            problems.append(f"{where}: {len(c)} generated tokens < max_new_tokens {max_new_tokens} and it {why}: a completion stops only at EOS or max_new_tokens")
+        stopped = stop.end(c) if stop is not None else None
+        if stopped is not None and stopped < len(c):
+            problems.append(
+                f"{where}: {len(c) - stopped} token(s) {list(c[stopped:])} after the stop string {stop.matched(c)!r} "
+                f"completed at position {stopped} (tokens {list(c)}): generation must stop at the token that completes it")
             continue
-        if r.finish_reason in FINISH_EOS and not ends_eos:
-            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion does not end with EOS ({eos_id})")
-        elif r.finish_reason in FINISH_LENGTH and ends_eos:
-            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion ends with EOS ({eos_id})")
+        ends_eos = eos_id is not None and len(c) > 0 and c[-1] == eos_id
+        ends = ends_eos or stopped is not None
+        if len(c) < max_new_tokens and not ends:
+            why = ("ends without EOS" if eos_id is not None else "EOS stopping is off (no --eos)") + (
+                " or a stop string" if stop is not None and stop.strings else "")
+            problems.append(f"{where}: {len(c)} generated tokens < max_new_tokens {max_new_tokens} and it {why}: a completion stops only at EOS{', a stop string' if stop is not None and stop.strings else ''} or max_new_tokens")
+            continue
+        if r.finish_reason in FINISH_EOS and not ends:
+            what = f"EOS ({eos_id})" + (" or a completed stop string" if stop is not None and stop.strings else "")
+            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion does not end with {what}")
+        elif r.finish_reason in FINISH_LENGTH and ends:
+            what = f"EOS ({eos_id})" if ends_eos else f"the stop string {stop.matched(c)!r}"
+            problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion ends with {what}"
+                            + (" (max_new_tokens judged before the stop string)" if len(c) == max_new_tokens else ""))
+        if stop is not None and r.text is not None:
+            want = stop.returned_text(c)
+            if r.text != want:
+                problems.append(f"{where}: text {r.text!r} but its tokens {list(c)} render as {want!r}"
+                                + _text_hint(r.text, want, stop.text(c)))
     return problems
+
+
+def _text_hint(got: str, want: str, whole: str) -> str:
+    """What a wrong returned text looks like, where a known bug explains it."""
+    if got == whole:
+        return " (the stop string was not cut from the text)"
+    if want.startswith(got):
+        return f" ({len(want) - len(got)} character(s) missing at the end)"
+    if got.startswith(want):
+        return f" ({len(got) - len(want)} character(s) past the end)"
+    common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    return f" (first difference at character {common})"

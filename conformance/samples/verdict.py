@@ -26,6 +26,7 @@ from .looks import Looks, Sequential, run_looks
 from .prompts import PromptReport, _greedy_test, _sampling_test
 from .read import (
     SampleRecord,
+    SamplesInputError,
     _is_int,
     _max_positions,
     _model_name,
@@ -86,6 +87,7 @@ class SamplesVerdict:
     explained_by: dict | None = None
     sequential: Sequential | None = None  # planned looks (:mod:`.looks`): the looks taken and what decided
     family_alpha: float | None = None  # planned looks: the alpha of every look together
+    stop: object = None  # the stop strings (properties.stops.StopStrings) completions end at, besides EOS
 
     @property
     def impossible_requests(self) -> int:
@@ -141,7 +143,7 @@ class SamplesVerdict:
             lines.append(f"explained: {self.explained}")
         mode = "greedy" if self.sampling.greedy else "sampling"
         lines.append(
-            f"model {self.model}, {mode} ({_settings_label(self.sampling, self.eos_id)}), max_new_tokens={self.max_new_tokens}; "
+            f"model {self.model}, {mode} ({_settings_label(self.sampling, self.eos_id, self.stop)}), max_new_tokens={self.max_new_tokens}; "
             f"{self.source}: N={self.n} completions of {len(self.prompts)} prompt(s)"
         )
         if not self.sampling.greedy:
@@ -189,7 +191,9 @@ class SamplesVerdict:
             if len(self.violations) > 20:
                 lines.append(f"  ... {len(self.violations) - 20} more")
         else:
-            lines.append("deterministic invariants: ok (max_new_tokens tokens unless ended by EOS, nothing after EOS)")
+            lines.append("deterministic invariants: ok (max_new_tokens tokens unless ended by EOS, nothing after EOS)"
+                         if self.stop is None else "deterministic invariants: ok (max_new_tokens tokens unless ended by "
+                         "EOS or a stop string, nothing after either, finish_reason and text as the tokens say)")
         if self.power_note:
             lines.append(self.power_note)
         if self.sequential is not None:
@@ -272,6 +276,7 @@ class SamplesVerdict:
             "sampling": self.sampling.as_dict(),
             "max_new_tokens": self.max_new_tokens,
             "eos_id": self.eos_id,
+            **({"stop": list(self.stop.strings), "token_prefix": self.stop.prefix} if self.stop is not None else {}),
             "n": self.n,
             "alpha": self.alpha,
             "tv": self.tv,
@@ -310,6 +315,7 @@ def certify_samples(
     tolerance: float | None = None,
     looks: Looks | bool | None = None,
     resume: Sequential | None = None,
+    stop=None,
 ) -> SamplesVerdict:
     """Judge completions of ``model`` (an exact model's name or object) produced with ``sampling``.
 
@@ -327,7 +333,10 @@ def certify_samples(
     ``tolerance``: an absolute logit tolerance instead. Raises :class:`SamplesInputError` for malformed input; a
     token the law gives probability 0 is no input error but the engine's failure (``verdict.impossible``). Conventions
     are read from ``sampling`` (``top_k_ties``); when the file is ``NOT CERTIFIED`` and fits another known one
-    (:data:`conformance.samples.conventions.CONVENTIONS`), ``verdict.explained`` says so in one line.
+    (:data:`conformance.samples.conventions.CONVENTIONS`), ``verdict.explained`` says so in one line. ``stop``: stop
+    strings (a :class:`properties.stops.StopStrings`, or a sequence of strings on an exact model's vocabulary with no
+    token prefix): a completion also ends at the token that completes one (a leaf of the law like EOS), and a
+    record's ``text`` must be its tokens' rendering cut before the stop string.
     """
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a specdec_ref.warp.SamplingConfig, got {type(sampling).__name__}")
@@ -342,6 +351,13 @@ def certify_samples(
     if length is not None and not (_is_int(length) and 1 <= length <= max_new_tokens):
         raise ValueError(f"length must be an int in [1, max_new_tokens={max_new_tokens}], got {length!r}")
     dtype = getattr(torch, dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype
+    if stop is not None and not hasattr(stop, "end"):
+        from properties.stops import StopStrings
+
+        try:
+            stop = StopStrings.for_model(exact, tuple(stop))
+        except ValueError as exc:
+            raise SamplesInputError(str(exc)) from None
     records, source = read_records(
         path_or_records, vocab=vocab, max_new_tokens=max_new_tokens,
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
@@ -354,7 +370,7 @@ def certify_samples(
     def judge_lines(lines, settings: SamplingConfig, a: float, length_scale: float = 1.0) -> SamplesVerdict:
         return _judge(exact, name, list(lines), source, settings, max_new_tokens=max_new_tokens, eos_id=eos_id,
                       length=length, alpha=a, tv=tv, dtype=dtype, tolerance=tolerance, length_scale=length_scale,
-                      looks=looks)
+                      looks=looks, stop=stop)
 
     judged, at_alpha, at_scale = records, alpha, 1.0
     if looks is None:
@@ -370,7 +386,7 @@ def certify_samples(
         # a known alternative convention (conventions.CONVENTIONS) that fits earns one line; the level never changes
         stops = {d["index"]: d["position"] for d in verdict.impossible}
         contexts = judged_contexts(
-            ((r.prompt, r.completion, stops.get(i, min(_judged_length(r.completion, eos_id), max_new_tokens)))
+            ((r.prompt, r.completion, stops.get(i, min(_judged_length(r.completion, eos_id, stop), max_new_tokens)))
              for i, r in enumerate(judged))
         )
         verdict.explained, verdict.explained_by = explain(
@@ -445,9 +461,11 @@ def power_level(records: list[dict], tv: float) -> tuple[str, str, str]:
     return "certified", CERTIFIED, f"every prompt's test has power >= {TARGET_POWER:g} against TV {tv:g}"
 
 
-def _judged_length(completion: tuple[int, ...], eos_id: int | None) -> int:
-    """The tokens of a completion the law covers: up to and including its first EOS."""
-    return completion.index(eos_id) + 1 if eos_id is not None and eos_id in completion else len(completion)
+def _judged_length(completion: tuple[int, ...], eos_id: int | None, stop=None) -> int:
+    """The tokens of a completion the law covers: up to and including its first EOS or completed stop string."""
+    end = completion.index(eos_id) + 1 if eos_id is not None and eos_id in completion else len(completion)
+    stopped = stop.end(completion[:end]) if stop is not None else None
+    return end if stopped is None else stopped
 
 
 def _request(r: SampleRecord):
@@ -455,10 +473,11 @@ def _request(r: SampleRecord):
     return ("seed", r.prompt, r.seed) if r.seed is not None else ("line", r.line)
 
 
-def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingConfig, eos_id, max_new_tokens: int):
+def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingConfig, eos_id, max_new_tokens: int,
+                        stop=None):
     """``(first_impossible per record, the report's entries)`` (:func:`properties.transitions.first_impossible`)."""
     found = first_impossible(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id,
-                             max_position=max_new_tokens)
+                             max_position=max_new_tokens, stop=stop)
     names = exact.token_names() if callable(getattr(exact, "token_names", None)) else None
     entries = [
         {"index": i, "line": records[i].line, "request": _request(records[i]), "prompt": list(records[i].prompt),
@@ -471,27 +490,27 @@ def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingCo
 
 def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
            eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance,
-           length_scale: float = 1.0, looks: Looks | None = None) -> SamplesVerdict:
+           length_scale: float = 1.0, looks: Looks | None = None, stop=None) -> SamplesVerdict:
     """Every test of :func:`certify_samples` on read records, under ``sampling`` (``length_scale``: L is chosen for
     that many times each prompt's lines, the full look's share at a planned look)."""
     replay = replay_command(
         name, sampling, max_new_tokens=max_new_tokens, eos=eos_id is not None, length=length, source=source,
-        dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance, looks=looks,
+        dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance, looks=looks, stop=stop,
     )
     groups: dict[tuple[int, ...], list[SampleRecord]] = {}
     for r in records:
         groups.setdefault(r.prompt, []).append(r)
-    violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source)
+    violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source, stop=stop)
     counts = None
     impossible: list[dict] = []
     position_tests: list[int] = []
     if not sampling.greedy:
         # an impossible token is the engine's failure: counted, shown, an impossible outcome of its tests; the tokens after
         # it are not tested (their context is outside the law's support, maybe not even one the model defines)
-        found, impossible = _impossible_entries(exact, records, sampling, eos_id, max_new_tokens)
+        found, impossible = _impossible_entries(exact, records, sampling, eos_id, max_new_tokens, stop)
         # positions past max_new_tokens are an invariant violation (reported), not tested
         counts = count_transitions(exact, [(r.prompt, r.completion) for r in records], sampling, eos_id=eos_id,
-                                   max_position=max_new_tokens, impossible=found)
+                                   max_position=max_new_tokens, impossible=found, stop=stop)
         if len(counts.positions) > 1:  # with one position the pooled test is that position's test
             position_tests = [pos for pos in counts.positions if pos <= MAX_POSITION_TESTS]
     # alpha split evenly over the tests the verdict rests on: the prompts' full-law tests and the pooled transition
@@ -503,15 +522,15 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         if sampling.greedy:
             reports.append(_greedy_test(
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, dtype=dtype,
-                tolerance=tolerance))
+                tolerance=tolerance, stop=stop))
         else:
             reports.append(_sampling_test(
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
-                alpha=per_alpha, tv=tv, length_n=max(1, round(len(group) * length_scale)),
+                alpha=per_alpha, tv=tv, length_n=max(1, round(len(group) * length_scale)), stop=stop,
             ))
     transitions, position_fits = None, []
     if counts is not None and counts.n:
-        settings = _settings_label(sampling, eos_id)
+        settings = _settings_label(sampling, eos_id, stop)
         last = counts.positions[-1]
         transitions = transition_test(
             counts, what=f"positions {FIRST_TESTED_POSITION}-{last}: every generated token after the first given its context ({settings})",
@@ -570,5 +589,5 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         power_note=note, transitions=transitions, position_fits=position_fits,
         transition_classes=len(counts.classes) if counts is not None else 0,
         transition_excluded=dict(counts.excluded) if counts is not None else {}, impossible=impossible,
-        transitions_rest=transitions_rest,
+        transitions_rest=transitions_rest, stop=stop,
     )
