@@ -52,7 +52,6 @@ import http.client
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,6 +62,7 @@ from pathlib import Path
 from ..adapter import Conventions, EngineAdapter, EngineMissingError
 from ..session import VariantSession
 from ..matrix import CASES, Configuration
+from ..serving import free_port, sse_events
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
            "server_args", "parse_metrics", "Server", "LlamaCppSession", "check_gguf"]
@@ -71,7 +71,7 @@ VERSION = "0.3.36"  # llama-cpp-python's sdist; its vendor/llama.cpp is what scr
 INSTALL = "bash scripts/env.sh llamacpp"
 SAMPLERS = ("penalties", "temperature", "top_k", "top_p", "min_p")
 REQUEST_TIMEOUT_S = 60.0
-FINISH = {"eos": "eos", "limit": "length"}  # the server's stop_type -> the black-box format (others: null)
+FINISH = {"eos": "eos", "limit": "length", "word": "stop"}  # the server's stop_type -> the black-box format
 START_TIMEOUT_S = 90.0
 
 #: Every matrix case but ``penalty``, which llama.cpp cannot express under the reference's definition (its window
@@ -81,6 +81,8 @@ MAIN = tuple(c.name for c in CASES if c.name != "penalty")
 #: are then control's by construction, so the variants run the few cases that exercise what they change (both
 #: families, one- and two-token prompts, EOS inside a draft, greedy), not the whole matrix (stage time).
 SHORT = ("warp-1tok", "eos", "position", "greedy")
+#: Stop strings and streaming (``/completion``'s ``stop`` and ``stream``; its ``content`` is the text checked).
+TEXT_CASES = ("stop-strings", "stop-stream")
 
 
 def _draft(k: int, **extra) -> dict:
@@ -125,10 +127,12 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs"), note="no speculation, one slot (-np 1)"),
+    Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs") + TEXT_CASES,
+                  note="no speculation, one slot (-np 1)"),
     Configuration("control-np4", None, {"parallel": 4}, cases=("position", "n-samples"), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
-    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match", cases=SHORT + ("logit-bias", "logprobs"),
+    Configuration("draft-k3", "draft-simple", _draft(3), "sample_match",
+                  cases=SHORT + ("logit-bias", "logprobs") + TEXT_CASES,
                   identical_to="control", k=3,
                   proposer="draft",
                   note="draft model, --spec-type draft-simple --spec-draft-n-max 3 --spec-draft-n-min 0 "
@@ -218,7 +222,26 @@ def completion_payload(request) -> dict:
     if getattr(request, "logprobs", None):  # the raw distribution's top n (post_sampling_probs off), per generated token
         body.update(n_probs=int(request.logprobs), post_sampling_probs=False)
         body["response_fields"] = body["response_fields"] + ["completion_probabilities"]
+    if getattr(request, "stop", ()) or getattr(request, "stream", False):  # the text, cut before a stop string
+        body.update(stop=list(request.stop), stream=bool(request.stream))
+        body["response_fields"] = body["response_fields"] + ["content"]
+        if request.stream:  # every event whole: the chunks' tokens and content are what is checked
+            del body["response_fields"]
     return body
+
+
+def merged_stream(data: bytes) -> dict:
+    """A streamed ``/completion``'s server-sent events put together: ``tokens`` and ``content`` concatenated in
+    order, the other fields (``stop_type``, ``timings``) from the last event; raises on an event that is not JSON or
+    a stream without its final event (``stop``: true)."""
+    events = sse_events(data, "llama-server")
+    if not events or not events[-1].get("stop"):
+        raise RuntimeError(f"llama-server's stream ended without its final event ({len(events)} events)")
+    out = dict(events[-1])
+    out["tokens"] = [int(t) for e in events for t in e.get("tokens") or []]
+    out["content"] = "".join(e.get("content") or "" for e in events)
+    out["events"] = len(events)
+    return out
 
 
 def returned_logprobs(response: dict) -> dict:
@@ -297,12 +320,6 @@ def parse_metrics(text: str) -> dict:
 # ----------------------------------------------------------------------------- the server process
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """One ``llama-server`` on 127.0.0.1 (a child of this process, in its process group: never a new session)."""
 
@@ -339,7 +356,7 @@ class Server:
 
     def start(self) -> None:
         for attempt in range(3):
-            self.port = _free_port()
+            self.port = free_port()
             cmd = [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-tb", "1",
                    "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--metrics", "--no-webui", *self.args]
             self.log = open(self.log_path, "ab")
@@ -389,7 +406,8 @@ class Server:
         raise AssertionError("unreachable")
 
     def complete(self, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
-        return json.loads(self._call("POST", "/completion", json.dumps(body).encode(), timeout))
+        data = self._call("POST", "/completion", json.dumps(body).encode(), timeout)
+        return merged_stream(data) if body.get("stream") else json.loads(data)
 
     def metrics(self) -> dict:
         return parse_metrics(self._call("GET", "/metrics").decode())
@@ -471,6 +489,8 @@ class LlamaCppSession(VariantSession):
     def _record(self, r: dict) -> dict:
         toks = [int(t) for t in r.get("tokens") or []]
         out = {"completion_ids": toks, "finish_reason": FINISH.get(r.get("stop_type")), **returned_logprobs(r)}
+        if "content" in r:
+            out["text"] = r["content"]
         if self.settings is not None:
             cached = int(r.get("timings/cache_n", (r.get("timings") or {}).get("cache_n")) or 0)
             out["cached_tokens"] = cached
@@ -557,12 +577,12 @@ class LlamaCppAdapter(EngineAdapter):
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples"), timeout_s=900.0,
+    cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES, timeout_s=900.0,
     seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
-        eos_draft="target",
+        eos_draft="target", token_prefix="",
         notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
                "applies the temperature last)",
                "top-k keeps exactly k; tied tokens are chosen by std::partial_sort's heap, not by a stated rule (not "

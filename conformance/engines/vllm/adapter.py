@@ -36,15 +36,26 @@ ENGINE_ARGS = dict(dtype="float32", enforce_eager=True, max_model_len=32, seed=E
 INSTALL = "bash scripts/env.sh vllm"
 K = 3
 
+#: The offline configurations' cases: the matrix and the request features they read as token ids.
+MATRIX_CASES = tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples")
+#: Stop strings and streaming: through the OpenAI-compatible server (the configurations with the option ``server``,
+#: :mod:`conformance.engines.vllm.server`).
+TEXT_CASES = ("stop-strings", "stop-stream")
+
 #: The cases the proposer-head configurations run (order-1 family: the heads are built on order1-target).
 HEAD_CASES = ("temperature", "warp-1tok", "eos", "greedy-1tok")  # warp-1tok: the law of warp, and defect C
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, note="no speculation: the engine's plain sampler"),
+    Configuration("control", None, cases=MATRIX_CASES, note="no speculation: the engine's plain sampler"),
     Configuration("control-deep3", None, {"target_layers": 3}, cases=HEAD_CASES,
                   note="no speculation, on the 3-layer deep target of the order-1 table (eagle3's target)"),
-    Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token",
+    Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token", cases=MATRIX_CASES,
                   note="draft model sampled from softmax(draft / T); standard rejection sampling"),
+    Configuration("serve-control", None, {"server": True}, cases=TEXT_CASES,
+                  note="the OpenAI-compatible server (/v1/completions), no speculation: stop strings, streaming"),
+    Configuration("serve-draft-prob", "draft_model", {"server": True, "draft_sample_method": "probabilistic"}, "token",
+                  cases=TEXT_CASES, efficiency=False,
+                  note="draft-prob behind the OpenAI-compatible server (/v1/completions): stop strings, streaming"),
     Configuration("control-processed", None, {"logprobs_mode": "processed_logprobs"}, cases=("logprobs",),
                   note="no speculation, logprobs_mode processed_logprobs (log-probabilities of the law sampled from)"),
     Configuration("draft-prob-processed", "draft_model", {"draft_sample_method": "probabilistic",
@@ -121,7 +132,7 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
 
 
 #: Configuration options the adapter reads itself (never passed to vLLM's ``speculative_config``).
-_OWN_OPTIONS = ("head", "target_layers", "target", "logprobs_mode")
+_OWN_OPTIONS = ("head", "target_layers", "target", "logprobs_mode", "server", "server_flags")
 
 
 def target_path(cfg: Configuration, pair) -> str:
@@ -333,6 +344,12 @@ class VLLMAdapter(EngineAdapter):
         from specdec_ref.exact_models import exact_pair
 
         _env()
+        if cfg.options.get("server"):
+            from .server import VLLMServerSession
+
+            pair = exact_pair(self.families[family])
+            return VLLMServerSession(cfg, target_path(cfg, pair), speculative_config(
+                cfg, str(pair.draft.path), self.k_of(cfg), pair.target.name), ENGINE_ARGS, vllm_sampling_kwargs)
         return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 
     def open_condition(self, cfg, family, condition):
@@ -360,11 +377,12 @@ class VLLMAdapter(EngineAdapter):
 
 ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
-    cases=tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples"),
+    cases=MATRIX_CASES + TEXT_CASES,
     max_model_len=ENGINE_ARGS["max_model_len"],
     conditions={name: ("control", "draft-prob", "draft-greedy") for name in
                 ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
+                            token_prefix=" ",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
     seed_probe=True, pin_workers=True,
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",

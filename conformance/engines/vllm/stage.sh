@@ -6,7 +6,8 @@
 #  3. kernel level: `pytest conformance/` on vLLM's RejectionSampler called as the model runner calls it, unpatched
 #     (expected NOT CERTIFIED, rejected at the interim looks) and with the defect-A patch (expected CERTIFIED AT
 #     REDUCED POWER: the dev profile here for CI time; the ci-profile runs are in docs/vllm-verdict.md);
-#  4. engine level: the matrix unpatched, with --patch A, the EAGLE / EAGLE-3 / Medusa / MTP heads with --patch A,C,
+#  4. engine level: the matrix unpatched, with --patch A (and stop strings and streaming through the OpenAI-compatible
+#     server, which this step starts and stops: serve-control, serve-draft-prob), the EAGLE / EAGLE-3 / Medusa / MTP heads with --patch A,C,
 #     and the sampled EAGLE drafts with the seed fixes too (--patch A,C,D,E), each against
 #     conformance/engines/expected/vllm-0.32.0.json;
 #  5. serving conditions (--conditions) with A, C and the seed rewind F fixed, and the two defects they show unfixed.
@@ -47,11 +48,14 @@ PY
 kernel token ci "NOT CERTIFIED" --maxfail=5
 kernel token_patched dev "CERTIFIED AT REDUCED POWER"
 
-matrix_step vllm engine-unpatched "engine level: the black-box matrix, unpatched" --jobs 2
+# every configuration but the two behind the OpenAI-compatible server (they run with patch A below: unpatched, the
+# server path shows defect A as the offline draft-prob does)
+OFFLINE=$("$VPY" -c 'from conformance.engines.vllm.adapter import CONFIGS; print(",".join(c.name for c in CONFIGS if not c.options.get("server")))')
+matrix_step vllm engine-unpatched "engine level: the black-box matrix, unpatched" --jobs 2 --configs "$OFFLINE"
 # the patch touches speculative decoding only: the control (control-deep3), suffix and synthetic rows are the
-# unpatched run's
+# unpatched run's; stop strings and streaming run through the server (serve-control, serve-draft-prob)
 matrix_step vllm engine-patch-A "engine level: the black-box matrix, patch A" --jobs 2 --patch A \
-    --configs draft-prob,draft-greedy,block,ngram,draft-prob-processed
+    --configs draft-prob,draft-greedy,block,ngram,draft-prob-processed,serve-control,serve-draft-prob
 # the heads unpatched ran above; with A and C the rounds rebuilt from the completions must equal the counters
 matrix_step vllm engine-patch-AC "engine level: the heads, patch A,C" --jobs 2 --patch A,C \
     --configs eagle,medusa,eagle3,eagle-prob,mtp
