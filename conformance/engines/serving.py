@@ -2,7 +2,8 @@
 
 Engine-neutral (the vLLM and llama.cpp adapters start their servers through it). Rules: a server listens on 127.0.0.1
 only, on a free port, in the caller's process group (the runner's group kill stops it too, never a new session); it
-is healthy when its health path answers 200 within the start timeout, else the start fails with its log's last lines;
+is healthy when its health path answers 200 within the start timeout, else the start fails with its log's last lines
+(a port taken between choosing and binding it is retried on another, twice);
 :meth:`HttpServer.stop` terminates it (kill after 10 s) and is safe to call twice; every call has a timeout; a dropped
 keep-alive connection is retried once on a new one; a non-200 answer raises with the body's start.
 """
@@ -71,6 +72,13 @@ class HttpServer:
         self.log_path = folder / f"{name}-{os.getpid()}-{id(self)}.log"
         self.proc, self.port, self._local, self._log = None, None, threading.local(), None
 
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
     def log_tail(self, n: int = 8) -> str:
         try:
             return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-n:])
@@ -78,32 +86,36 @@ class HttpServer:
             return ""
 
     def start(self) -> None:
-        self.port = free_port()
-        cmd = [a.replace("{port}", str(self.port)) for a in self.command]
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(self.env or {})})
-        t0 = time.time()
-        while time.time() - t0 < self.start_timeout_s:
-            if self.proc.poll() is not None:
+        for attempt in range(3):
+            self.port = free_port()
+            cmd = [a.replace("{port}", str(self.port)) for a in self.command]
+            self._log = open(self.log_path, "ab")
+            self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **(self.env or {})})
+            t0 = time.time()
+            while time.time() - t0 < self.start_timeout_s:
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+                    c.request("GET", self.health)
+                    ok = c.getresponse().status == 200
+                    c.close()
+                    if ok:
+                        return
+                except OSError:
+                    pass
+                time.sleep(0.1)
+            code = self.proc.poll()
+            self.stop()
+            if "bind" not in self.log_tail(20).lower():  # a port race is retried, anything else is the failure
                 break
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                c.request("GET", self.health)
-                ok = c.getresponse().status == 200
-                c.close()
-                if ok:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        code = self.proc.poll()
-        self.stop()
         why = f"exited with {code}" if code is not None else f"not healthy after {self.start_timeout_s:.0f} s"
         raise RuntimeError(f"{self.name} server {why}: {self.log_tail()}")
 
-    def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
-        data = None if body is None else json.dumps(body).encode()
+    def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float | None = None) -> bytes:
+        """The answer's body (``body``: JSON-encoded when a dict); raises naming the call on anything but 200."""
+        data = json.dumps(body).encode() if isinstance(body, dict) else body
         for attempt in (0, 1):
             c = getattr(self._local, "conn", None)
             if c is None:

@@ -48,21 +48,18 @@ server log's error lines (what each refused set-up printed: docs/llamacpp-verdic
 """
 from __future__ import annotations
 
-import http.client
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 from ..adapter import Conventions, EngineAdapter, EngineMissingError
 from ..session import VariantSession
 from ..matrix import CASES, Configuration
-from ..serving import free_port, sse_events
+from ..serving import HttpServer, sse_events
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
            "server_args", "parse_metrics", "Server", "LlamaCppSession", "check_gguf"]
@@ -320,27 +317,18 @@ def parse_metrics(text: str) -> dict:
 # ----------------------------------------------------------------------------- the server process
 
 
-class Server:
-    """One ``llama-server`` on 127.0.0.1 (a child of this process, in its process group: never a new session)."""
+class Server(HttpServer):
+    """One ``llama-server`` on 127.0.0.1 (:class:`conformance.engines.serving.HttpServer`: a child of this process, in
+    its process group, never a new session)."""
 
     def __init__(self, binary, model, *, parallel: int = 1, args=(), log_dir: str | None = None):
         self.binary, self.model, self.parallel = str(binary), str(model), int(parallel)
         self.args = list(args) or ["-np", str(parallel), "-c", str(128 * parallel)]
-        self.log_path = Path(log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")) / f"server-{os.getpid()}-{id(self)}.log"
-        self.proc, self.port, self._local = None, None, threading.local()
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def log_tail(self, n: int = 6) -> str:
-        try:
-            return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-n:])
-        except OSError:
-            return ""
+        super().__init__("llama-server", [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", "{port}",
+                                          "-t", "1", "-tb", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
+                                          "--metrics", "--no-webui", *self.args],
+                         start_timeout_s=START_TIMEOUT_S, request_timeout_s=REQUEST_TIMEOUT_S,
+                         log_dir=log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-"))
 
     def log_errors(self, n: int = 4) -> str:
         """The server log's error lines (level ``E``, ``GGML_ASSERT``, ``... MTP layers``), timestamps and the
@@ -355,55 +343,14 @@ class Server:
         return " | ".join(dict.fromkeys(keep[:n]))
 
     def start(self) -> None:
-        for attempt in range(3):
-            self.port = free_port()
-            cmd = [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", str(self.port), "-t", "1", "-tb", "1",
-                   "-ctk", "f32", "-ctv", "f32", "-fa", "off", "--metrics", "--no-webui", *self.args]
-            self.log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-            t0 = time.time()
-            while time.time() - t0 < START_TIMEOUT_S:
-                if self.proc.poll() is not None:
-                    break
-                try:
-                    c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
-                    c.request("GET", "/health")
-                    ok = c.getresponse().status == 200
-                    c.close()
-                    if ok:
-                        return
-                except OSError:
-                    pass
-                time.sleep(0.1)
-            self.stop()
-            if "bind" not in self.log_tail(20).lower():  # a port race is retried, anything else is the failure
-                break
-        raise RuntimeError(f"llama-server did not become healthy: {self.log_errors() or self.log_tail()} "
-                           f"({' '.join(cmd[2:])})")
-
-    def _conn(self, timeout):
-        c = getattr(self._local, "conn", None)
-        if c is None:
-            c = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        return c
+        try:
+            super().start()
+        except RuntimeError:
+            raise RuntimeError(f"llama-server did not become healthy: {self.log_errors() or self.log_tail(6)} "
+                               f"({' '.join(self.command[2:]).replace('{port}', str(self.port))})") from None
 
     def _call(self, method: str, path: str, body: bytes | None = None, timeout: float = REQUEST_TIMEOUT_S) -> bytes:
-        for attempt in (0, 1):
-            c = self._conn(timeout)
-            try:
-                c.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
-                r = c.getresponse()
-                data = r.read()
-            except (ConnectionError, http.client.HTTPException) as exc:  # a dropped keep-alive: one new connection
-                c.close()
-                self._local.conn = None
-                if attempt or (self.proc and self.proc.poll() is not None):
-                    raise RuntimeError(f"llama-server {method} {path}: {exc}; server log: {self.log_tail()}") from exc
-                continue
-            if r.status != 200:
-                raise RuntimeError(f"llama-server {method} {path}: HTTP {r.status}: {data[:300]!r}")
-            return data
-        raise AssertionError("unreachable")
+        return self.call(method, path, body, timeout)
 
     def complete(self, body: dict, timeout: float = REQUEST_TIMEOUT_S) -> dict:
         data = self._call("POST", "/completion", json.dumps(body).encode(), timeout)
@@ -411,17 +358,6 @@ class Server:
 
     def metrics(self) -> dict:
         return parse_metrics(self._call("GET", "/metrics").decode())
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "log", None):
-            self.log.close()
 
 
 # ----------------------------------------------------------------------------- the session
