@@ -12,7 +12,21 @@ from pathlib import Path
 
 from .verdict import CaseVerdict, Check, Level
 
-__all__ = ["apply_logprobs_check", "apply_text_checks", "copies_note", "twin_check", "text_note"]
+__all__ = ["apply_logprobs_check", "apply_text_checks", "copies_note", "twin_check", "text_note", "grammar_text"]
+
+
+def grammar_text(automaton, eos_id: int) -> str:
+    """A token automaton (:class:`specdec_ref.automaton.TokenAutomaton` over the exactly-known vocabulary, token ``i``
+    written ``t<i>`` in the engine's grammar matcher, no separator) as a GBNF grammar (llama.cpp's format, and
+    xgrammar's EBNF): one rule per state, one alternative per allowed token, and the empty alternative where EOS is
+    allowed (the engines allow end-of-generation only where the grammar may end)."""
+    rules = ["root ::= s%d" % automaton.start]
+    for state, row in enumerate(automaton.transitions):
+        alts = [f'"t{v}" s{nxt}' for v, nxt in enumerate(row) if nxt >= 0 and v != eos_id]
+        if 0 <= eos_id < len(row) and row[eos_id] >= 0:
+            alts.append('""')
+        rules.append(f"s{state} ::= " + " | ".join(alts))
+    return "\n".join(rules) + "\n"
 
 #: How a returned text departs from its tokens' rendering, named where one pattern explains every departure.
 TEXT_PATTERNS = {

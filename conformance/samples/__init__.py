@@ -16,8 +16,9 @@ or call :func:`certify_samples`. Each line holds at least ``prompt_ids`` (list o
 ``completion_ids`` (list of ints: the generated ids, prompt excluded); ``seed`` (int, one per
 request: two requests of one prompt with the same seed are not independent samples, an input error;
 ``index``, the sample's position among the ``n`` samples of one request, tells them apart) and
-``finish_reason`` (``"stop"`` / ``"eos"`` or ``"length"`` / ``"max_new_tokens"``) are optional;
-other keys are ignored. Mixed prompts are allowed: the completions are grouped per prompt.
+``finish_reason`` (``"stop"`` / ``"eos"`` or ``"length"`` / ``"max_new_tokens"``, or ``"error"`` / ``"abort"``: the
+engine ended the request itself, always a violation) and ``text`` (with stop strings) are optional; other keys are
+ignored. Mixed prompts are allowed: the completions are grouped per prompt.
 
 What is judged
 --------------
@@ -100,7 +101,7 @@ from .conventions import CONVENTIONS, Convention
 from .generate import generate_with_transformers
 from .law import MAX_CELLS, SAMPLES_TV, AmbiguousLawError, choose_length, split_ties
 from .prompts import PromptReport
-from .read import FINISH_EOS, FINISH_LENGTH, SampleRecord, SamplesInputError, invariant_violations, read_records, write_jsonl
+from .read import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, SampleRecord, SamplesInputError, invariant_violations, read_records, write_jsonl
 from .looks import Looks
 from .command import replay_command
 from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, GrowingFile, SamplesVerdict, certify_samples

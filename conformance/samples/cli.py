@@ -57,7 +57,9 @@ def _flag_type(kind):
 
 def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
     for flag, name, kind, off in _EXTRA_SETTINGS:
-        help = (f"the engine's {name}, TOKEN:BIAS[,TOKEN:BIAS...] (default: none)" if name == "logit_bias"
+        help = (f"the engine's {name}, TOKEN:BIAS[,TOKEN:BIAS...] (default: none)" if name == "logit_bias" else
+                'the engine\'s constraint (grammar, regex, choice) as a token automaton, JSON {"transitions": [[next '
+                'state or -1 per token id] per state], "start": 0} (default: none)' if name == "constraint"
                 else f"the engine's {name} (default: off)")
         parser.add_argument(flag, dest=name, type=_flag_type(kind), default=off, help=help)
 

@@ -35,8 +35,31 @@ def parse_logit_bias(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(pairs))
 
 
+def parse_automaton(text: str):
+    """``--automaton``'s value: a token automaton as JSON, ``{"transitions": [[next state or -1 per token] per state],
+    "start": 0}`` (or the transitions list alone), as :class:`specdec_ref.automaton.TokenAutomaton` states it."""
+    import json
+
+    from specdec_ref.automaton import TokenAutomaton
+
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"automaton {text[:60]!r} is not JSON ({exc.msg})") from None
+    if isinstance(data, list):
+        data = {"transitions": data}
+    if not isinstance(data, dict) or "transitions" not in data:
+        raise ValueError('an automaton is {"transitions": [[...], ...], "start": S} or its transitions list')
+    return TokenAutomaton(tuple(tuple(row) for row in data["transitions"]), int(data.get("start", 0)))
+
+
 def setting_text(value) -> str:
-    """A setting's value as its flag takes it (``logit_bias`` pairs as ``3:2.5,5:-1``)."""
+    """A setting's value as its flag takes it (``logit_bias`` pairs as ``3:2.5,5:-1``, an automaton as compact
+    JSON)."""
+    if hasattr(value, "transitions"):
+        import json
+
+        return json.dumps(value.as_dict(), separators=(",", ":"))
     if isinstance(value, tuple):
         return ",".join(f"{int(t)}:{b:g}" for t, b in value)
     return f"{value:g}"
@@ -50,6 +73,7 @@ _EXTRA_SETTINGS = (
     ("--frequency-penalty", "frequency_penalty", float, 0.0),
     ("--min-new-tokens", "min_new_tokens", int, 0),
     ("--logit-bias", "logit_bias", parse_logit_bias, ()),
+    ("--automaton", "constraint", parse_automaton, None),
 )
 
 

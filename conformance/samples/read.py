@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 
 FINISH_EOS = ("stop", "eos")
 FINISH_LENGTH = ("length", "max_new_tokens")
+FINISH_ERROR = ("error", "abort")  # the engine ended the request itself: always a violation, named
 
 
 class SamplesInputError(ValueError):
@@ -145,9 +146,10 @@ def _parse_record(obj, where: str, line: int, vocab: int, min_context: int, max_
     if seed is not None and not _is_int(seed):
         raise SamplesInputError(f"{where}: 'seed' must be an int or null, got {seed!r}")
     finish = obj.get("finish_reason")
-    if finish is not None and finish not in FINISH_EOS + FINISH_LENGTH:
+    if finish is not None and finish not in FINISH_EOS + FINISH_LENGTH + FINISH_ERROR:
         raise SamplesInputError(
-            f"{where}: unknown finish_reason {finish!r}; expected one of {', '.join(FINISH_EOS + FINISH_LENGTH)} or null"
+            f"{where}: unknown finish_reason {finish!r}; expected one of "
+            f"{', '.join(FINISH_EOS + FINISH_LENGTH + FINISH_ERROR)} or null"
         )
     index = obj.get("index")
     if index is not None and not (_is_int(index) and index >= 0):
@@ -235,6 +237,10 @@ def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int
         c = r.completion
         if len(c) > max_new_tokens:
             problems.append(f"{where}: {len(c)} generated tokens > max_new_tokens {max_new_tokens} (wrong --max-new-tokens, or the engine ignores it)")
+            continue
+        if r.finish_reason in FINISH_ERROR:
+            problems.append(f"{where}: finish_reason {r.finish_reason!r}: the engine ended the request itself after "
+                            f"{len(c)} token(s) {list(c)}")
             continue
         if eos_id is not None and eos_id in c[:-1]:
             at = c.index(eos_id)

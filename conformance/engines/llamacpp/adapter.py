@@ -59,6 +59,7 @@ from pathlib import Path
 from ..adapter import Conventions, EngineAdapter, EngineMissingError
 from ..session import VariantSession
 from ..matrix import CASES, Configuration
+from ..features import grammar_text
 from ..serving import HttpServer, sse_events
 
 __all__ = ["ADAPTER", "CONFIGS", "VERSION", "SAMPLERS", "engine_home", "server_binary", "completion_payload",
@@ -80,6 +81,8 @@ MAIN = tuple(c.name for c in CASES if c.name != "penalty")
 SHORT = ("warp-1tok", "eos", "position", "greedy")
 #: Stop strings and streaming (``/completion``'s ``stop`` and ``stream``; its ``content`` is the text checked).
 TEXT_CASES = ("stop-strings", "stop-stream")
+#: Structured output: ``/completion``'s ``grammar`` (GBNF, :func:`conformance.engines.features.grammar_text`).
+GRAMMAR_CASES = ("grammar",)
 
 
 def _draft(k: int, **extra) -> dict:
@@ -124,12 +127,12 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs") + TEXT_CASES,
+    Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs") + TEXT_CASES + GRAMMAR_CASES,
                   note="no speculation, one slot (-np 1)"),
     Configuration("control-np4", None, {"parallel": 4}, cases=("position", "n-samples"), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
     Configuration("draft-k3", "draft-simple", _draft(3), "sample_match",
-                  cases=SHORT + ("logit-bias", "logprobs") + TEXT_CASES,
+                  cases=SHORT + ("logit-bias", "logprobs") + TEXT_CASES + GRAMMAR_CASES,
                   identical_to="control", k=3,
                   proposer="draft",
                   note="draft model, --spec-type draft-simple --spec-draft-n-max 3 --spec-draft-n-min 0 "
@@ -197,8 +200,8 @@ def completion_payload(request) -> dict:
     """``/completion``'s body for one :class:`Request`: token ids in and out, the reference warper's order, every
     other filter off, EOS never banned (see the module docstring), the seed when the request has one."""
     s = request.sampling
-    if s.min_new_tokens or s.constraint is not None:
-        raise ValueError("the llama.cpp matrix has no min_new_tokens / constraint cases")
+    if s.min_new_tokens:
+        raise ValueError("the llama.cpp matrix has no min_new_tokens case")
     body = {
         "prompt": [int(t) for t in request.prompt], "n_predict": int(request.max_new_tokens), "stream": False,
         "return_tokens": True, "cache_prompt": True, "samplers": list(SAMPLERS), "ignore_eos": False,
@@ -212,6 +215,8 @@ def completion_payload(request) -> dict:
         "frequency_penalty": float(s.frequency_penalty), "repeat_last_n": 128,  # >= the whole context
         "response_fields": ["tokens", "stop_type", "timings/draft_n", "timings/draft_n_accepted"],
     }
+    if s.constraint is not None:  # a grammar on the tokens' text; llama.cpp resamples under it: the masked law
+        body["grammar"] = grammar_text(s.constraint, request.eos_id)
     if s.logit_bias:  # llama.cpp puts its logit-bias sampler first in the chain, as the reference applies it first
         body["logit_bias"] = [[int(t), float(b)] for t, b in s.logit_bias]
     if request.seed is not None:
@@ -513,7 +518,7 @@ class LlamaCppAdapter(EngineAdapter):
 
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES, timeout_s=900.0,
+    cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES + GRAMMAR_CASES, timeout_s=900.0,
     seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(

@@ -37,7 +37,8 @@ INSTALL = "bash scripts/env.sh vllm"
 K = 3
 
 #: The offline configurations' cases: the matrix and the request features they read as token ids.
-MATRIX_CASES = tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples")
+MATRIX_CASES = tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples",
+                                               "grammar")
 #: Stop strings and streaming: through the OpenAI-compatible server (the configurations with the option ``server``,
 #: :mod:`conformance.engines.vllm.server`).
 TEXT_CASES = ("stop-strings", "stop-stream")
@@ -63,7 +64,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   cases=("logprobs",), efficiency=False,
                   note="draft-prob with logprobs_mode processed_logprobs (the rejection sampler's own logprob path)"),
     Configuration("draft-greedy", "draft_model", {"draft_sample_method": "greedy"}, "one_hot",
-                  cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok"),
+                  cases=("temperature", "warp-1tok", "warp", "position-1tok", "position", "greedy-1tok", "grammar"),
                   proposer="draft", note="draft model argmax, treated as one-hot in rejection sampling"),
     Configuration("block", "draft_model", {"draft_sample_method": "probabilistic", "rejection_sample_method": "block"},
                   "block", cases=("warp-1tok", "warp", "position", "greedy"),
@@ -124,8 +125,10 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
         kw["min_tokens"] = int(s.min_new_tokens)
     if logprobs:
         kw.update(logprobs=int(logprobs), prompt_logprobs=int(logprobs))
-    if s.constraint is not None:
-        raise ValueError("the vLLM matrix has no constraint cases")
+    if s.constraint is not None:  # structured outputs: the grammar as EBNF (a StructuredOutputsParams in _params)
+        from ..features import grammar_text
+
+        kw["structured_outputs"] = {"grammar": grammar_text(s.constraint, eos_id)}
     if s.top_k and s.top_k_ties != "all":
         raise ValueError(f"vLLM's top-k keeps every token tied with the k-th: it cannot sample top_k_ties={s.top_k_ties!r}")
     return kw
@@ -275,8 +278,13 @@ class VLLMSession:
     def _params(r):
         from vllm import SamplingParams
 
-        return SamplingParams(**vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos,
-                                                     eos_id=r.eos_id, seed=r.seed, logprobs=r.logprobs, n=r.n))
+        kw = vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos, eos_id=r.eos_id, seed=r.seed,
+                                  logprobs=r.logprobs, n=r.n)
+        if "structured_outputs" in kw:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
+        return SamplingParams(**kw)
 
     def generate(self, requests) -> list[dict]:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],

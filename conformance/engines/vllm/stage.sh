@@ -59,6 +59,10 @@ matrix_step vllm engine-patch-A "engine level: the black-box matrix, patch A" --
 # the heads unpatched ran above; with A and C the rounds rebuilt from the completions must equal the counters
 matrix_step vllm engine-patch-AC "engine level: the heads, patch A,C" --jobs 2 --patch A,C \
     --configs eagle,medusa,eagle3,eagle-prob,mtp
+# structured output (grammar) under speculation: with A alone defect C shows through the grammar (a one-token prompt
+# joining a running batch samples from an unmasked row: forbidden tokens, requests ended with an error); with C exact
+matrix_step vllm engine-patch-AC-grammar "engine level: structured output, patch A,C" --jobs 2 --patch A,C \
+    --configs draft-prob,draft-greedy --cases grammar
 # with A,C the seed probe fails on eagle-prob (recorded); with the drafts' noise and q per request it must pass
 matrix_step vllm engine-patch-ACDE "engine level: sampled EAGLE drafts, patch A,C,D,E (seeds honoured)" --jobs 1 \
     --patch A,C,D,E --configs eagle-prob
