@@ -291,7 +291,7 @@ def test_a_greedy_near_tie_is_a_numerical_flip_only_within_the_tolerance(model):
         (['{"prompt_ids": [1], "completion_ids": [2, 99, 2]}'], r"bad\.jsonl:1: 'completion_ids'\[1\] = 99 is outside the vocabulary"),
         (['{"prompt_ids": [], "completion_ids": [2, 2, 2]}'], r"bad\.jsonl:1: 'prompt_ids' is empty"),
         (['{"prompt_ids": [1], "completion_ids": [2, "x", 2]}'], r"bad\.jsonl:1: 'completion_ids' must hold ints only"),
-        (['{"prompt_ids": [1], "completion_ids": [2, 2, 2], "finish_reason": "abort"}'], r"bad\.jsonl:1: unknown finish_reason"),
+        (['{"prompt_ids": [1], "completion_ids": [2, 2, 2], "finish_reason": "halted"}'], r"bad\.jsonl:1: unknown finish_reason"),
         (
             ['{"prompt_ids": [1], "completion_ids": [2, 2, 2], "seed": 4}', "", '{"prompt_ids": [1], "completion_ids": [3, 2, 2], "seed": 4}'],
             r"bad\.jsonl:3: seed 4 was already used for this prompt on line 1",

@@ -194,3 +194,14 @@ def test_the_runner_names_each_planted_stop_string_bug(tmp_path):
     held = configs["held-back"]["cases"]["stop-stream"]
     assert held["level"] == "not_certified" and "held back" in held["explained"], held
     assert configs["held-back"]["cases"]["stop-strings"]["level"] in ("certified", "reduced")
+
+
+def test_a_request_the_engine_ended_itself_is_a_named_violation():
+    """vLLM ends a request whose token its grammar matcher cannot advance with finish_reason 'error': a violation
+    naming the tokens it returned, never an input error."""
+    recs = _records(400, 6)
+    recs[3] = dict(recs[3], completion_ids=[5], finish_reason="error", text="")
+    v = _certify(recs)
+    assert v.level == "not_certified"
+    assert any("finish_reason 'error': the engine ended the request itself after 1 token(s) [5]" in x
+               for x in v.violations), v.violations

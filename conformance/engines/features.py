@@ -1,9 +1,11 @@
 """The checks of request features beside a case's law: the log-probabilities an engine returns, the n > 1
-completions of one request, and a streamed case against its non-streamed twin.
+completions of one request, the texts it returns (stop strings, streaming) and a streamed case against its
+non-streamed twin; and the grammar text engines are given for a constraint.
 
 Engine-neutral, called by the runner on each case's file after its law's verdict. A wrong log-probability makes the
-case NOT CERTIFIED whatever its law (:mod:`conformance.engines.logprobs` states the rule); the n > 1 note is descriptive
-and names copies as the explanation of a failed law.
+case NOT CERTIFIED whatever its law (:mod:`conformance.engines.logprobs` states the rule), as does a streamed seed that
+differs from its twin where seeds are honoured; the n > 1 note and the text patterns are descriptive and name the
+explanation of a failed verdict (copies, text held back).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def grammar_text(automaton, eos_id: int) -> str:
         rules.append(f"s{state} ::= " + " | ".join(alts))
     return "\n".join(rules) + "\n"
 
+
 #: How a returned text departs from its tokens' rendering, named where one pattern explains every departure.
 TEXT_PATTERNS = {
     "held_back": "the text of the last token(s), the start of a stop string, is missing: held back in case the stop "
@@ -37,7 +40,7 @@ TEXT_PATTERNS = {
 }
 
 
-def _text_pattern(stop, tokens, got: str, finish) -> str | None:
+def _text_pattern(stop, tokens, got: str) -> str | None:
     want = stop.returned_text(tokens)
     if got == want:
         return None
@@ -67,7 +70,7 @@ def text_note(case, path: Path) -> Check | None:
         if r.get("text") is None:
             continue
         total += 1
-        kind = _text_pattern(stop, r["completion_ids"], r["text"], r.get("finish_reason"))
+        kind = _text_pattern(stop, r["completion_ids"], r["text"])
         if kind is None:
             continue
         counts[kind] = counts.get(kind, 0) + 1
