@@ -119,6 +119,8 @@ def markdown(results: dict) -> str:
             for what in ("explained", "identity", "seeds", "speculation", "condition", "rounds", "logprobs", "samples",
                          "twin", "text"):
                 x = c.get(what)
+                if what == "text" and x and x.get("text") == c.get("explained"):
+                    continue  # already the explanation line
                 if x and not (what in ("speculation", "seeds") and x.get("passed")):  # a pass is no news; a condition's
                     # evidence and its rounds are news either way (what the engine reported)
                     notes.append(f"* {cfg} / {case}, {what}: {x if isinstance(x, str) else x.get('text')}")
