@@ -82,6 +82,23 @@ class StopStrings:
         text = self.text(tokens[:j])
         return text[: text.index(self.matched(tokens))]
 
+    def departure(self, tokens: Sequence[int], got: str) -> str | None:
+        """How a returned text ``got`` departs from :meth:`returned_text` of ``tokens`` (None: it does not):
+        ``not_cut`` (the stop string left in), ``held_back`` (no stop completed, the text short of its end, which
+        begins a stop string: held back in case it completes), ``missing_end``, ``past_end``, or ``other``."""
+        want = self.returned_text(tokens)
+        if got == want:
+            return None
+        stopped = self.end(tokens) is not None
+        if stopped and got == self.text(tokens[: self.end(tokens)]):
+            return "not_cut"
+        if want.startswith(got):
+            held = len(want) - len(got)
+            if not stopped and any(want.endswith(s[:i]) for s in self.strings for i in range(1, min(len(s), held + 1))):
+                return "held_back"
+            return "missing_end"
+        return "past_end" if got.startswith(want) else "other"
+
     def label(self) -> str:
         strings = "stop " + ", ".join(repr(s) for s in self.strings) if self.strings else "no stop strings"
         return strings + (f" (token prefix {self.prefix!r})" if self.prefix else "")

@@ -205,3 +205,14 @@ def test_a_request_the_engine_ended_itself_is_a_named_violation():
     assert v.level == "not_certified"
     assert any("finish_reason 'error': the engine ended the request itself after 1 token(s) [5]" in x
                for x in v.violations), v.violations
+
+
+def test_each_way_a_text_departs_is_named():
+    """RULE.returned_text([0, 2, 1]) is ' t0 t' (stop '2 t1'); [0, 0, 2] stops nowhere and ends with '2', the start of
+    '2 t1'."""
+    assert RULE.departure([0, 2, 1], " t0 t") is None
+    assert RULE.departure([0, 2, 1], " t0 t2 t1") == "not_cut"
+    assert RULE.departure([0, 0, 2], " t0 t0 t") == "held_back"
+    assert RULE.departure([0, 0, 3], " t0 t0 t") == "missing_end"  # ' t3' begins no stop string
+    assert RULE.departure([0, 2, 1], " t0 t2") == "past_end"
+    assert RULE.departure([0, 2, 1], " t1 t") == "other"

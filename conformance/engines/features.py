@@ -31,29 +31,15 @@ def grammar_text(automaton, eos_id: int) -> str:
     return "\n".join(rules) + "\n"
 
 
-#: How a returned text departs from its tokens' rendering, named where one pattern explains every departure.
+#: How a returned text departs from its tokens' rendering (:meth:`properties.stops.StopStrings.departure`), named where
+#: one pattern explains every departure.
 TEXT_PATTERNS = {
     "held_back": "the text of the last token(s), the start of a stop string, is missing: held back in case the stop "
                  "string completes, and never sent when generation ended otherwise",
     "not_cut": "the stop string is not cut from the text",
-    "past_stop": "the text runs past the stop string",
+    "past_end": "the text runs past the stop string",
+    "missing_end": "the end of the text is missing",
 }
-
-
-def _text_pattern(stop, tokens, got: str) -> str | None:
-    want = stop.returned_text(tokens)
-    if got == want:
-        return None
-    whole = stop.text(tokens)
-    if stop.end(tokens) is not None and got == whole:
-        return "not_cut"
-    if want.startswith(got) and stop.end(tokens) is None:
-        held = len(want) - len(got)  # the text ends with the start of a stop string, within what is missing
-        if any(want.endswith(s[:i]) for s in stop.strings for i in range(1, min(len(s), held + 1))):
-            return "held_back"
-    if got.startswith(want) and stop.end(tokens) is not None:
-        return "past_stop"
-    return "other"
 
 
 def text_note(case, path: Path) -> Check | None:
@@ -70,7 +56,7 @@ def text_note(case, path: Path) -> Check | None:
         if r.get("text") is None:
             continue
         total += 1
-        kind = _text_pattern(stop, r["completion_ids"], r["text"])
+        kind = stop.departure(r["completion_ids"], r["text"])
         if kind is None:
             continue
         counts[kind] = counts.get(kind, 0) + 1

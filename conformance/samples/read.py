@@ -267,20 +267,21 @@ def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int
             problems.append(f"{where}: finish_reason {r.finish_reason!r} but the completion ends with {what}"
                             + (" (max_new_tokens judged before the stop string)" if len(c) == max_new_tokens else ""))
         if stop is not None and r.text is not None:
-            want = stop.returned_text(c)
-            if r.text != want:
+            kind = stop.departure(c, r.text)
+            if kind is not None:
+                want = stop.returned_text(c)
                 problems.append(f"{where}: text {r.text!r} but its tokens {list(c)} render as {want!r}"
-                                + _text_hint(r.text, want, stop.text(c)))
+                                + _text_hint(kind, r.text, want))
     return problems
 
 
-def _text_hint(got: str, want: str, whole: str) -> str:
-    """What a wrong returned text looks like, where a known bug explains it."""
-    if got == whole:
+def _text_hint(kind: str, got: str, want: str) -> str:
+    """The words for a wrong returned text (:meth:`properties.stops.StopStrings.departure`)."""
+    if kind == "not_cut":
         return " (the stop string was not cut from the text)"
-    if want.startswith(got):
+    if kind in ("held_back", "missing_end"):
         return f" ({len(want) - len(got)} character(s) missing at the end)"
-    if got.startswith(want):
+    if kind == "past_end":
         return f" ({len(got) - len(want)} character(s) past the end)"
     common = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
     return f" (first difference at character {common})"
