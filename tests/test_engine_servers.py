@@ -67,6 +67,21 @@ def test_a_server_that_exits_at_start_is_a_named_failure_with_its_log(tmp_path):
         srv.start()
 
 
+def test_a_server_removes_the_log_folder_it_made_after_a_stop_and_after_a_failed_start():
+    """Bug class: every server start leaving its log folder behind (hundreds of megabytes of llama-server logs per
+    stage in the temporary folder); the failure's text is read before its folder goes."""
+    srv = HttpServer("echo", [sys.executable, "-c", ECHO, "{port}"], start_timeout_s=30)
+    folder = srv.log_path.parent
+    srv.start()
+    srv.stop()
+    assert not folder.exists()
+    broken = HttpServer("broken", [sys.executable, "-c", "import sys; print('no such model'); sys.exit(3)"],
+                        start_timeout_s=30)
+    with pytest.raises(RuntimeError, match=r"broken server exited with 3: .*no such model"):
+        broken.start()
+    assert not broken.log_path.parent.exists()
+
+
 def _request(**kw):
     base = dict(case="stop-strings", prompt=(0,), sampling=SamplingConfig(temperature=1.0), max_new_tokens=5, eos=True,
                 eos_id=7, seed=11, stop=("t6 t4", "t5"), stream=False)

@@ -4,7 +4,9 @@ Engine-neutral (the vLLM and llama.cpp adapters start their servers through it).
 only, on a free port, in the caller's process group (the runner's group kill stops it too, never a new session); it
 is healthy when its health path answers 200 within the start timeout, else the start fails with its log's last lines
 (a port taken between choosing and binding it is retried on another, twice);
-:meth:`HttpServer.stop` terminates it (kill after 10 s) and is safe to call twice; every call has a timeout; a dropped
+:meth:`HttpServer.stop` terminates it (kill after 10 s) and is safe to call twice; the log folder it made itself (no
+``log_dir`` given) is removed by ``stop`` and by a failed start, after the failure's text is read, so a run leaves
+nothing behind in the temporary folder; every call has a timeout; a dropped
 keep-alive connection is retried once on a new one; a non-200 answer raises with the body's start.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -67,7 +70,8 @@ class HttpServer:
                  start_timeout_s: float = 180.0, request_timeout_s: float = 120.0, log_dir: str | None = None):
         self.name, self.command, self.health, self.env = name, list(command), health, env
         self.start_timeout_s, self.request_timeout_s = start_timeout_s, request_timeout_s
-        folder = Path(log_dir or tempfile.mkdtemp(prefix=f"specdec-{name}-"))
+        self._own_dir = None if log_dir else Path(tempfile.mkdtemp(prefix=f"specdec-{name}-"))
+        folder = Path(log_dir) if log_dir else self._own_dir
         folder.mkdir(parents=True, exist_ok=True)
         self.log_path = folder / f"{name}-{os.getpid()}-{id(self)}.log"
         self.proc, self.port, self._local, self._log = None, None, threading.local(), None
@@ -84,6 +88,10 @@ class HttpServer:
             return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-n:])
         except OSError:
             return ""
+
+    def failure_text(self) -> str:
+        """What a failed start says after its cause (default: the log's last lines)."""
+        return self.log_tail()
 
     def start(self) -> None:
         for attempt in range(3):
@@ -107,11 +115,13 @@ class HttpServer:
                     pass
                 time.sleep(0.1)
             code = self.proc.poll()
-            self.stop()
+            self._terminate()
             if "bind" not in self.log_tail(20).lower():  # a port race is retried, anything else is the failure
                 break
         why = f"exited with {code}" if code is not None else f"not healthy after {self.start_timeout_s:.0f} s"
-        raise RuntimeError(f"{self.name} server {why}: {self.log_tail()}")
+        text = self.failure_text()
+        self.stop()
+        raise RuntimeError(f"{self.name} server {why}: {text}")
 
     def call(self, method: str, path: str, body: dict | bytes | None = None, timeout: float | None = None) -> bytes:
         """The answer's body (``body``: JSON-encoded when a dict); raises naming the call on anything but 200."""
@@ -137,7 +147,13 @@ class HttpServer:
         raise AssertionError("unreachable")
 
     def stop(self) -> None:
-        """Terminate the server (kill after 10 s), then any process it started that outlived it."""
+        """Terminate the server (kill after 10 s), then any process it started that outlived it; remove the log
+        folder it made."""
+        self._terminate()
+        if self._own_dir is not None:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
+
+    def _terminate(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             children = _descendants(self.proc.pid)
             self.proc.terminate()

@@ -52,7 +52,6 @@ import json
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -332,8 +331,7 @@ class Server(HttpServer):
         super().__init__("llama-server", [self.binary, "-m", self.model, "--host", "127.0.0.1", "--port", "{port}",
                                           "-t", "1", "-tb", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off",
                                           "--metrics", "--no-webui", *self.args],
-                         start_timeout_s=START_TIMEOUT_S, request_timeout_s=REQUEST_TIMEOUT_S,
-                         log_dir=log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-"))
+                         start_timeout_s=START_TIMEOUT_S, request_timeout_s=REQUEST_TIMEOUT_S, log_dir=log_dir)
 
     def log_errors(self, n: int = 4) -> str:
         """The server log's error lines (level ``E``, ``GGML_ASSERT``, ``... MTP layers``), timestamps and the
@@ -347,12 +345,15 @@ class Server(HttpServer):
                 or "doesn't contain" in ln]
         return " | ".join(dict.fromkeys(keep[:n]))
 
+    def failure_text(self) -> str:
+        return (f"{self.log_errors() or self.log_tail(6)} "
+                f"({' '.join(self.command[2:]).replace('{port}', str(self.port))})")
+
     def start(self) -> None:
         try:
             super().start()
-        except RuntimeError:
-            raise RuntimeError(f"llama-server did not become healthy: {self.log_errors() or self.log_tail(6)} "
-                               f"({' '.join(self.command[2:]).replace('{port}', str(self.port))})") from None
+        except RuntimeError as exc:
+            raise RuntimeError(f"llama-server did not become healthy: {str(exc).split(': ', 1)[-1]}") from None
 
     def _call(self, method: str, path: str, body: bytes | None = None, timeout: float = REQUEST_TIMEOUT_S) -> bytes:
         return self.call(method, path, body, timeout)
@@ -398,7 +399,7 @@ class LlamaCppSession(VariantSession):
             self.paths, self.models = export((pair.target.name, pair.draft.name)), (pair.target.name, pair.draft.name)
         self.parallel = int(cfg.options.get("parallel", 1))
         self.threads = max(2, min(2 * self.parallel, 8))
-        self.log_dir = log_dir or tempfile.mkdtemp(prefix="specdec-llamacpp-")
+        self.log_dir = log_dir  # None: each server's own temporary folder, removed when it stops
         if cfg.options.get("start_at_open"):  # a set-up llama.cpp refuses: its error is the row's load error
             self.instance("plain")
 
