@@ -1,7 +1,7 @@
 """Independent float64 oracle of the history-dependent sampling steps (plain numpy; one row, or every row at once).
 
 This module deliberately does not import :mod:`specdec_ref.history` (the implementation under test): it
-re-states the five steps from their definition and only reads the settings off
+re-states the steps from their definition and only reads the settings off
 :class:`specdec_ref.warp.SamplingConfig` (and the ``transitions`` / ``start`` data of its constraint
 automaton). At a position whose history is the prompt ``P`` and the generated tokens ``G``, the raw
 logits ``z`` become, in this order:
@@ -11,7 +11,9 @@ logits ``z`` become, in this order:
 3. ``z[v] -= presence * [count_G(v) > 0] + frequency * count_G(v)`` (generated tokens only);
 4. while ``len(G) < min_new_tokens``, ``z[e] = -inf`` for every EOS id ``e`` (``eos_id``: None, one id or several);
 5. with a constraint, ``z[v] = -inf`` for every ``v`` forbidden in the state reached by reading ``G``
-   from the automaton's start (the prompt is not read).
+   from the automaton's start (the prompt is not read);
+6. for every bad word ``w``, ``z[w[-1]] = -inf`` when ``G`` ends with ``w[:-1]`` (read off the words directly, not
+   through an automaton; the prompt is not read).
 
 Temperature / top-k / top-p / min-p come after and are not applied here.
 """
@@ -37,7 +39,7 @@ def eos_set(eos_id) -> tuple[int, ...]:
 
 
 def history_settings_on(config) -> bool:
-    """Whether any of the five history steps can change a logit (the oracle's own reading of ``config``)."""
+    """Whether any of the history steps can change a logit (the oracle's own reading of ``config``)."""
     return bool(
         config.logit_bias
         or config.repetition_penalty != 1.0
@@ -45,6 +47,7 @@ def history_settings_on(config) -> bool:
         or config.frequency_penalty
         or config.min_new_tokens
         or config.constraint is not None
+        or config.bad_words
     )
 
 
@@ -60,7 +63,7 @@ def automaton_state(constraint, generated: Sequence[int]) -> int:
 
 
 def history_row(z, config, prompt: Sequence[int], generated: Sequence[int], eos_id=None) -> np.ndarray:
-    """Steps 1-5 (module docstring) on one row of raw logits ``z [V]``: a new float64 array.
+    """Steps 1-6 (module docstring) on one row of raw logits ``z [V]``: a new float64 array.
 
     Raises ValueError when a token id is outside the vocabulary or when no token is left (e.g. a
     constraint state allowing only EOS while ``min_new_tokens`` masks it).
@@ -84,7 +87,7 @@ def history_logits(logits, config, prompt: Sequence[int], generated: Sequence[Se
 
 
 def _history_rows(z: np.ndarray, config, prompt: list[int], generated: list[list[int]], eos_id) -> np.ndarray:
-    """Steps 1-5 on every row of ``z [F, V]`` (float64, changed in place) with history ``prompt`` + ``generated[i]``:
+    """Steps 1-6 on every row of ``z [F, V]`` (float64, changed in place) with history ``prompt`` + ``generated[i]``:
     one count matrix for the generated tokens, steps 1-3 on the whole array, 4-5 on the rows they concern; no row's
     result depends on the others."""
     vocab = z.shape[-1]
@@ -116,6 +119,13 @@ def _history_rows(z: np.ndarray, config, prompt: list[int], generated: list[list
             if table.shape[0] != vocab:
                 raise ValueError(f"constraint automaton has {table.shape[0]} tokens per state, the vocabulary has V={vocab}")
             z[i, table < 0] = -np.inf
+    for w in config.bad_words:  # 6
+        if not all(0 <= t < vocab for t in w):
+            raise ValueError(f"bad word {list(w)} names a token outside the vocabulary [0, {vocab})")
+        k = len(w) - 1
+        for i, g in enumerate(generated):
+            if len(g) >= k and tuple(g[len(g) - k:]) == tuple(w[:k]):
+                z[i, w[-1]] = -np.inf
     dead = ~np.isfinite(z).any(-1)
     if dead.any():
         i = int(dead.nonzero()[0][0])

@@ -2,6 +2,9 @@
 
 :class:`TokenAutomaton` is the value of ``SamplingConfig.constraint`` (``specdec_ref.warp``); the per-row state
 machine that applies it while decoding lives in :mod:`specdec_ref.history` (which re-exports the class).
+``SamplingConfig.bad_words`` is an automaton too (:meth:`TokenAutomaton.forbidding`): a word ``w`` forbids its
+last token wherever the generated tokens end with ``w[:-1]``; with a constraint as well, a row runs the product
+(:func:`automaton_of`).
 """
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["TokenAutomaton"]
+__all__ = ["TokenAutomaton", "automaton_of"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,67 @@ class TokenAutomaton:
     def as_dict(self) -> dict:
         return {"transitions": [list(r) for r in self.transitions], "start": self.start}
 
+    @classmethod
+    def forbidding(cls, words: Sequence[Sequence[int]], vocab: int) -> "TokenAutomaton":
+        """The automaton of "bad words": token ``w[-1]`` is forbidden wherever the generated tokens end with
+        ``w[:-1]`` (a one-token word: everywhere; the prompt is not read, as vLLM's ``bad_words`` reads the output
+        only). A state is the longest end of the generated tokens that begins some word (Aho-Corasick); raises
+        ValueError when the words forbid every token somewhere."""
+        words = [tuple(int(t) for t in w) for w in words]
+        if not words or any(not w for w in words) or any(not 0 <= t < vocab for w in words for t in w):
+            raise ValueError(f"bad words must be non-empty token-id sequences in [0, {vocab}), got {words!r}")
+        begins = {w[:i] for w in words for i in range(len(w))}  # proper beginnings of words, () included
+
+        def state_of(seq: tuple) -> tuple:
+            return next(seq[i:] for i in range(len(seq) + 1) if seq[i:] in begins)
+
+        states, index, rows = [()], {(): 0}, []
+        for seq in states:  # grows while reading: breadth-first over the reachable states
+            row = []
+            for v in range(vocab):
+                nxt = seq + (v,)
+                if any(nxt[len(nxt) - len(w):] == w for w in words if len(w) <= len(nxt)):
+                    row.append(-1)
+                    continue
+                target = state_of(nxt)
+                if target not in index:
+                    index[target] = len(states)
+                    states.append(target)
+                row.append(index[target])
+            rows.append(tuple(row))
+        return cls(tuple(rows))
+
+    def product(self, other: "TokenAutomaton") -> "TokenAutomaton":
+        """Both automata at once: a token is allowed where both allow it (reachable state pairs only)."""
+        if other.vocab != self.vocab:
+            raise ValueError(f"automata over {self.vocab} and {other.vocab} tokens")
+        start = (self.start, other.start)
+        pairs, index, rows = [start], {start: 0}, []
+        for a, b in pairs:
+            row = []
+            for v in range(self.vocab):
+                na, nb = self.transitions[a][v], other.transitions[b][v]
+                if na < 0 or nb < 0:
+                    row.append(-1)
+                    continue
+                if (na, nb) not in index:
+                    index[(na, nb)] = len(pairs)
+                    pairs.append((na, nb))
+                row.append(index[(na, nb)])
+            rows.append(tuple(row))
+        return TokenAutomaton(tuple(rows))
+
 
 @functools.lru_cache(maxsize=64)
 def _table(automaton: TokenAutomaton, device: str) -> torch.Tensor:
     return torch.tensor(automaton.transitions, dtype=torch.long, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def automaton_of(constraint: "TokenAutomaton | None", bad_words: tuple, vocab: int) -> "TokenAutomaton | None":
+    """The automaton a row runs: its constraint, its bad words' (:meth:`TokenAutomaton.forbidding`), their product
+    when it has both, or None."""
+    words = TokenAutomaton.forbidding(bad_words, vocab) if bad_words else None
+    if constraint is None or words is None:
+        return constraint or words
+    return constraint.product(words)

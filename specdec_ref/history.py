@@ -10,8 +10,9 @@ the drafts before that position), the raw logits ``z`` go through, in this order
 3. ``presence_penalty a`` and ``frequency_penalty f`` (OpenAI / vLLM, generated tokens only):
    ``z[v] -= a * [count_G(v) > 0] + f * count_G(v)``;
 4. ``min_new_tokens n``: while ``len(G) < n`` every EOS id of the request gets ``-inf``;
-5. ``constraint`` (a :class:`TokenAutomaton`, the stand-in for a grammar): tokens the automaton
-   forbids in the state reached by reading ``G`` get ``-inf``;
+5. ``constraint`` (a :class:`TokenAutomaton`, the stand-in for a grammar) and ``bad_words``: tokens the automaton
+   forbids in the state reached by reading ``G`` get ``-inf`` (bad words are an automaton too, run as the product
+   with the constraint: :func:`specdec_ref.automaton.automaton_of`);
 
 then greedy takes the first-index argmax, and sampling applies :func:`specdec_ref.warp.warp_logits`
 (temperature, top-k, top-p, min-p) and the softmax.
@@ -33,7 +34,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from .automaton import TokenAutomaton
+from .automaton import TokenAutomaton, automaton_of
 from .warp import SamplingConfig, warp_logits
 
 __all__ = ["TokenAutomaton", "SamplingState", "process_logits", "warp_rows"]
@@ -89,6 +90,7 @@ class SamplingState:
                 raise ValueError(f"logit_bias names token {bad[0]}, outside the vocabulary [0, {vocab})")
             if c.constraint is not None and c.constraint.vocab != vocab:
                 raise ValueError(f"constraint automaton has {c.constraint.vocab} tokens per state, the vocabulary has V={vocab}")
+        self.automata = [automaton_of(c.constraint, c.bad_words, vocab) for c in self.configs]
         if not self.active:
             return
         rows = [i for i, p in enumerate(prompts) for _ in p]
@@ -98,7 +100,7 @@ class SamplingState:
         self.seen[index[0], index[1]] = True  # one scatter for every prompt
         self.counts = torch.zeros(b, vocab, dtype=torch.float32, device=self.device)
         self.generated = torch.zeros(b, dtype=torch.long, device=self.device)
-        self.state = torch.tensor([c.constraint.start if c.constraint else 0 for c in self.configs], dtype=torch.long, device=self.device)
+        self.state = torch.tensor([a.start if a else 0 for a in self.automata], dtype=torch.long, device=self.device)
 
     def __len__(self) -> int:
         return len(self.configs)
@@ -124,7 +126,7 @@ class SamplingState:
 
     def _step_states(self, state: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
         out = state
-        for _, rows, c in _groups([c.constraint for c in self.configs], self.device):
+        for _, rows, c in _groups(self.automata, self.device):
             if c is None:
                 continue
             nxt = c.table(self.device)[state[rows], token[rows].clamp_min(0)].clamp_min(0)
@@ -149,6 +151,7 @@ class SamplingState:
     def select(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (finished requests leave the batch), in that order."""
         self.configs = [self.configs[i] for i in rows]
+        self.automata = [self.automata[i] for i in rows]
         self.eos_ids = [self.eos_ids[i] for i in rows]
         if not self.active:
             return
@@ -175,8 +178,9 @@ def _apply_one(x: torch.Tensor, config: SamplingConfig, eos_ids: Sequence[tuple[
         is_eos = _eos_mask(tuple(eos_ids), x.shape[-1], x.device)
         early = hist["generated"] < config.min_new_tokens  # [b, m]
         x = x.masked_fill(early.unsqueeze(-1) & is_eos.unsqueeze(1), float("-inf"))
-    if config.constraint is not None:
-        allowed = config.constraint.table(x.device)[hist["state"]] >= 0  # [b, m, V]
+    automaton = automaton_of(config.constraint, config.bad_words, x.shape[-1])
+    if automaton is not None:
+        allowed = automaton.table(x.device)[hist["state"]] >= 0  # [b, m, V]
         x = x.masked_fill(~allowed, float("-inf"))
     return x
 

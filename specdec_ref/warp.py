@@ -42,12 +42,13 @@ class SamplingConfig:
 
     ``greedy=True`` takes the first-index argmax and ignores ``temperature``, ``top_k``, ``top_p`` and
     ``min_p``; the history-dependent settings (penalties, ``logit_bias``, ``min_new_tokens``,
-    ``constraint``) apply to greedy and sampling alike (see :mod:`specdec_ref.history` for their exact
+    ``constraint``, ``bad_words``) apply to greedy and sampling alike (see :mod:`specdec_ref.history` for their exact
     definitions and order). ``logit_bias`` may be given as a dict; it is stored as sorted
     ``(token, bias)`` pairs so that the config stays hashable. ``top_k_ties`` is the top-k tie rule
     (:data:`TOP_K_TIES`, :func:`top_k_filter`): ``"all"`` keeps every token tied with the k-th largest
     logit (more than k tokens at a tie), ``"lowest_ids"`` keeps exactly k, breaking ties at the boundary
-    by the smallest id.
+    by the smallest id. ``bad_words``: token-id sequences; a word's last token is forbidden wherever the generated
+    tokens end with the rest of it (stored as a tuple of tuples; :meth:`specdec_ref.automaton.TokenAutomaton.forbidding`).
     """
 
     greedy: bool = False
@@ -62,6 +63,7 @@ class SamplingConfig:
     min_new_tokens: int = 0
     constraint: "TokenAutomaton | None" = field(default=None)
     top_k_ties: str = "all"
+    bad_words: Any = ()
 
     def __post_init__(self):
         if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature > 0):
@@ -89,13 +91,14 @@ class SamplingConfig:
         if self.constraint is not None:
             if not isinstance(self.constraint, TokenAutomaton):
                 raise ValueError(f"constraint must be a specdec_ref.history.TokenAutomaton or None, got {type(self.constraint).__name__}")
+        object.__setattr__(self, "bad_words", _words(self.bad_words))
 
     @property
     def history_dependent(self) -> bool:
         """Whether a token's probabilities depend on the tokens before it (penalties, bias, min_new_tokens, constraint)."""
         return bool(
             self.repetition_penalty != 1.0 or self.presence_penalty or self.frequency_penalty or self.logit_bias
-            or self.min_new_tokens or self.constraint is not None
+            or self.min_new_tokens or self.constraint is not None or self.bad_words
         )
 
     def as_dict(self) -> dict:
@@ -106,13 +109,14 @@ class SamplingConfig:
             "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
             "logit_bias": [list(pair) for pair in self.logit_bias], "min_new_tokens": self.min_new_tokens,
             "constraint": None if self.constraint is None else self.constraint.as_dict(),
-            "top_k_ties": self.top_k_ties,
+            "top_k_ties": self.top_k_ties, "bad_words": [list(w) for w in self.bad_words],
         }
 
     def label(self) -> str:
         """``"temperature=0.7, top_k=2, frequency_penalty=0.5"``: the settings that are on, for messages."""
         off = {"greedy": False, "temperature": 1.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-               "frequency_penalty": 0.0, "logit_bias": [], "min_new_tokens": 0, "top_k_ties": "all"}
+               "frequency_penalty": 0.0, "logit_bias": [], "min_new_tokens": 0, "top_k_ties": "all",
+               "bad_words": []}
         on = {k: v for k, v in self.as_dict().items() if v is not None and off.get(k, None) != v}
         if self.constraint is not None:
             on["constraint"] = f"{self.constraint.num_states}-state automaton"
@@ -125,6 +129,18 @@ TOP_K_TIES = ("all", "lowest_ids")
 
 def _real(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _words(words) -> tuple[tuple[int, ...], ...]:
+    """``bad_words`` as a tuple of non-empty tuples of token ids >= 0 (ValueError otherwise)."""
+    try:
+        out = tuple(tuple(w) for w in words)
+    except TypeError:
+        raise ValueError(f"bad_words must be token-id sequences, got {words!r}") from None
+    for w in out:
+        if not w or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in w):
+            raise ValueError(f"bad_words: each word is a non-empty sequence of token ids >= 0, got {list(w)!r}")
+    return out
 
 
 def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:

@@ -301,7 +301,7 @@ def test_an_unstated_tie_rule_leaves_out_every_case_whose_law_depends_on_it():
     assert dependent == {"warp-1tok", "warp", "ties", "position-1tok", "position"}
     ad = dc_replace(vllm.ADAPTER, conventions=adapters.Conventions(top_k_ties="unstated"))
     features = {"logit-bias", "min-tokens", "frequency", "logprobs", "n-samples", "stop-strings", "stop-stream",
-                "grammar"}
+                "grammar", "bad-words"}
     assert {c.name for c in ad.all_cases()} == ({c.name for c in matrix.CASES} | features) - dependent
     assert len(vllm.ADAPTER.all_cases()) == len(matrix.CASES) + len(features)  # and the request features
 

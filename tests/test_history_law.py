@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis import strategies as st
 
 from conformance.samples import split_ties
 from properties.history_law import history_logits, history_row
 from properties.sequences import boundary_margin, continuation_law, next_token_law, processed_logits64, row_margins
+from specdec_ref.automaton import automaton_of
 from specdec_ref.history import SamplingState, TokenAutomaton, process_logits, warp_rows
 from specdec_ref.warp import SamplingConfig, warp
 
@@ -253,6 +254,7 @@ def history_configs(draw, vocab: int, eos: tuple[int, ...]):
         logit_bias=draw(st.dictionaries(st.integers(0, vocab - 1), st.floats(-3, 3, allow_nan=False), max_size=3)),
         min_new_tokens=draw(st.integers(0, 3)),
         constraint=draw(st.none() | automata(vocab, eos)),
+        bad_words=draw(st.lists(st.lists(st.integers(0, vocab - 1), min_size=2, max_size=3), max_size=2)),
     )
 
 
@@ -268,12 +270,20 @@ def test_oracle_agrees_with_the_implementation(data):
     eos_ids = tuple(data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=2, unique=True), label="eos ids"))
     eos = eos_ids[0] if len(eos_ids) == 1 else eos_ids
     config = data.draw(history_configs(vocab, eos_ids), label="config")
+    try:  # a constraint whose product with the bad words leaves a state without tokens is refused at once
+        automaton_of(config.constraint, config.bad_words, vocab)
+    except ValueError:
+        reject()
     prompt = data.draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=4), label="prompt")
     n = data.draw(st.integers(1, 4), label="n")
     # a random prefix of positive probability (not through EOS: generation would stop there)
     prefix: list[int] = []
     while len(prefix) < n - 1:
-        p = next_token_law(model, prompt, [prefix], config, eos_id=eos)[0]
+        try:
+            p = next_token_law(model, prompt, [prefix], config, eos_id=eos)[0]
+        except ValueError as exc:  # bad words and min_new_tokens together left no token: the oracle says so
+            assert "no token is allowed" in str(exc), exc
+            reject()
         choices = [v for v in range(vocab) if p[v] > 0 and v not in eos_ids]
         if not choices:
             break

@@ -115,6 +115,7 @@ class Case:
         parts += ["bias " + " ".join(f"{t}:{b:+g}" for t, b in s.logit_bias)] if s.logit_bias else []
         parts += [f"min tokens {s.min_new_tokens}"] if s.min_new_tokens else []
         parts += [f"grammar ({s.constraint.num_states} states)"] if s.constraint is not None else []
+        parts += ["bad words " + ", ".join(" ".join(str(t) for t in w) for w in s.bad_words)] if s.bad_words else []
         parts += [f"logprobs top-{self.logprobs}"] if self.logprobs else []
         parts += [f"n {self.samples} per request"] if self.samples > 1 else []
         parts += ["stop " + " ".join(repr(s) for s in self.stops)] if self.stops else []
@@ -133,6 +134,11 @@ G = 200  # greedy: every completion is checked token for token
 #: state 0, t0 t1 t2 and EOS keep it, t3 moves to state 1; in state 1 only t4 t5 t6 are allowed (no EOS), each back
 #: to state 0. As a regular expression on the tokens' text: ``(t0|t1|t2|t3(t4|t5|t6))*``.
 GRAMMAR = TokenAutomaton(((0, 0, 0, 1, -1, -1, -1, 0), (-1, -1, -1, -1, 0, 0, 0, -1)))
+
+#: The bad-words case's words (token ids; vLLM takes them as text, ``t0 t0`` and ``t1 t2 t1``): the rule reads the
+#: generated tokens only, drafts earlier in a block included; the prompt (``[2, 5]``: two tokens, so that vLLM's
+#: defect C, a one-token prompt's first token, stays out of it) ends with no word's beginning.
+BAD_WORDS = ((0, 0), (1, 2, 1))
 
 CASES: tuple[Case, ...] = (
     Case("temperature", "order1", (0, 3), SamplingConfig(temperature=0.6), 3, False, False, N,
@@ -198,6 +204,11 @@ FEATURE_CASES: tuple[Case, ...] = (
          "before their last token, often inside a draft block) and EOS is allowed only in the first state (30 % end "
          "there). A token the grammar forbids is an impossible event (drafts checked against the block's first "
          "state; the grammar not advanced over accepted drafts); ignored, the law departs by TV 0.78", 1_600_000),
+    Case("bad-words", "order1", (2, 5), SamplingConfig(temperature=1.0, bad_words=BAD_WORDS), 5, True, True, N,
+         "bad words (BAD_WORDS): t0 never right after a generated t0 (60 % of free completions hold 't0 t0'), t1 never "
+         "after a generated 't1 t2' (a three-token word; banning t1 after any t2 departs by TV 0.16, dropping the word "
+         "by TV 0.06). A completion holding a word is an impossible event (the ban read off the committed tokens "
+         "only, drafts earlier in the block ignored); ignored, the law departs by TV 0.63", 1_700_000),
 )
 
 

@@ -399,7 +399,7 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
              "--configs", cfg.name, "--cases", case.name] + (["--patch", patch] if patch else [])
     logprobs_only = c.logprobs is not None and c.logprobs.passed is False and c.law_level in (Level.CERTIFIED, Level.REDUCED)
     if (len(case.prompts) > 1 or not c.failed or c.level is Level.NOT_REACHED or logprobs_only or case.texts
-            or case.sampling.constraint is not None):
+            or case.sampling.constraint is not None or case.sampling.bad_words):
         # the standalone scripts replay one prompt's law, token ids only
         return " ".join(shlex.quote(a) for a in rerun)
     dep = c.departure or ""

@@ -60,7 +60,9 @@ def _add_extra_setting_args(parser: argparse.ArgumentParser) -> None:
         help = (f"the engine's {name}, TOKEN:BIAS[,TOKEN:BIAS...] (default: none)" if name == "logit_bias" else
                 'the engine\'s constraint (grammar, regex, choice) as a token automaton, JSON {"transitions": [[next '
                 'state or -1 per token id] per state], "start": 0} (default: none)' if name == "constraint"
-                else f"the engine's {name} (default: off)")
+                else "the engine's bad words as token ids, a word's ids separated by spaces, words by ';' (\"3 1;5\": "
+                "t1 never right after a generated t3, t5 never; the prompt is not read) (default: none)"
+                if name == "bad_words" else f"the engine's {name} (default: off)")
         parser.add_argument(flag, dest=name, type=_flag_type(kind), default=off, help=help)
 
 

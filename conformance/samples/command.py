@@ -21,8 +21,8 @@ def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens:
                    looks: Looks | None = None, stop=None) -> str:
     """The command line that reproduces a verdict (``stop``: its :class:`properties.stops.StopStrings`)."""
     args = ["python", "-m", "conformance.samples", "--model", model_name]
-    for flag, _, value in extra_settings_on(sampling):
-        args += [flag, setting_text(value)]
+    for flag, name, value in extra_settings_on(sampling):
+        args += [flag, setting_text(value, name)]
     if sampling.greedy:
         args.append("--greedy")
         if tolerance is not None:

@@ -142,7 +142,7 @@ def explain(model, sampling: SamplingConfig, contexts: dict, rejudge, *, eos_id)
         else:
             names = [s.name for s in what]
             names = ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
-            declared = ", ".join(f"{s.flag} {setting_text(getattr(sampling, s.name))}" for s in what)
+            declared = ", ".join(f"{s.flag} {setting_text(getattr(sampling, s.name), s.name)}" for s in what)
             verb = "has" if len(what) == 1 else "have"
             line = f"{names} {verb} no effect: the file fits the law without {'it' if len(what) == 1 else 'them'} " \
                    f"(declared {declared}), {fit}"

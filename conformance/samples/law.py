@@ -53,9 +53,25 @@ def parse_automaton(text: str):
     return TokenAutomaton(tuple(tuple(row) for row in data["transitions"]), int(data.get("start", 0)))
 
 
-def setting_text(value) -> str:
-    """A setting's value as its flag takes it (``logit_bias`` pairs as ``3:2.5,5:-1``, an automaton as compact
-    JSON)."""
+def parse_bad_words(text: str) -> tuple[tuple[int, ...], ...]:
+    """``--bad-words``'s value: ``"3 1;5"`` -> ``((3, 1), (5,))`` (words separated by ``;``, a word's token ids by
+    spaces)."""
+    words = []
+    for item in text.split(";"):
+        try:
+            words.append(tuple(int(t) for t in item.split()))
+        except ValueError:
+            raise ValueError(f"bad word {item!r} is not token ids separated by spaces") from None
+        if not words[-1]:
+            raise ValueError(f"bad words {text!r}: an empty word (words are separated by ';')")
+    return tuple(words)
+
+
+def setting_text(value, name: str | None = None) -> str:
+    """A setting's value as its flag takes it (``logit_bias`` pairs as ``3:2.5,5:-1``, ``bad_words`` as ``3 1;5``,
+    an automaton as compact JSON)."""
+    if name == "bad_words":
+        return ";".join(" ".join(str(t) for t in w) for w in value)
     if hasattr(value, "transitions"):
         import json
 
@@ -74,6 +90,7 @@ _EXTRA_SETTINGS = (
     ("--min-new-tokens", "min_new_tokens", int, 0),
     ("--logit-bias", "logit_bias", parse_logit_bias, ()),
     ("--automaton", "constraint", parse_automaton, None),
+    ("--bad-words", "bad_words", parse_bad_words, ()),
 )
 
 
@@ -94,7 +111,7 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None, stop=None) -> 
             parts.append(f"top_k_ties={sampling.top_k_ties}")
         if sampling.top_p is not None:
             parts.append(f"top_p={sampling.top_p:g}")
-    parts += [f"{name}={setting_text(value)}" for _, name, value in extra_settings_on(sampling)]
+    parts += [f"{name}={setting_text(value, name)}" for _, name, value in extra_settings_on(sampling)]
     parts.append(f"eos_id={eos_id}" if eos_id is not None else "no EOS stop")
     if stop is not None:
         parts.append(stop.label())

@@ -38,7 +38,7 @@ K = 3
 
 #: The offline configurations' cases: the matrix and the request features they read as token ids.
 MATRIX_CASES = tuple(c.name for c in CASES) + ("logit-bias", "min-tokens", "frequency", "logprobs", "n-samples",
-                                               "grammar")
+                                               "grammar", "bad-words")
 #: Stop strings and streaming: through the OpenAI-compatible server (the configurations with the option ``server``,
 #: :mod:`conformance.engines.vllm.server`).
 TEXT_CASES = ("stop-strings", "stop-stream")
@@ -101,11 +101,12 @@ CONFIGS: tuple[Configuration, ...] = (
 
 
 def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, eos_id: int, seed,
-                         logprobs: int | None = None, n: int = 1) -> dict:
+                         logprobs: int | None = None, n: int = 1, bad_words: list[str] | None = None) -> dict:
     """``SamplingParams`` keyword arguments for one request: every filter set to its explicit off value
     (vLLM: ``top_k=0``, ``top_p=1``, ``min_p=0``), greedy as temperature 0, token ids only; ``logprobs``: the top n
     log-probabilities of every generated and every prompt token (``logprobs``, ``prompt_logprobs``); ``n``:
-    completions per request (vLLM seeds the j-th with ``seed + j``)."""
+    completions per request (vLLM seeds the j-th with ``seed + j``); ``bad_words``: the settings' bad words as text
+    (vLLM takes strings and tokenizes them: :meth:`VLLMSession.bad_word_texts`), required when they hold any."""
     s = sampling
     kw = dict(n=int(n), max_tokens=max_new_tokens, seed=seed, detokenize=False,
               repetition_penalty=float(s.repetition_penalty), presence_penalty=float(s.presence_penalty),
@@ -129,6 +130,10 @@ def vllm_sampling_kwargs(sampling: SamplingConfig, *, max_new_tokens: int, eos: 
         from ..features import grammar_text
 
         kw["structured_outputs"] = {"grammar": grammar_text(s.constraint, eos_id)}
+    if s.bad_words:
+        if bad_words is None or len(bad_words) != len(s.bad_words):
+            raise ValueError("bad_words reach vLLM as text: this request path renders none (offline sessions only)")
+        kw["bad_words"] = list(bad_words)
     if s.top_k and s.top_k_ties != "all":
         raise ValueError(f"vLLM's top-k keeps every token tied with the k-th: it cannot sample top_k_ties={s.top_k_ties!r}")
     return kw
@@ -255,6 +260,7 @@ class VLLMSession:
         extra = {"per_request_spec_decode_metrics": "detailed"} if cfg.proposer or cfg.sampled_proposer else {}
         if "logprobs_mode" in cfg.options:
             extra["logprobs_mode"] = cfg.options["logprobs_mode"]
+        self.names = pair.target.token_names()
         self.llm = LLM(model=target_path(cfg, pair),
                        speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
                        **(engine_args or ENGINE_ARGS), **extra)
@@ -274,17 +280,32 @@ class VLLMSession:
         out["max_model_len"] = int(vc.model_config.max_model_len)
         return out
 
-    @staticmethod
-    def _params(r):
+    def _params(self, r):
         from vllm import SamplingParams
 
+        words = self.bad_word_texts(r.sampling.bad_words) if r.sampling.bad_words else None
         kw = vllm_sampling_kwargs(r.sampling, max_new_tokens=r.max_new_tokens, eos=r.eos, eos_id=r.eos_id, seed=r.seed,
-                                  logprobs=r.logprobs, n=r.n)
+                                  logprobs=r.logprobs, n=r.n, bad_words=words)
         if "structured_outputs" in kw:
             from vllm.sampling_params import StructuredOutputsParams
 
             kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
         return SamplingParams(**kw)
+
+    def bad_word_texts(self, words) -> list[str]:
+        """``bad_words`` as vLLM takes them, text (its tokenizer encodes each word back, with and without a leading
+        space): the target's token names joined by spaces (the exactly-known models' word-level tokenizer); raises
+        when the tokenizer does not give the ids back, so a word can never silently ban other tokens."""
+        names = self.names
+        tok = self.llm.get_tokenizer()
+        out = []
+        for w in words:
+            text = " ".join(names[t] for t in w)
+            back = tok.encode(text, add_special_tokens=False)
+            if list(back) != list(w):
+                raise ValueError(f"bad word {list(w)}: {text!r} encodes to {list(back)} in vLLM's tokenizer")
+            out.append(text)
+        return out
 
     def generate(self, requests) -> list[dict]:
         outs = self.llm.generate([{"prompt_token_ids": list(r.prompt)} for r in requests],
