@@ -71,6 +71,7 @@ from .exact_registry import (
     EXACT_MODELS,
     EXACT_PAIRS,
     MAX_POSITIONS,
+    SHIFTED,
     ExactModel,
     ExactPair,
     UnknownExactModelError,

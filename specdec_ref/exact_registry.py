@@ -8,6 +8,7 @@ fixed order, and their tables are read-only.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -40,12 +41,15 @@ __all__ = [
     "UnknownExactModelError",
     "exact_model",
     "exact_pair",
+    "SHIFTED",
 ]
 
 #: Root of the shipped checkpoints (package data).
 ASSET_ROOT: Path = Path(__file__).resolve().parent / "assets" / "exact"
 #: ``max_position_embeddings`` of every checkpoint; contexts may hold at most this many tokens.
 MAX_POSITIONS: int = 128
+#: The contexts a shifted order-1 law accepts (:meth:`ExactModel.shifted`): any length a test may generate.
+SHIFTED_MAX_POSITIONS: int = 1 << 20
 #: Stated bfloat16 bound, max |logit error| of the bf16 checkpoint against the table (tested; the
 #: construction keeps every intermediate value exact in bf16, so the measured error is 0). The offset
 #: variants state their own (``ExactModel.bf16_logit_bound``, ``specdec_ref.exact_offset``).
@@ -124,6 +128,16 @@ class ExactModel:
                 raise ValueError(f"{self.name}: a context must start with <bos> (id {self.bos_id}), got {ctx[:4]}...")
             if self.bos_id in ctx[1:]:
                 raise ValueError(f"{self.name}: <bos> (id {self.bos_id}) may only appear at position 0, got {ctx}")
+
+    def shifted(self) -> "ExactModel":
+        """The law past the checkpoint's positions, as an engine that shifts its context (discards part of it and
+        moves the rest back) generates it: for an order-1 model the law reads the last token only, so it is the same
+        table at any length (named ``NAME+shift``); an order-2 model's law reads the position's parity, which after a
+        shift is the engine's own, so it has none (ValueError)."""
+        if self.family != "order1":
+            raise ValueError(f"{self.name}: its law reads the position's parity; past a context shift the positions "
+                             "are the engine's own, so it states no law there (only order-1 models do)")
+        return dataclasses.replace(self, name=self.name + SHIFTED, max_positions=SHIFTED_MAX_POSITIONS, _cache={})
 
     def cell(self, context: Sequence[int]) -> tuple[int, ...]:
         """The table cell a context selects: ``(last,)`` for order1, ``(a, b, c)`` for order2."""
@@ -293,12 +307,20 @@ def _make_pairs() -> dict[str, ExactPair]:
 EXACT_PAIRS: dict[str, ExactPair] = _make_pairs()
 
 
+#: Suffix of a model name whose law is taken past the checkpoint's positions (:meth:`ExactModel.shifted`).
+SHIFTED = "+shift"
+
+
 def exact_model(name: str) -> ExactModel:
-    """The model called ``name`` (``UnknownExactModelError``, a ValueError, listing the known names)."""
+    """The model called ``name`` (``UnknownExactModelError``, a ValueError, listing the known names); ``NAME+shift``
+    is :meth:`ExactModel.shifted` of ``NAME``."""
+    if isinstance(name, str) and name.endswith(SHIFTED) and name[: -len(SHIFTED)] in EXACT_MODELS:
+        return EXACT_MODELS[name[: -len(SHIFTED)]].shifted()
     try:
         return EXACT_MODELS[name]
     except (KeyError, TypeError):
-        raise UnknownExactModelError(f"unknown exact model {name!r}; known: {', '.join(EXACT_MODELS)}") from None
+        raise UnknownExactModelError(f"unknown exact model {name!r}; known: {', '.join(EXACT_MODELS)} (and "
+                                     f"NAME{SHIFTED} of an order-1 model)") from None
 
 
 def exact_pair(name: str) -> ExactPair:

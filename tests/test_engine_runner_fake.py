@@ -308,3 +308,17 @@ def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path
     from conformance.engines.report import expectation_entries
 
     assert expectation_entries({"configs": configs})["no-pressure"]["preemption.60-62"] == "not_reached"
+
+
+def test_a_context_shift_is_judged_past_the_checkpoint_s_positions_and_a_stale_cell_after_it_is_rejected(tmp_path):
+    """Bug class: after a context shift the engine reads a moved cell one off (its next token follows the wrong
+    context). The case generates past the checkpoints' 128 positions: the law is the order-1 table at any length
+    (``order1-target+shift``), so every token, the ones after the shift included, is judged; the evidence is the
+    engine's count of shifts."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--conditions", "context-shift",
+                        "--configs", "control,stale-shift"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, stale = configs["control"]["cases"]["context-shift.116-120"], configs["stale-shift"]["cases"]["context-shift.116-120"]
+    assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
+    assert ok["model"] == "order1-target+shift"
+    assert stale["level"] == "not_certified", stale["headline"]

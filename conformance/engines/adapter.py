@@ -89,7 +89,9 @@ class Conventions:
     CONVENTIONS`: ``raw`` before the request's settings, ``processed`` of the law sampled from; None: it returns
     none); ``token_prefix``: what the engine's generated text puts before each token's name on the exactly-known
     vocabulary (vLLM ``" "``, llama.cpp ``""``; None: it returns no text, so no stop-string or streaming case);
-    ``notes``: other conventions, stated for the verdict table."""
+    ``drafts_fit_context``: a round drafts at most ``n_ctx - cells - 2`` tokens (``cells``: the context's tokens before
+    the round's input), and a context shift discards half the cells (llama-server: ``n_keep`` 0), so the rounds rebuilt
+    under a condition with a context limit follow them; ``notes``: other conventions, stated for the verdict table."""
 
     top_k_ties: str = "all"
     first_token_at_prefill: bool = True
@@ -98,6 +100,7 @@ class Conventions:
     eos_draft: str = "accepted"
     logprobs: str | None = None
     token_prefix: str | None = None
+    drafts_fit_context: bool = False
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):

@@ -32,6 +32,7 @@ KNOBS = {
     "token_budget": "tokens the engine schedules per step (prefills longer than it are chunked)",
     "kv_blocks": "KV blocks in the engine's pool (few: requests are preempted and recomputed)",
     "max_model_len": "positions a request may use (prompt + generated tokens)",
+    "context_shift": "a request that fills its context has part of it discarded and goes on generating (True / False)",
 }
 
 #: What an engine session may report after a condition's batch (``EngineSession.condition_counters``): counters are
@@ -43,10 +44,11 @@ EVIDENCE = {
                     "prefilled in chunks by construction of the scheduler)",
     "block_size": "the KV block size the engine runs with (setting, read back)",
     "max_model_len": "the context limit the engine runs with (setting, read back)",
+    "context_shifts": "contexts the engine shifted (part discarded, the rest moved back) (counter)",
 }
 
 #: The evidence that counts events (summed over a case's batches); the others are read as the engine states them.
-COUNTERS = frozenset({"prefix_cache_hits", "preemptions"})
+COUNTERS = frozenset({"prefix_cache_hits", "preemptions", "context_shifts"})
 
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq}
 
@@ -85,10 +87,10 @@ class Condition:
 
 
 def _case(cond: str, name: str, prompts, sampling: SamplingConfig, max_new_tokens: int, *, n: int, seed_base: int,
-          exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2") -> Case:
+          exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2", shifted: bool = False) -> Case:
     prompts = tuple(tuple(p) for p in prompts)
     return Case(f"{cond}.{name}", family, prompts[0], sampling, max_new_tokens, eos, seeded, n, exercises, seed_base,
-                condition=cond, extra_prompts=prompts[1:])
+                condition=cond, extra_prompts=prompts[1:], shifted=shifted)
 
 
 _T1 = SamplingConfig(temperature=1.0)
@@ -104,6 +106,7 @@ def _conditions() -> tuple[Condition, ...]:
     long_prompts = [random_prompt(n, 100 + n) for n in (68, 100)]
     pressure = [random_prompt(n, 200 + n) for n in (60, 62)]
     edge = [random_prompt(120, 300 + i) for i in range(3)]
+    shifted = [random_prompt(n, 400 + n, "order1") for n in (116, 120)]
     return (
         Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
                   (("block_size", "==", "block_size"),),
@@ -140,6 +143,16 @@ def _conditions() -> tuple[Condition, ...]:
                   "past it (llama.cpp #10641; vLLM #57941: drafts past a limit)",
                   (_case("context-edge", "120", edge, _T1, 8, n=NC, seed_base=2_400_000, eos=False,
                          exercises="three prompts of 120 tokens generating 8, to the last position"),)),
+        Condition("context-shift", {"context_shift": True, "max_model_len": 128, "prefix_caching": False},
+                  (("context_shifts", ">", 0),),
+                  "generation past a full context with context shift on: part of the context is discarded, the rest "
+                  "moved back, the draft's context with it, while drafts are in flight (llama.cpp #21815: n-gram "
+                  "drafts with --context-shift abort). Order-1 target: its law reads the last token only, so every "
+                  "generated token keeps the chain's law across the shift (blind to positions after it)",
+                  (_case("context-shift", "116-120", shifted, _T1, 16, n=NC // 4, seed_base=2_500_000, eos=False,
+                         family="order1", shifted=True,
+                         exercises="prompts of 116 and 120 tokens generating 16 in a 128-token context (the "
+                                   "checkpoints' limit): shifted at the 8th or 12th generated token"),)),
     )
 
 
@@ -159,7 +172,8 @@ def condition_cases(names) -> tuple[Case, ...]:
 
 #: Per-request evidence an engine may put on a completion's line: the request was preempted, its prompt was served
 #: (partly) from the prefix cache.
-PER_REQUEST = {"preemptions": "preempted", "cached_tokens": "served from the prefix cache"}
+PER_REQUEST = {"preemptions": "preempted", "cached_tokens": "served from the prefix cache",
+               "context_shifted": "had their context shifted"}
 
 
 def per_request_evidence(lines) -> dict:

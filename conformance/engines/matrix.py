@@ -47,6 +47,8 @@ class Case:
     stream: bool = False  # the engine streams the completion; the record is the chunks' tokens and text put together
     token_prefix: str | None = None  # the engine's token prefix, set by Conventions.under (None: the template as is)
     same_seeds_as: str | None = None  # a case whose requests this one repeats seed for seed (per seed identical)
+    shifted: bool = False  # generated past the checkpoint's positions by an engine that shifts its context: the law is
+    # the order-1 table's at any length (``specdec_ref.exact_registry.ExactModel.shifted``: the model ``NAME+shift``)
 
     def __post_init__(self):
         if self.samples < 1 or self.n % self.samples:
@@ -89,7 +91,9 @@ class Case:
 
     @property
     def model(self) -> str:
-        return {"order1": "order1-target", "order2": "order2-target"}[self.family]
+        from specdec_ref.exact_models import SHIFTED
+
+        return {"order1": "order1-target", "order2": "order2-target"}[self.family] + (SHIFTED if self.shifted else "")
 
     @property
     def greedy(self) -> bool:

@@ -141,7 +141,8 @@ def greedy_next(target_name: str) -> Callable[[int], int]:
 
 def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *, prefill: bool = True,
                 request: int = 0, extend: Callable[[int], int] | None = None,
-                max_new: int | None = None, eos_ends_round: int | None = None) -> list[Round]:
+                max_new: int | None = None, eos_ends_round: int | None = None,
+                context: tuple[int, bool] | None = None) -> list[Round]:
     """The rounds of one request (module docstring). ``prefill``: the first token is a plain target sample (no
     round); a text on which the law proposes nothing is a plain target step (no round counted, as vLLM's n-gram
     without a match). ``extend(last) -> next``: the deterministic continuation past the completion's end (greedy
@@ -150,12 +151,22 @@ def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *
     ``eos_ends_round``: the EOS id of an engine whose verifier stops at a drafted EOS the target matched before the
     round's last draft and counts it as the round's own sampled token, not an accepted draft (llama.cpp's
     ``common_sampler_sample_and_accept_n``); at the last draft it is accepted. None: a matched EOS is an accepted draft
-    like any other."""
+    like any other. ``context``: ``(n_ctx, shifts)`` of an engine whose drafts must fit its context
+    (``Conventions.drafts_fit_context``): a round drafts at most ``n_ctx - cells - 2`` tokens, ``cells`` the tokens
+    before the round's input; with ``shifts``, when ``cells + 1 >= n_ctx`` half the cells are discarded first
+    (llama-server's context shift, ``n_keep`` 0)."""
     text = list(prompt) + list(completion)
     pos = len(prompt) + (1 if prefill and completion else 0)
-    rounds = []
+    rounds, discarded = [], 0
     while pos < len(text):
         room = k if max_new is None else min(k, len(prompt) + max_new - pos - 1)
+        if context is not None:
+            n_ctx, shifts = context
+            cells = pos - 1 - discarded
+            if shifts and cells + 1 >= n_ctx:
+                discarded += max(0, min(cells // 2, cells - 1))
+                cells = pos - 1 - discarded
+            room = min(room, n_ctx - cells - 2)
         drafts, ties = argmax_drafts(law, text[:pos], room) if room > 0 else ((), 0)
         if not drafts:
             pos += 1
@@ -192,7 +203,7 @@ def _totals(rounds: Sequence[Round], k: int) -> dict:
 
 def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counters: dict | None,
                  extend: Callable[[int], int] | None = None, max_new: int | None = None,
-                 eos_ends_round: int | None = None) -> dict:
+                 eos_ends_round: int | None = None, context: tuple[int, bool] | None = None) -> dict:
     """The engine's counters (and per-request rounds where each record has ``rounds``: ``[[drafted, accepted], ...]``
     in order; else per-request totals where each has ``draft_tokens`` and ``accepted``) against the rounds rebuilt
     from the records' ``prompt_ids`` / ``completion_ids`` (``max_new``: see :func:`reconstruct`). ``passed`` False on
@@ -203,7 +214,7 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
     totals = not per_request and bool(records) and all("draft_tokens" in r and "accepted" in r for r in records)
     for i, rec in enumerate(records):
         mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend,
-                           max_new=max_new, eos_ends_round=eos_ends_round)
+                           max_new=max_new, eos_ends_round=eos_ends_round, context=context)
         rounds.extend(mine)
         if per_request and first is None:
             engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
@@ -410,8 +421,16 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
         return None
     law = proposal_law(cfg.proposer, ad.families[case.family])
     eos = int(exact_model(case.model).eos_id) if case.eos and ad.conventions.eos_draft == "target" else None
+    context = None
+    if ad.conventions.drafts_fit_context and case.condition is not None:
+        from .conditions import condition
+
+        settings = condition(case.condition).settings
+        if "max_model_len" in settings:
+            context = (int(settings["max_model_len"]), bool(settings.get("context_shift")))
     check = check_rounds(law, records, ad.k_of(cfg), prefill=ad.conventions.first_token_at_prefill, counters=None,
-                         max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None, eos_ends_round=eos)
+                         max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None, eos_ends_round=eos,
+                         context=context)
     check.pop("rounds")
     return check
 

@@ -31,8 +31,11 @@ def _resolve_model(model):
     if isinstance(model, str):
         from specdec_ref import exact_models
 
-        if model in exact_models.EXACT_MODELS:
-            return exact_models.exact_model(model)
+        if model in exact_models.EXACT_MODELS or model.endswith(exact_models.SHIFTED):  # NAME+shift: past a shift
+            try:
+                return exact_models.exact_model(model)
+            except ValueError as exc:
+                raise SamplesInputError(str(exc)) from None
         if model in exact_models.EXACT_PAIRS:
             return exact_models.exact_pair(model).target
         raise SamplesInputError(

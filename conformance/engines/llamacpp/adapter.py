@@ -285,8 +285,9 @@ def server_args(cfg: Configuration, draft: str | None, *, ctx_per_slot: int = 12
 #: Serving-condition knobs llama-server has no counterpart for (:attr:`EngineAdapter.absent_knobs`).
 ABSENT_KNOBS = {"block_size": "llama.cpp's KV cache is not paged: a slot's cells are contiguous, its prompt cache "
                               "reuses any common prefix"}
-#: The knobs mapped: ``prefix_caching`` -> each request's ``cache_prompt``, ``max_model_len`` -> ``-c`` per slot.
-MAPPED_KNOBS = ("prefix_caching", "max_model_len")
+#: The knobs mapped: ``prefix_caching`` -> each request's ``cache_prompt``, ``max_model_len`` -> ``-c`` per slot,
+#: ``context_shift`` -> ``--context-shift`` (off by default).
+MAPPED_KNOBS = ("prefix_caching", "max_model_len", "context_shift")
 
 
 def condition_settings(condition) -> dict:
@@ -344,6 +345,15 @@ class Server(HttpServer):
                 for ln in lines if re.match(r"^\d+\.\d+\.\d+\.\d+ E ", ln) or "GGML_ASSERT" in ln
                 or "doesn't contain" in ln]
         return " | ".join(dict.fromkeys(keep[:n]))
+
+    def log_count(self, text: str) -> int:
+        """Lines of the server log holding ``text`` (the log is the server's own record of events it has no counter
+        for, e.g. each context shift)."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return sum(text in line for line in f)
+        except OSError:
+            return 0
 
     def failure_text(self) -> str:
         return (f"{self.log_errors() or self.log_tail(6)} "
@@ -406,10 +416,10 @@ class LlamaCppSession(VariantSession):
     def load(self, variant: str) -> Server:
         target, draft = (self.paths[(m, variant)] for m in self.models)
         ctx = int((self.settings or {}).get("max_model_len", 128))
-        srv = Server(server_binary(), target, parallel=self.parallel,
-                     args=server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None,
-                                      ctx_per_slot=ctx),
-                     log_dir=self.log_dir)
+        args = server_args(self.cfg, draft if self.cfg.options.get("draft_model") else None, ctx_per_slot=ctx)
+        if (self.settings or {}).get("context_shift"):
+            args.append("--context-shift")
+        srv = Server(server_binary(), target, parallel=self.parallel, args=args, log_dir=self.log_dir)
         srv.start()
         return srv
 
@@ -417,7 +427,7 @@ class LlamaCppSession(VariantSession):
         body = completion_payload(request)
         if self.settings is not None:  # under a condition: its prompt caching, and what the cache served
             body["cache_prompt"] = bool(self.settings.get("prefix_caching", True))
-            body["response_fields"] = body["response_fields"] + ["timings/cache_n"]
+            body["response_fields"] = body["response_fields"] + ["timings/cache_n", "truncated"]
         if request.n > 1:  # n_cmpl: child tasks on free slots, the j-th seeded seed + j; one result per completion
             body["n_cmpl"] = int(request.n)
             body["response_fields"] = body["response_fields"] + ["index"]
@@ -436,6 +446,8 @@ class LlamaCppSession(VariantSession):
         if self.settings is not None:
             cached = int(r.get("timings/cache_n", (r.get("timings") or {}).get("cache_n")) or 0)
             out["cached_tokens"] = cached
+            if self.settings.get("context_shift"):  # the slot's context was shifted (the prompt fits: never cut)
+                out["context_shifted"] = int(bool(r.get("truncated")))
             with self._lock:
                 self.cache_hits += cached
         if self.cfg.speculative:
@@ -463,10 +475,11 @@ class LlamaCppSession(VariantSession):
     def condition_counters(self) -> dict:
         """What llama-server reports of a serving condition: the prompt tokens its slots' caches served (each
         response's ``timings.cache_n``, summed) and the context per slot it runs with (``/props``)."""
-        out = {"prefix_cache_hits": self.cache_hits}
+        out = {"prefix_cache_hits": self.cache_hits, "context_shifts": 0}
         for srv in self.instances.values():
             props = json.loads(srv._call("GET", "/props"))
             out["max_model_len"] = int(props["default_generation_settings"]["n_ctx"])
+            out["context_shifts"] += srv.log_count("slot context shift")
         return out
 
     def validate(self, request) -> None:
@@ -520,11 +533,12 @@ class LlamaCppAdapter(EngineAdapter):
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES + GRAMMAR_CASES, timeout_s=900.0,
-    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3")},
+    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
+                                 "context-shift": ("control", "draft-k3", "ngram-simple")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
-        eos_draft="target", token_prefix="",
+        eos_draft="target", token_prefix="", drafts_fit_context=True,
         notes=("sampler chain set per request: penalties, temperature, top-k, top-p, min-p (llama.cpp's default "
                "applies the temperature last)",
                "top-k keeps exactly k; tied tokens are chosen by std::partial_sort's heap, not by a stated rule (not "
