@@ -56,7 +56,7 @@ from pathlib import Path
 import numpy as np
 
 __all__ = ["KINDS", "WRITER_VERSION", "DEEP_LAYERS", "head_files", "head_folder", "heads_root", "write_head",
-           "deep_target_files", "deep_target_folder"]
+           "deep_target_files", "deep_target_folder", "short_positions_folder"]
 
 WRITER_VERSION = "1"
 KINDS = ("eagle", "medusa", "eagle3", "eagle3-default-aux")
@@ -202,6 +202,26 @@ def deep_target_folder(target_name: str = "order1-target", layers: int = DEEP_LA
     named by the digest of its bytes."""
     base = Path(root) if root is not None else heads_root().parent / "targets"
     return _folder(base, f"deep{layers}-{target_name}", deep_target_files(target_name, layers))
+
+
+def short_positions_folder(model_name: str, positions: int, *, root: Path | None = None) -> Path:
+    """A copy of the exactly-known checkpoint ``model_name`` whose config states ``positions`` positions (fewer than
+    its 128): the same weights, so the same law on every context that fits; an engine must not run it past them (a
+    draft with fewer positions than its target). Written under ``root`` (default ``targets`` beside
+    :func:`heads_root`) if absent, named by the digest of its bytes."""
+    import json
+
+    from .exact_models import exact_model
+
+    model = exact_model(model_name)
+    if not 0 < positions < model.max_positions:
+        raise ValueError(f"{model_name}: a shorter copy needs 0 < positions < {model.max_positions}, got {positions}")
+    files = {f.name: f.read_bytes() for f in model.path.iterdir() if f.is_file()}
+    config = json.loads(files["config.json"])
+    config["max_position_embeddings"] = int(positions)
+    files["config.json"] = (json.dumps(config, indent=2, sort_keys=True) + "\n").encode()
+    base = Path(root) if root is not None else heads_root().parent / "targets"
+    return _folder(base, f"{model_name}-{positions}pos", files)
 
 
 def _folder(base: Path, stem: str, files: dict[str, bytes]) -> Path:

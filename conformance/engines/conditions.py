@@ -33,6 +33,7 @@ KNOBS = {
     "kv_blocks": "KV blocks in the engine's pool (few: requests are preempted and recomputed)",
     "max_model_len": "positions a request may use (prompt + generated tokens)",
     "context_shift": "a request that fills its context has part of it discarded and goes on generating (True / False)",
+    "draft_max_model_len": "positions the draft model can read, fewer than the target's (a draft with a shorter context)",
 }
 
 #: What an engine session may report after a condition's batch (``EngineSession.condition_counters``): counters are
@@ -45,6 +46,7 @@ EVIDENCE = {
     "block_size": "the KV block size the engine runs with (setting, read back)",
     "max_model_len": "the context limit the engine runs with (setting, read back)",
     "context_shifts": "contexts the engine shifted (part discarded, the rest moved back) (counter)",
+    "draft_max_model_len": "the draft's context limit the engine runs with (setting, read back)",
 }
 
 #: The evidence that counts events (summed over a case's batches); the others are read as the engine states them.
@@ -107,6 +109,7 @@ def _conditions() -> tuple[Condition, ...]:
     pressure = [random_prompt(n, 200 + n) for n in (60, 62)]
     edge = [random_prompt(120, 300 + i) for i in range(3)]
     shifted = [random_prompt(n, 400 + n, "order1") for n in (116, 120)]
+    mixed = [random_prompt(n, 500 + n) for n in (8, 90)]
     return (
         Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
                   (("block_size", "==", "block_size"),),
@@ -153,6 +156,16 @@ def _conditions() -> tuple[Condition, ...]:
                          family="order1", shifted=True,
                          exercises="prompts of 116 and 120 tokens generating 16 in a 128-token context (the "
                                    "checkpoints' limit): shifted at the 8th or 12th generated token"),)),
+        Condition("short-draft", {"draft_max_model_len": 64, "max_model_len": 128, "block_size": 32,
+                                  "prefix_caching": False},
+                  (("draft_max_model_len", "==", "draft_max_model_len"),),
+                  "a draft model with fewer positions (64) than its target (128), requests that fit it batched with "
+                  "requests past it (vLLM #57941, #48894, #58080: past the draft's limit the whole batch's drafts "
+                  "become token 0 and acceptance collapses engine-wide). The rounds of the requests that fit the draft "
+                  "are rebuilt from the draft's law; the others have no draft law and are not compared",
+                  (_case("short-draft", "8-90", mixed, _T1, 8, n=NC // 4, seed_base=2_600_000,
+                         exercises="prompts of 8 and 90 tokens taking turns: every step mixes requests inside and past "
+                                   "the draft's 64 positions"),)),
     )
 
 

@@ -421,17 +421,25 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
         return None
     law = proposal_law(cfg.proposer, ad.families[case.family])
     eos = int(exact_model(case.model).eos_id) if case.eos and ad.conventions.eos_draft == "target" else None
-    context = None
-    if ad.conventions.drafts_fit_context and case.condition is not None:
+    context, skipped = None, 0
+    if case.condition is not None:
         from .conditions import condition
 
         settings = condition(case.condition).settings
-        if "max_model_len" in settings:
+        if ad.conventions.drafts_fit_context and "max_model_len" in settings:
             context = (int(settings["max_model_len"]), bool(settings.get("context_shift")))
+        if "draft_max_model_len" in settings:  # no draft law past the draft's positions: those requests are not compared
+            limit = int(settings["draft_max_model_len"])
+            fits = [r for r in records if len(r["prompt_ids"]) + case.max_new_tokens + ad.k_of(cfg) <= limit]
+            skipped, records = len(records) - len(fits), fits
+            if not records:
+                return None
     check = check_rounds(law, records, ad.k_of(cfg), prefill=ad.conventions.first_token_at_prefill, counters=None,
                          max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None, eos_ends_round=eos,
                          context=context)
     check.pop("rounds")
+    if skipped:
+        check["text"] += f" ({skipped} requests past the draft's {limit} positions not compared: no draft law there)"
     return check
 
 

@@ -242,10 +242,15 @@ CONDITION_ARGS = {"block_size": "block_size", "prefix_caching": "enable_prefix_c
                   "max_model_len": "max_model_len"}
 
 
+#: Serving-condition knobs that are not ``vllm.LLM`` arguments: ``draft_max_model_len`` is the draft checkpoint's own
+#: (a copy of it stating fewer positions, :func:`specdec_ref.exact_head_files.short_positions_folder`).
+DRAFT_KNOBS = ("draft_max_model_len",)
+
+
 def condition_engine_args(settings: dict) -> dict:
     """``ENGINE_ARGS`` under a serving condition's knobs (a token budget also caps the running requests: vLLM needs
     ``max_num_seqs <= max_num_batched_tokens``)."""
-    args = {**ENGINE_ARGS, **{CONDITION_ARGS[k]: v for k, v in settings.items()}}
+    args = {**ENGINE_ARGS, **{CONDITION_ARGS[k]: v for k, v in settings.items() if k not in DRAFT_KNOBS}}
     args["max_num_seqs"] = min(args["max_num_seqs"], args["max_num_batched_tokens"])
     return args
 
@@ -253,7 +258,7 @@ def condition_engine_args(settings: dict) -> dict:
 class VLLMSession:
     """One ``vllm.LLM`` for one configuration and target family (under a serving condition's engine arguments)."""
 
-    def __init__(self, cfg: Configuration, pair, k: int, engine_args: dict | None = None):
+    def __init__(self, cfg: Configuration, pair, k: int, engine_args: dict | None = None, draft_path: str | None = None):
         from vllm import LLM
 
         self.cfg, self.under_condition = cfg, engine_args is not None
@@ -262,7 +267,8 @@ class VLLMSession:
             extra["logprobs_mode"] = cfg.options["logprobs_mode"]
         self.names = pair.target.token_names()
         self.llm = LLM(model=target_path(cfg, pair),
-                       speculative_config=speculative_config(cfg, str(pair.draft.path), k, pair.target.name),
+                       speculative_config=speculative_config(cfg, draft_path or str(pair.draft.path), k,
+                                                             pair.target.name),
                        **(engine_args or ENGINE_ARGS), **extra)
 
     def condition_counters(self) -> dict:
@@ -278,6 +284,9 @@ class VLLMSession:
         out["block_size"] = int(vc.cache_config.block_size)
         out["token_budget"] = int(vc.scheduler_config.max_num_batched_tokens)
         out["max_model_len"] = int(vc.model_config.max_model_len)
+        draft = getattr(vc.speculative_config, "draft_model_config", None) if vc.speculative_config else None
+        if draft is not None:
+            out["draft_max_model_len"] = int(draft.max_model_len)
         return out
 
     def _params(self, r):
@@ -385,8 +394,12 @@ class VLLMAdapter(EngineAdapter):
         from specdec_ref.exact_models import exact_pair
 
         _env()
-        return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg),
-                           condition_engine_args(condition.settings))
+        pair, draft = exact_pair(self.families[family]), None
+        if "draft_max_model_len" in condition.settings:  # the pair's draft, stating fewer positions
+            from specdec_ref.exact_head_files import short_positions_folder
+
+            draft = str(short_positions_folder(pair.draft.name, int(condition.settings["draft_max_model_len"])))
+        return VLLMSession(cfg, pair, self.k_of(cfg), condition_engine_args(condition.settings), draft_path=draft)
 
     def replay(self, cfg, case, *, patch, departure, length, law, n, critical, path):
         from specdec_ref.exact_models import exact_pair
@@ -408,8 +421,9 @@ ADAPTER = VLLMAdapter(
     name="vllm", title="vLLM", version="0.32.0", install=INSTALL, configurations=CONFIGS, k=K,
     cases=MATRIX_CASES + TEXT_CASES,
     max_model_len=ENGINE_ARGS["max_model_len"],
-    conditions={name: ("control", "draft-prob", "draft-greedy") for name in
-                ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
+    conditions={**{name: ("control", "draft-prob", "draft-greedy") for name in
+                   ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge")},
+                "short-draft": ("draft-greedy",)},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
                             token_prefix=" ",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
