@@ -407,3 +407,24 @@ def test_a_request_asking_for_n_completions_that_gets_fewer_is_named():
         request_lines(req, {"samples": [{"completion_ids": [1, 7]}]})
     with pytest.raises(RuntimeError, match="got none"):
         request_lines(req, {"completion_ids": [1, 7]})
+
+
+def test_identity_with_n_completions_per_request_compares_each_completion_by_its_index(tmp_path):
+    """Bug class: a speculative configuration that keeps the first of a request's n completions identical to the plain
+    sampler and draws the others from a shared stream; the check must compare every (seed, index), not the seed."""
+    from conformance.engines.matrix import case as matrix_case
+    from conformance.engines.runner import identity_check
+
+    def state(name, flip=None):
+        lines = [{"seed": s, "index": j, "completion_ids": [j, s % 5, 1]} for s in (10, 14) for j in range(4)]
+        if flip is not None:
+            lines[flip]["completion_ids"] = [9, 9, 9]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return {"cases": {"n-samples": {"status": "ok", "dir": str(tmp_path), "file": f"{name}.jsonl"}}}
+
+    c = matrix_case("n-samples")
+    ok = identity_check(c, state("a"), state("b"), "control-np4")
+    assert ok.passed and ok.text == "identical to control-np4 on all 8 completions"
+    bad = identity_check(c, state("c", flip=6), state("d"), "control-np4")
+    assert not bad.passed and bad.text.startswith("differs from control-np4 at request seed 14 completion 2, position 1")
+    assert "(1 of 8 completions differ)" in bad.text

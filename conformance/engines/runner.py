@@ -347,7 +347,8 @@ def identity_check(case, mine: dict, other: dict, other_name: str) -> Check | No
     load = lambda info: {(r["seed"], r.get("index")): r  # noqa: E731 - a request's n completions by their index
                          for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
     ra, rb = load(a), load(b)
-    common = sorted(set(ra) & set(rb))
+    common = sorted(set(ra) & set(rb), key=lambda key: (key[0], -1 if key[1] is None else key[1]))
+    unit = "requests" if all(key[1] is None for key in common) else "completions"  # n > 1: each of a request's n
     for key in common:
         x, y = ra[key]["completion_ids"], rb[key]["completion_ids"]
         if x != y:
@@ -355,9 +356,9 @@ def identity_check(case, mine: dict, other: dict, other_name: str) -> Check | No
             differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
             where = f"request seed {key[0]}" + (f" completion {key[1]}" if key[1] is not None else "")
             return Check(False, f"differs from {other_name} at {where}, position {pos + 1}: {x} vs {y} "
-                                f"({differing} of {len(common)} requests differ)",
+                                f"({differing} of {len(common)} {unit} differ)",
                          {"compared": len(common), "differing": differing})
-    return Check(bool(common), f"identical to {other_name} on all {len(common)} requests" if common else
+    return Check(bool(common), f"identical to {other_name} on all {len(common)} {unit}" if common else
                  "no common seeds", {"compared": len(common)})
 
 

@@ -142,8 +142,9 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("draft-k5", "draft-simple", _draft(5), "sample_match", cases=("eos", "position"),
                   identical_to="control", k=5, proposer="draft", note="draft-simple, --spec-draft-n-max 5"),
     Configuration("draft-k3-np4", "draft-simple", _draft(3, parallel=4), "sample_match", cases=("position", "n-samples"),
-                  identical_to="control", k=3, proposer="draft",
-                  note="draft-simple --spec-draft-n-max 3 with four parallel slots (-np 4)"),
+                  identical_to="control-np4", k=3, proposer="draft",
+                  note="draft-simple --spec-draft-n-max 3 with four parallel slots (-np 4): per seed identical to "
+                       "them without speculation, each of a request's n completions included"),
     Configuration("draft-ignored", "draft-model (no --spec-type)", {"draft_model": True, "draft_max": 3},
                   "sample_match", cases=("warp",), k=3,
                   note="-md DRAFT without --spec-type: llama.cpp loads the draft and silently does not speculate"),
