@@ -87,7 +87,7 @@ def test_unseeded_requests_get_distinct_seeds_of_the_adapter():
 def test_configurations():
     names = [c.name for c in ovad.CONFIGS]
     assert len(set(names)) == len(names)
-    known = {c.name for c in CASES} | set(ovad.FEATURES)
+    known = {c.name for c in CASES} | set(ovad.FEATURES) | set(ovad.TEXT_CASES)
     for c in ovad.CONFIGS:
         assert c.cases is None or set(c.cases) <= known, c.name
         assert c.speculative == (c.name != "control")
@@ -240,3 +240,18 @@ def test_the_model_gives_the_engines_recorded_completions(recorded):
             summary["spec_whole"] += got == m
     assert summary["plain"] == 7 * 200 and summary["spec"] == 4 * 200
     assert summary["spec_whole"] >= 0.8 * summary["spec"]
+
+
+def test_stop_strings_keep_their_tokens_in_the_ids_and_streaming_is_refused():
+    """The stop strings reach GenerationConfig with include_stop_str_in_output, so the returned ids end with the stop's
+    tokens (the law's rule, as vLLM and llama-server return them); a streamed request is refused, never sent as a
+    plain one."""
+    from dataclasses import replace
+
+    r = replace(_req("warp", seed=3), stop=("t6 t4", "t5"))
+    f = ovad.generation_fields(r, ovad.ADAPTER.config("control"), seed=3)
+    assert f["stop_strings"] == {"t6 t4", "t5"} and f["include_stop_str_in_output"] is True
+    assert "stop_strings" not in ovad.generation_fields(_req("warp", seed=3), ovad.ADAPTER.config("control"), seed=3)
+    with pytest.raises(ValueError, match="no stream"):
+        ovad.generation_fields(replace(r, stream=True), ovad.ADAPTER.config("control"), seed=3)
+    assert ovad.ADAPTER.conventions.token_prefix == " "

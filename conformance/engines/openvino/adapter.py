@@ -60,6 +60,8 @@ SPEC = ("warp", "eos", "position")
 #: The request-feature cases (:data:`conformance.engines.matrix.FEATURE_CASES`): min_new_tokens is a GenerationConfig
 #: field; logit_bias is not (refused, with that reason).
 FEATURES = ("min-tokens", "logit-bias")
+#: Stop strings (``GenerationConfig.stop_strings``, the stop tokens kept in the ids): token ids and finish reason only.
+TEXT_CASES = ("stop-strings",)
 
 
 def _draft(k: int, *, caching: bool = True, **extra) -> dict:
@@ -67,7 +69,7 @@ def _draft(k: int, *, caching: bool = True, **extra) -> dict:
 
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, {"prefix_caching": True}, cases=ALL + FEATURES,
+    Configuration("control", None, {"prefix_caching": True}, cases=ALL + FEATURES + TEXT_CASES,
                   note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
     Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching on (LLMPipeline's default)"),
@@ -83,7 +85,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
     Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
                                                      "max_ngram_size": 2, "prefix_caching": True}, None,
-                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES, k=3, identical_to="control",
+                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES + TEXT_CASES, k=3, identical_to="control",
                   note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
     Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
                   identical_to="control",
@@ -100,6 +102,8 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
         raise ValueError("OpenVINO GenAI's GenerationConfig has no logit_bias")
     if s.constraint is not None:
         raise ValueError("the OpenVINO matrix has no constraint cases")
+    if request.stream:
+        raise ValueError("streaming: this adapter calls ContinuousBatchingPipeline.generate on token ids (no stream)")
     f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": int(s.min_new_tokens),
          "apply_chat_template": False,
          "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 0,
@@ -112,6 +116,8 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
                  top_p=float(s.top_p or 1.0), min_p=float(s.min_p or 0.0))
     f.update(eos_token_id=int(request.eos_id), stop_token_ids={int(request.eos_id)}, ignore_eos=not request.eos,
              rng_seed=int(seed))
+    if request.stop:  # the stop string's tokens stay in the ids (as vLLM and llama-server return them)
+        f.update(stop_strings=set(request.stop), include_stop_str_in_output=True)
     o = cfg.options
     if o.get("draft") or o.get("prompt_lookup"):
         f["num_assistant_tokens"] = int(o["num_assistant_tokens"])
@@ -291,7 +297,7 @@ class OpenVINOAdapter(EngineAdapter):
 
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
-    cases=ALL + FEATURES, timeout_s=900.0,
+    cases=ALL + FEATURES + TEXT_CASES, timeout_s=900.0,
     seed_probe=True,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
@@ -300,5 +306,9 @@ ADAPTER = OpenVINOAdapter(
                "rng_seed defaults to 0 for every request: unseeded requests get distinct seeds from the adapter",
                "presence / frequency penalties are sign-dependent (a negative logit is raised)",
                "the draft and the target each seed a std::mt19937 with the request's rng_seed: one stream twice",
-               "a stop token is returned; the draft stops drafting after EOS even with ignore_eos")),
+               "a stop token is returned; the draft stops drafting after EOS even with ignore_eos",
+               "stop strings match the detokenizer's text, tokens joined by a space (t0 t6 t4): the cases' stop "
+               "strings never begin with a space, so the stop rule is the one of token_prefix ' '; token ids and "
+               "finish reason only (the adapter asks for no text)"),
+        token_prefix=" "),
 )
