@@ -1,15 +1,12 @@
 """Bad words: the automaton that states their rule, its agreement with a direct reading of the words, the black-box
-tool's ``--bad-words`` (an ignored word named), vLLM's request mapping, and the engine runner on a planted engine that
-reads the words off the tokens before each speculative block."""
+tool's ``--bad-words`` (an ignored word named) and vLLM's request mapping (the planted engine that reads the words off
+the tokens before each block: tests/test_engine_runner_fake.py)."""
 from __future__ import annotations
 
 import itertools
-import json
 
-import numpy as np
 import pytest
 
-from conformance.engines import runner
 from conformance.engines.matrix import BAD_WORDS, case
 from conformance.samples import certify_samples
 from conformance.samples.law import parse_bad_words, setting_text
@@ -69,17 +66,9 @@ def test_vllm_takes_the_words_as_text_and_a_path_without_their_text_refuses():
 
 
 def _records(n: int, sampling: SamplingConfig, seed: int):
-    from fixtures.engines import _next
+    from fixtures.engines import law_records
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        ids = []
-        while len(ids) < 5 and not (ids and ids[-1] == 7):
-            p = _next("order1-target", (2, 5), tuple(ids), sampling, True)
-            ids.append(int(rng.choice(len(p), p=p)))
-        out.append({"prompt_ids": [2, 5], "completion_ids": ids, "seed": seed * 100_000 + i})
-    return out
+    return law_records("order1-target", (2, 5), sampling, n, seed)
 
 
 def test_completions_under_bad_words_are_certified_and_ignored_words_are_named():
@@ -90,13 +79,3 @@ def test_completions_under_bad_words_are_certified_and_ignored_words_are_named()
                               sampling=WITH, max_new_tokens=5, eos_id=True)
     assert ignored.level == "not_certified" and ignored.impossible, ignored.report()
     assert ignored.explained.startswith("bad_words has no effect"), ignored.explained
-
-
-def test_words_read_off_the_tokens_before_the_block_are_impossible_completions(tmp_path):
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
-                        "--cases", "bad-words", "--configs", "control,bad-words-stale"]) == 0
-    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
-    ok, stale = configs["control"]["cases"]["bad-words"], configs["bad-words-stale"]["cases"]["bad-words"]
-    assert ok["level"] in ("certified", "reduced"), ok["headline"]
-    assert stale["level"] == "not_certified" and stale["impossible"]["completions"] >= 10, stale["headline"]
-    assert stale["looks"]["look"] == "interim"

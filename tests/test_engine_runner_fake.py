@@ -322,3 +322,17 @@ def test_a_context_shift_is_judged_past_the_checkpoint_s_positions_and_a_stale_c
     assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
     assert ok["model"] == "order1-target+shift"
     assert stale["level"] == "not_certified", stale["headline"]
+
+
+@pytest.mark.parametrize("case, planted, at_least", [("grammar", "grammar-block-start", 100),
+                                                     ("bad-words", "bad-words-stale", 10)])
+def test_a_constraint_read_off_the_state_a_block_began_in_gives_impossible_completions(tmp_path, case, planted, at_least):
+    """Bug class: drafts checked against the grammar state, or the bad words, as they stood before the block (vLLM
+    #34241's class): a token the constraint forbids is an impossible event, so the case is rejected at the first look."""
+    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+                        "--cases", case, "--configs", f"control,{planted}"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, bad = configs["control"]["cases"][case], configs[planted]["cases"][case]
+    assert ok["level"] in ("certified", "reduced"), ok["headline"]
+    assert bad["level"] == "not_certified" and bad["impossible"]["completions"] >= at_least, bad["headline"]
+    assert bad["looks"]["look"] == "interim"  # impossible tokens need no power

@@ -1,13 +1,11 @@
 """Structured output: the grammar case's automaton, its law in the black-box tool (``--automaton``), its GBNF for the
-engines, and the engine runner on a planted engine that checks a block's drafts against the block's first state."""
+engines (the planted engine that checks a block's drafts against the block's first state: tests/test_engine_runner_fake.py)."""
 from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
-from conformance.engines import runner
 from conformance.engines.adapter import Request
 from conformance.engines.features import grammar_text
 from conformance.engines.llamacpp.adapter import completion_payload
@@ -43,17 +41,9 @@ def test_the_automaton_flag_round_trips_and_rejects_what_is_not_one():
 
 
 def _records(n: int, sampling: SamplingConfig, seed: int):
-    from fixtures.engines import _next
+    from fixtures.engines import law_records
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for i in range(n):
-        ids = []
-        while len(ids) < 5 and not (ids and ids[-1] == 7):
-            p = _next("order1-target", (3,), tuple(ids), sampling, True)
-            ids.append(int(rng.choice(len(p), p=p)))
-        out.append({"prompt_ids": [3], "completion_ids": ids, "seed": seed * 100_000 + i})
-    return out
+    return law_records("order1-target", (3,), sampling, n, seed)
 
 
 def test_constrained_completions_are_certified_and_an_ignored_grammar_is_named():
@@ -64,13 +54,3 @@ def test_constrained_completions_are_certified_and_an_ignored_grammar_is_named()
                               max_new_tokens=5, eos_id=True)
     assert ignored.level == "not_certified" and ignored.impossible, ignored.report()
     assert ignored.explained.startswith("constraint has no effect"), ignored.explained
-
-
-def test_drafts_checked_against_the_block_s_first_grammar_state_are_impossible_tokens(tmp_path):
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
-                        "--cases", "grammar", "--configs", "control,grammar-block-start"]) == 0
-    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
-    ok, frozen = configs["control"]["cases"]["grammar"], configs["grammar-block-start"]["cases"]["grammar"]
-    assert ok["level"] in ("certified", "reduced"), ok["headline"]
-    assert frozen["level"] == "not_certified" and frozen["impossible"]["completions"] > 100, frozen["headline"]
-    assert frozen["looks"]["look"] == "interim"  # decided at the first look: impossible tokens need no power
