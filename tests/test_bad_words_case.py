@@ -79,3 +79,19 @@ def test_completions_under_bad_words_are_certified_and_ignored_words_are_named()
                               sampling=WITH, max_new_tokens=5, eos_id=True)
     assert ignored.level == "not_certified" and ignored.impossible, ignored.report()
     assert ignored.explained.startswith("bad_words has no effect"), ignored.explained
+
+
+def test_every_adapter_that_takes_no_bad_words_refuses_them_rather_than_dropping_them():
+    """Bug class: a harness mapping that silently drops a setting, so the engine is blamed ("bad_words has no
+    effect") for the adapter's omission: every adapter without a bad-words mapping refuses the request."""
+    from conformance.engines.adapter import Request
+    from conformance.engines.llamacpp.adapter import completion_payload
+    from conformance.engines.mistralrs.adapter import chat_kwargs
+    from conformance.engines.onnxgenai.adapter import search_options
+    from conformance.engines.openvino.adapter import ADAPTER as OV, generation_fields
+
+    r = Request("bad-words", (2, 5), WITH, 5, True, 7, 1)
+    for call in (lambda: completion_payload(r), lambda: chat_kwargs(r, "t2 t5"), lambda: search_options(r),
+                 lambda: generation_fields(r, OV.config("control"), seed=1)):
+        with pytest.raises(ValueError, match="bad words|bad_words"):
+            call()

@@ -202,6 +202,8 @@ def completion_payload(request) -> dict:
     s = request.sampling
     if s.min_new_tokens:
         raise ValueError("the llama.cpp matrix has no min_new_tokens case")
+    if s.bad_words:
+        raise ValueError("llama-server takes no multi-token bad words (a logit_bias of false bans a token everywhere)")
     body = {
         "prompt": [int(t) for t in request.prompt], "n_predict": int(request.max_new_tokens), "stream": False,
         "return_tokens": True, "cache_prompt": True, "samplers": list(SAMPLERS), "ignore_eos": False,

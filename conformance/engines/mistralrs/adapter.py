@@ -135,7 +135,7 @@ def chat_kwargs(request, text: str) -> dict:
     unset)."""
     s = request.sampling
     missing = [n for n, v in (("logit_bias", s.logit_bias), ("min_new_tokens", s.min_new_tokens),
-                              ("constraint", s.constraint is not None)) if v]
+                              ("constraint", s.constraint is not None), ("bad_words", s.bad_words)) if v]
     if missing:
         raise ValueError(f"the mistral.rs matrix has no {', '.join(missing)} case")
     if getattr(s, "top_k_ties", "all") == "lowest_ids":

@@ -268,7 +268,7 @@ def search_options(request, k: int = 0) -> dict:
     s = request.sampling
     missing = [n for n, v in (("min_p", s.min_p), ("presence_penalty", s.presence_penalty),
                               ("frequency_penalty", s.frequency_penalty), ("logit_bias", s.logit_bias),
-                              ("constraint", s.constraint is not None)) if v]
+                              ("constraint", s.constraint is not None), ("bad_words", s.bad_words)) if v]
     if missing:
         raise ValueError(f"ONNX Runtime GenAI has no {', '.join(missing)} search option")
     if not s.greedy and s.top_k and getattr(s, "top_k_ties", "all") != "lowest_ids":

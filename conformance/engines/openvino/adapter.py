@@ -102,6 +102,8 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
         raise ValueError("OpenVINO GenAI's GenerationConfig has no logit_bias")
     if s.constraint is not None:
         raise ValueError("the OpenVINO matrix has no constraint cases")
+    if s.bad_words:
+        raise ValueError("OpenVINO GenAI's GenerationConfig has no bad words")
     if request.stream:
         raise ValueError("streaming: this adapter calls ContinuousBatchingPipeline.generate on token ids (no stream)")
     f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": int(s.min_new_tokens),
