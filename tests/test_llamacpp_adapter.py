@@ -89,7 +89,8 @@ def test_configurations_declare_their_schemes():
             "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"} <= names
     for c in ad.configurations:
         if c.method == "draft-simple":
-            assert c.scheme == "sample_match" and c.identical_to == "control" and c.k == c.options["draft_max"]
+            plain = "control-np4" if c.options.get("parallel", 1) == 4 else "control"  # the same slots, no speculation
+            assert c.scheme == "sample_match" and c.identical_to == plain and c.k == c.options["draft_max"]
         if c.method and c.method.startswith("ngram"):
             assert c.scheme is None and c.identical_to == "control"
     ign = ad.config("draft-ignored")
