@@ -110,7 +110,7 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
     if driver is not None:
         state["verdicts"], state["waves"] = dict(driver.verdicts), list(driver.waves)
     if timed_out or rc != 0:
-        tail = (raw / log.name).read_text().strip().splitlines()[-3:]
+        tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-3:]  # the path it was opened with
         why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
         state.setdefault("error", why + (": " + " | ".join(tail)[-300:] if tail else ""))
         for name, c in state["cases"].items():
@@ -459,7 +459,7 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
 def run(args) -> dict:
     ad = get_adapter(args.engine)
     python = ad.python()
-    out = Path(args.out)
+    out = Path(args.out).resolve()  # the workers run in the repository: a relative --out means the caller's directory
     out.mkdir(parents=True, exist_ok=True)
     names = args.configs.split(",") if args.configs else [c.name for c in ad.configurations]
     only = tuple(x for x in (args.cases or "").split(",") if x)

@@ -60,7 +60,8 @@ SPEC = ("warp", "eos", "position")
 #: The request-feature cases (:data:`conformance.engines.matrix.FEATURE_CASES`): min_new_tokens is a GenerationConfig
 #: field; logit_bias is not (refused, with that reason).
 FEATURES = ("min-tokens", "logit-bias")
-#: Stop strings (``GenerationConfig.stop_strings``, the stop tokens kept in the ids): token ids and finish reason only.
+#: Stop strings (``GenerationConfig.stop_strings``, the stop tokens kept in the ids): token ids and finish reason only;
+#: on the plain pipeline alone (with prompt lookup the engine raises in a mixed batch and a retry once hung: defect F).
 TEXT_CASES = ("stop-strings",)
 
 
@@ -85,7 +86,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
     Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
                                                      "max_ngram_size": 2, "prefix_caching": True}, None,
-                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES + TEXT_CASES, k=3, identical_to="control",
+                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES, k=3, identical_to="control",
                   note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
     Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
                   identical_to="control",
