@@ -413,7 +413,7 @@ def test_identity_with_n_completions_per_request_compares_each_completion_by_its
     """Bug class: a speculative configuration that keeps the first of a request's n completions identical to the plain
     sampler and draws the others from a shared stream; the check must compare every (seed, index), not the seed."""
     from conformance.engines.matrix import case as matrix_case
-    from conformance.engines.runner import identity_check
+    from conformance.engines.seeds import identity_check
 
     def state(name, flip=None):
         lines = [{"seed": s, "index": j, "completion_ids": [j, s % 5, 1]} for s in (10, 14) for j in range(4)]

@@ -48,11 +48,12 @@ from .conditions import condition, condition_cases, evidence_check, per_request_
 from .features import apply_logprobs_check, apply_text_checks, copies_note
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
+from .seeds import identity_check
 from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
 from .report import TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, patch_key, write_json
 from .verdict import ENGINE_LEVELS, CaseVerdict, Check, ConfigVerdict, Level
 
-__all__ = ["run", "main", "certify_case", "speculation_check", "identity_check", "efficiency_of"]
+__all__ = ["run", "main", "certify_case", "speculation_check", "efficiency_of"]
 
 REPLAY_N = 6000
 
@@ -336,30 +337,6 @@ def speculation_check(cfg, case, info: dict) -> Check | None:
         return Check(None, "unverified: the engine reports no speculative counters")
     text = f"{drafted} draft tokens ({source})" + (f"; {without} requests drafted nothing" if without else "")
     return Check(drafted > 0, text, {"draft_tokens": drafted, "requests_without_drafts": without})
-
-
-def identity_check(case, mine: dict, other: dict, other_name: str) -> Check | None:
-    """Per-seed identity with ``other_name``'s outputs of the same case: request by request (matched by seed),
-    the first request and position that differ."""
-    a, b = mine["cases"].get(case.name, {}), other["cases"].get(case.name, {})
-    if not case.seeded or a.get("status") != "ok" or b.get("status") != "ok":
-        return None
-    load = lambda info: {(r["seed"], r.get("index")): r  # noqa: E731 - a request's n completions by their index
-                         for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
-    ra, rb = load(a), load(b)
-    common = sorted(set(ra) & set(rb), key=lambda key: (key[0], -1 if key[1] is None else key[1]))
-    unit = "requests" if all(key[1] is None for key in common) else "completions"  # n > 1: each of a request's n
-    for key in common:
-        x, y = ra[key]["completion_ids"], rb[key]["completion_ids"]
-        if x != y:
-            pos = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
-            differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
-            where = f"request seed {key[0]}" + (f" completion {key[1]}" if key[1] is not None else "")
-            return Check(False, f"differs from {other_name} at {where}, position {pos + 1}: {x} vs {y} "
-                                f"({differing} of {len(common)} {unit} differ)",
-                         {"compared": len(common), "differing": differing})
-    return Check(bool(common), f"identical to {other_name} on all {len(common)} {unit}" if common else
-                 "no common seeds", {"compared": len(common)})
 
 
 def efficiency_of(ad, cfg, state: dict) -> dict | None:

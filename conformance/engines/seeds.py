@@ -13,12 +13,15 @@ exact, so no distribution test can see it. In speculative decoding the drafts ar
 from the global generator changes the emitted tokens through the verifier's coupling, even when the verifier draws
 from the request's generator. Found in vLLM 0.32.0 with ``draft_sample_method="probabilistic"``
 (docs/vllm-verdict.md, defect D).
+
+Also here, :func:`identity_check`: a configuration that claims to equal another per seed (``identical_to``) compared
+request by request (each of a request's ``n`` completions by its index), naming the first that differs.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-__all__ = ["PROBE_N", "PROBE_FILLERS", "probe_requests", "compare", "seed_check"]
+__all__ = ["PROBE_N", "PROBE_FILLERS", "probe_requests", "compare", "seed_check", "identity_check"]
 
 #: Seeded requests per case generated a second time.
 PROBE_N = 32
@@ -78,3 +81,32 @@ def seed_check(probe: dict | None):
                         f"completion when generated again in another batch (first: seed {f['seed']}, position "
                         f"{f['position']}: {f['batch']} vs {f['again']})",
                  {"compared": probe["compared"], "differing": probe["differing"]})
+
+
+def identity_check(case, mine: dict, other: dict, other_name: str):
+    """Per-seed identity with ``other_name``'s outputs of the same case: request by request (matched by seed),
+    the first request and position that differ."""
+    import json
+    from pathlib import Path
+
+    from .verdict import Check
+
+    a, b = mine["cases"].get(case.name, {}), other["cases"].get(case.name, {})
+    if not case.seeded or a.get("status") != "ok" or b.get("status") != "ok":
+        return None
+    load = lambda info: {(r["seed"], r.get("index")): r  # noqa: E731 - a request's n completions by their index
+                         for r in map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())}
+    ra, rb = load(a), load(b)
+    common = sorted(set(ra) & set(rb), key=lambda key: (key[0], -1 if key[1] is None else key[1]))
+    unit = "requests" if all(key[1] is None for key in common) else "completions"  # n > 1: each of a request's n
+    for key in common:
+        x, y = ra[key]["completion_ids"], rb[key]["completion_ids"]
+        if x != y:
+            pos = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+            differing = sum(ra[s]["completion_ids"] != rb[s]["completion_ids"] for s in common)
+            where = f"request seed {key[0]}" + (f" completion {key[1]}" if key[1] is not None else "")
+            return Check(False, f"differs from {other_name} at {where}, position {pos + 1}: {x} vs {y} "
+                                f"({differing} of {len(common)} {unit} differ)",
+                         {"compared": len(common), "differing": differing})
+    return Check(bool(common), f"identical to {other_name} on all {len(common)} {unit}" if common else
+                 "no common seeds", {"compared": len(common)})
