@@ -383,7 +383,8 @@ def row_dependence_note() -> str:
     return (f"\n  note: in this process row b of a float32 F.linear depends on the number of rows ({len(found)} of the "
             f"probe's products, e.g. (in, out, rows) = {found[0]}; MKL_CBWR={os.environ.get('MKL_CBWR')!r}). A backend "
             f"computing with these kernels can flip a token at a near-tie with its batch; to tell that apart from a bug, "
-            f"rerun with MKL_CBWR={MKL_STRICT} set before the process starts (docs/batching.md).")
+            f"rerun with MKL_CBWR={MKL_STRICT} set before the process starts, or where that is not enough (an AMD "
+            f"EPYC) with one product per row (specdec_ref.row_products.per_row_linear; docs/batching.md).")
 
 
 def _ids(prompt) -> list[int]:

@@ -41,6 +41,7 @@ from .draws import choose_rows, row_generators
 from .history import process_logits
 from .proposers import Proposer
 from .row_cache import RowCaches
+from .row_products import linear
 from .static_cache import FINAL
 
 __all__ = ["EagleHead", "Eagle3Head", "MtpHead", "MedusaHeads", "FeatureProposer", "EagleProposer", "Eagle3Proposer",
@@ -247,7 +248,7 @@ class EagleProposer(FeatureProposer):
 
     def combine(self, embeds: torch.Tensor, features: torch.Tensor, positions) -> torch.Tensor:
         """The decoder layers' input from the token embeddings and the features: ``fc([embed, feature])``."""
-        return F.linear(torch.cat([embeds, features], -1), self.spec.fc, self.spec.fc_bias)
+        return linear(torch.cat([embeds, features], -1), self.spec.fc, self.spec.fc_bias)
 
     def layers(self, x: torch.Tensor, ids: torch.Tensor, tree: tuple | None = None) -> torch.Tensor:
         """The head's decoder layers on ``x [B, n, H]`` at the rows' next positions of its cache (none: ``x``); with
@@ -265,7 +266,7 @@ class EagleProposer(FeatureProposer):
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Draft logits ``[B, V]`` over the target's vocabulary from the head's hidden ``h [B, H]``."""
-        return F.linear(h, self.lm_head)
+        return linear(h, self.lm_head)
 
     def propose(self, pending, k, configs, state, generator):
         # catch-up: every row's backlog (right-padded to the longest), its last real position drafts d_1
@@ -326,8 +327,8 @@ class MedusaProposer(FeatureProposer):
         """Head ``i``'s logits ``[B, V]`` from ``feature [B, H]``."""
         x = feature
         for w, bias in self.spec.blocks[i]:
-            x = x + F.silu(F.linear(x, w, bias))
-        return F.linear(x, self.spec.lm_heads[i])
+            x = x + F.silu(linear(x, w, bias))
+        return linear(x, self.spec.lm_heads[i])
 
     def propose(self, pending, k, configs, state, generator):
         feature = self.last_features()
@@ -432,10 +433,10 @@ class Eagle3Proposer(EagleProposer):
         return torch.arange(len(d2t), device=d2t.device) + d2t
 
     def first_features(self, features):
-        return F.linear(features, self.spec.fuse)
+        return linear(features, self.spec.fuse)
 
     def logits(self, h):
-        draft = F.linear(h, self.lm_head)
+        draft = linear(h, self.lm_head)
         if self.targets is None:
             return draft
         full = draft.new_full((draft.shape[0], self.vocab), float("-inf"))

@@ -51,6 +51,7 @@ from torch import nn
 from specdec_ref.cache import ATOL, RTOL, ModelCache
 from specdec_ref.dims import instance_dict
 from specdec_ref.forward import WeightsWatch
+from specdec_ref.row_products import linear
 from specdec_ref.static_rows import RaggedRows
 
 __all__ = ["StaticModelCache", "StaticKV", "supports", "fastest_cache", "SUPPORTED_MODEL_TYPES", "FINAL", "ATOL", "RTOL"]
@@ -465,7 +466,7 @@ class StaticModelCache(RaggedRows, ModelCache):
         for i, lay in enumerate(self._layers):
             eps_in, eps_post = self._eps[i]
             h = self._rms(x, lay.in_norm, eps_in)
-            qkv = F.linear(h, lay.wqkv, lay.bqkv).view(b, n, nqk + nkv, d)
+            qkv = linear(h, lay.wqkv, lay.bqkv).view(b, n, nqk + nkv, d)
             qk = qkv[:, :, :nqk]
             qk = qk * cos + qk.roll(half, -1) * sin
             q = qk[:, :, :nh].transpose(1, 2)
@@ -479,10 +480,10 @@ class StaticModelCache(RaggedRows, ModelCache):
             o = F.scaled_dot_product_attention(
                 q, kbuf[:, :, :end], vbuf[:, :, :end], attn_mask=mask, is_causal=causal, enable_gqa=nh != nkv
             )
-            x = x + F.linear(o.transpose(1, 2).reshape(b, n, nh * d), lay.wo, lay.bo)
+            x = x + linear(o.transpose(1, 2).reshape(b, n, nh * d), lay.wo, lay.bo)
             h = self._rms(x, lay.post_norm, eps_post)
-            gate, up = F.linear(h, lay.wgu, lay.bgu).chunk(2, -1)
-            x = x + F.linear(F.silu(gate) * up, lay.wd, lay.bd)
+            gate, up = linear(h, lay.wgu, lay.bgu).chunk(2, -1)
+            x = x + linear(F.silu(gate) * up, lay.wd, lay.bd)
             if i + 1 in capture:
                 captured[i + 1] = x
         if not head:
@@ -492,7 +493,7 @@ class StaticModelCache(RaggedRows, ModelCache):
         if FINAL in capture:
             captured[FINAL] = x
         self.captured = captured
-        return F.linear(x, self._lm_w, self._lm_b)
+        return linear(x, self._lm_w, self._lm_b)
 
     def features(self) -> dict:
         """The hidden states named in :attr:`capture` from the last forward, ``{layer: Float[B, n, H]}`` (float32
@@ -543,7 +544,7 @@ class StaticModelCache(RaggedRows, ModelCache):
                 h = 0.5 * h * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (h + 0.044715 * torch.pow(h, 3.0))))
             x = x + torch.addmm(lay.bd, h, lay.wd).view(b, n, hidden)
         x = F.layer_norm(x, (hidden,), self._final_norm, self._final_bias, self._final_eps)
-        return F.linear(x, self._lm_w, self._lm_b)
+        return linear(x, self._lm_w, self._lm_b)
 
 
 def fastest_cache(model: nn.Module, **kwargs) -> ModelCache:
