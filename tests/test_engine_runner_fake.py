@@ -244,6 +244,24 @@ def test_after_a_crash_each_case_runs_alone_to_its_decision(tmp_path):
     assert temperature["level"] in ("certified", "reduced") and temperature["looks"]["decided"], temperature["headline"]
 
 
+def test_one_case_per_batch_from_the_start_gives_the_reruns_verdicts_with_one_worker(tmp_path):
+    """``--one-case-per-batch`` (an engine whose mixed batches are known to crash): a speculative configuration's
+    worker runs the rerun's way from the start, so its verdicts are the crash rerun's (the case without top-k judged
+    to its decision, the top-k case an engine error: as test_after_a_crash_each_case_runs_alone_to_its_decision) and
+    no second worker starts; an engine that dies before its first case (in the efficiency set: ``crash``) has its
+    cases rerun, so its crash is still a case's."""
+    assert runner.main(["fixtures.engines:FAKE", "--scale", SCALE, "--configs", "crash-top-k-spec,crash", "--out",
+                        str(tmp_path), "--one-case-per-batch"]) == 0
+    got = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    split = got["crash-top-k-spec"]["cases"]
+    assert split["warp"]["level"] == "engine_error" and "first_call" not in split["warp"]["engine"]
+    assert split["temperature"]["level"] in ("certified", "reduced") and split["temperature"]["looks"]["decided"]
+    crash = got["crash"]["cases"]["temperature"]
+    assert crash["level"] == "engine_error" and crash["engine"]["first_call"]["status"] == "not_run"
+    raw = tmp_path / "raw" / "crash-top-k-spec"
+    assert list(raw.rglob("worker-first.json")) == [] and all(json.loads(p.read_text())["split"]
+                                                             for p in raw.rglob("worker.json"))
+
 
 def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_naming_the_setting(tmp_path):
     """The request-feature case ``logit-bias``: the control applies the bias and is certified; the speculative

@@ -121,20 +121,27 @@ def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fa
 
 
 def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
-                cases: str = "", engine: str | None = None, cpus: tuple[int, ...] | None = None) -> dict:
-    """One worker for one target family, in waves; cases lost to an engine crash are rerun once, one batch each."""
+                cases: str = "", engine: str | None = None, cpus: tuple[int, ...] | None = None,
+                one_case_per_batch: bool = False) -> dict:
+    """One worker for one target family, in waves; cases lost to an engine crash are rerun once, one batch each.
+    ``one_case_per_batch`` (speculative configurations only): the worker runs the rerun's way from the start, one
+    batch per case, the cases without top-k or top-p first; its cases are rerun only when the engine died before the
+    first of them (in the efficiency set)."""
     engine = engine or ad.name
     cfg = ad.config(cfg_name)
     wanted = set(cases.split(",")) if cases else None
+    split = one_case_per_batch and cfg.speculative
 
     def driver(names=None) -> WaveDriver:
         mine = [_under_conventions(ad, c) for c in ad.cases_for(cfg) if c.group == family
                 and (wanted is None or c.name in wanted) and (names is None or c.name in names)]
-        return WaveDriver(mine, raw, scale * cfg.scale, one_at_a_time=names is not None)
+        return WaveDriver(mine, raw, scale * cfg.scale, one_at_a_time=split or names is not None)
 
     state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
-                        cases=cases, driver=driver(), cpus=cpus)
+                        cases=cases, split=split, driver=driver(), cpus=cpus)
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
+    if split and any(state["cases"][n].get("status") != "not_run" for n in crashed):
+        crashed = []  # one batch per case already: the crash is its case's, the cases after it not run
     if crashed and not state.get("error", "").startswith("setup"):
         print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
@@ -167,7 +174,7 @@ def families_of(ad, cfg_name: str, cases: tuple[str, ...] = ()) -> list[str]:
 
 def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, patch: str, scale: float, timeout: float,
                  cases: tuple[str, ...] = (), engine: str | None = None, parallel: int = 1,
-                 on_done=None) -> dict[tuple[str, str], dict]:
+                 on_done=None, one_case_per_batch: bool = False) -> dict[tuple[str, str], dict]:
     """The worker state of every ``(configuration, family)`` job, ``parallel`` workers at a time (each its own process
     and process group, its own raw folder; a job's crash rerun stays inside the job). The result does not depend on
     ``parallel``: the jobs share nothing but the machine (the worker's timeout is per job). An adapter that pins its
@@ -188,7 +195,8 @@ def run_families(ad, python: str, jobs: list[tuple[str, str]], out: Path, *, pat
         share = free.get()
         try:
             st = _run_family(ad, python, cfg_name, out / "raw" / cfg_name / fam, fam, patch=patch, scale=scale,
-                             timeout=timeout, cases=",".join(cases), engine=engine, cpus=share)
+                             timeout=timeout, cases=",".join(cases), engine=engine, cpus=share,
+                             one_case_per_batch=one_case_per_batch)
         finally:
             free.put(share)
         if on_done is not None:
@@ -224,11 +232,11 @@ def merge_families(cfg_name: str, out: Path, states: dict[str, dict]) -> dict:
 
 
 def run_configuration(ad, python: str, cfg_name: str, out: Path, *, patch: str, scale: float, timeout: float,
-                      cases: tuple[str, ...] = (), engine: str | None = None) -> dict:
+                      cases: tuple[str, ...] = (), engine: str | None = None, one_case_per_batch: bool = False) -> dict:
     """A fresh worker process per target family, one after the other; their states merged."""
     fams = families_of(ad, cfg_name, cases)
     states = run_families(ad, python, [(cfg_name, f) for f in fams], out, patch=patch, scale=scale, timeout=timeout,
-                          cases=cases, engine=engine)
+                          cases=cases, engine=engine, one_case_per_batch=one_case_per_batch)
     return merge_families(cfg_name, out, {f: states[(cfg_name, f)] for f in fams})
 
 
@@ -459,13 +467,14 @@ def run(args) -> dict:
                                "notes": list(ad.conventions.notes)}}
     states = {}
     jobs = max(1, int(getattr(args, "jobs", 1) or 1))
+    split = bool(getattr(args, "one_case_per_batch", False))
     timeout = args.timeout or ad.timeout_s * (1 + 0.5 * (jobs - 1))  # a worker shares the machine with jobs - 1 others
     if jobs > 1:  # every worker first, longest first by the adapter's estimate; then the verdicts in order
         work = [(n, f) for n in names for f in families_of(ad, n, only)]
         print(f"[{time.time() - t0:5.0f}s] {len(work)} workers, {jobs} at a time", flush=True)
         worker_states = run_families(
             ad, python, sorted(work, key=lambda j: -ad.work_estimate(*j)), out, patch=args.patch, scale=args.scale,
-            timeout=timeout, cases=only, engine=args.engine, parallel=jobs,
+            timeout=timeout, cases=only, engine=args.engine, parallel=jobs, one_case_per_batch=split,
             on_done=lambda job, st: print(f"[{time.time() - t0:5.0f}s]   worker {job[0]}/{job[1]} done in "
                                           f"{st.get('wall_s', 0):.0f} s", flush=True))
     for n in names:
@@ -476,7 +485,7 @@ def run(args) -> dict:
             state = merge_families(n, out, {f: worker_states[(n, f)] for f in fams})
         else:
             state = run_configuration(ad, python, n, out, patch=args.patch, scale=args.scale, timeout=timeout,
-                                      cases=only, engine=args.engine)
+                                      cases=only, engine=args.engine, one_case_per_batch=split)
         states[n] = state
         results["version"] = results.get("version") or state.get("version")
         entry = ConfigVerdict(cfg.note, cfg.scheme, cfg.method, worker_wall_s=state.get("wall_s"),
@@ -539,6 +548,9 @@ def main(argv=None) -> int:
                     "extra job)")
     ap.add_argument("--jobs", type=int, default=1, help="engine workers at a time (one per configuration and target "
                     "family; the verdicts do not depend on it; an engine whose workers use one core each gains most)")
+    ap.add_argument("--one-case-per-batch", action="store_true", help="speculative configurations run one batch per "
+                    "case from the start, the cases without top-k or top-p first (the crash rerun's way, nothing "
+                    "rerun): for an engine whose mixed batches are known to crash (vLLM unpatched, defect A)")
     ap.add_argument("--check-expected", action="store_true", help="exit 1 unless every outcome is the recorded one")
     ap.add_argument("--record-expected", action="store_true", help="add this run's outcomes to the expectation file")
     args = ap.parse_args(argv)

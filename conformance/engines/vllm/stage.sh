@@ -51,7 +51,10 @@ kernel token_patched dev "CERTIFIED AT REDUCED POWER"
 # every configuration but the two behind the OpenAI-compatible server (they run with patch A below: unpatched, the
 # server path shows defect A as the offline draft-prob does)
 OFFLINE=$("$VPY" -c 'from conformance.engines.vllm.adapter import CONFIGS; print(",".join(c.name for c in CONFIGS if not c.options.get("server")))')
-matrix_step vllm engine-unpatched "engine level: the black-box matrix, unpatched" --jobs 2 --configs "$OFFLINE"
+# unpatched, defect A crashes every speculative configuration's first mixed batch: each runs one batch per case from the
+# start (the cases without top-k or top-p first), the crash rerun's way, instead of a crashing worker and a rerun
+matrix_step vllm engine-unpatched "engine level: the black-box matrix, unpatched" --jobs 2 --configs "$OFFLINE" \
+    --one-case-per-batch
 # the patch touches speculative decoding only: the control (control-deep3), suffix and synthetic rows are the
 # unpatched run's; stop strings and streaming run through the server (serve-control, serve-draft-prob)
 matrix_step vllm engine-patch-A "engine level: the black-box matrix, patch A" --jobs 2 --patch A \
