@@ -82,10 +82,12 @@ class Engines:
         gc.collect()
 
 
-#: one xdist group per dtype (``--dist loadgroup``): each worker loads a model's engines once, for the tests of its dtype
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.xdist_group(f"vllm_exact_{p[1]}"))
-                                        for p in PARAMS], ids=lambda p: f"{p[0]}-{p[1]}")
-def engines(request):
+def _grouped(params):
+    """One xdist group per dtype (``--dist loadgroup``): each worker loads a model's engines once, for its dtype."""
+    return [pytest.param(p, marks=pytest.mark.xdist_group(f"vllm_exact_{p[1]}")) for p in params]
+
+
+def _module_engines(request):
     name, dtype = request.param
     eng = Engines(EXACT_MODELS[name], dtype)
     yield eng
@@ -93,6 +95,11 @@ def engines(request):
     for (n, d, check), err in sorted(MEASURED.items()):
         if (n, d) == (name, dtype):
             print(f"\nvLLM {name} {dtype} {check}: max |error| = {err:.3g}")
+
+
+@pytest.fixture(scope="module", params=_grouped(PARAMS), ids=lambda p: f"{p[0]}-{p[1]}")
+def engines(request):
+    yield from _module_engines(request)
 
 
 def _contexts(m: ExactModel, seed: int) -> list[list[int]]:
@@ -211,13 +218,9 @@ def test_raw_logits_are_bit_exact(engines):
 TARGET_PARAMS = [(name, dtype) for name, dtype in PARAMS if name.startswith(("order1-target", "order2-target"))]
 
 
-@pytest.fixture(scope="module", params=[pytest.param(p, marks=pytest.mark.xdist_group(f"vllm_exact_{p[1]}"))
-                                        for p in TARGET_PARAMS], ids=lambda p: f"{p[0]}-{p[1]}")
+@pytest.fixture(scope="module", params=_grouped(TARGET_PARAMS), ids=lambda p: f"{p[0]}-{p[1]}")
 def target_engines(request):
-    name, dtype = request.param
-    eng = Engines(EXACT_MODELS[name], dtype)
-    yield eng
-    eng.close()
+    yield from _module_engines(request)
 
 
 def test_processed_logprobs_at_temperature(target_engines):
