@@ -4,7 +4,10 @@ starts) runs on its own share of this machine's CPUs, as the engine runner's pin
 workers' engines on the same cores spin against each other."""
 from __future__ import annotations
 
+import gc
 import os
+
+import pytest
 
 
 def pytest_configure(config):
@@ -16,3 +19,12 @@ def pytest_configure(config):
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) >= count:
         os.sched_setaffinity(0, cpus[int(worker[2:]) % count::count])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _imports_out_of_the_collectors_reach():
+    """After collection (every engine imported), ``gc.freeze()``: vLLM runs ``gc.collect()`` several times per engine
+    start, each about a second over the imports' objects; frozen, they are skipped (objects made later are collected
+    as before)."""
+    gc.freeze()
+    yield

@@ -219,6 +219,9 @@ class EngineAdapter(abc.ABC):
     #: With ``--jobs N``, run each worker on its own share of the CPUs (an engine that binds its threads to every CPU
     #: it may use, as vLLM does, slows down many times over when two workers spin on the same cores).
     pin_workers: bool = False
+    #: Modules a warm interpreter imports once per run, every worker then a fork of it
+    #: (:mod:`conformance.engines.launch`); empty: every worker is a fresh interpreter.
+    preload_modules: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ data
     def config(self, name: str) -> Configuration:
@@ -279,6 +282,12 @@ class EngineAdapter(abc.ABC):
     @abc.abstractmethod
     def installed_version(self) -> str:
         """The engine's version as installed (in the worker process)."""
+
+    def preload(self) -> None:
+        """Import :attr:`preload_modules` (in the zygote, before any worker is forked from it): imports only, no
+        engine, no thread. An adapter that sets environment variables its engine reads at import sets them here."""
+        for name in self.preload_modules:
+            importlib.import_module(name)
 
     def apply_patches(self, names: Sequence[str]) -> list[str]:
         if names:

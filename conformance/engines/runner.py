@@ -37,8 +37,6 @@ import argparse
 import json
 import os
 import shlex
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -49,75 +47,14 @@ from .features import apply_logprobs_check, apply_text_checks, copies_note
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
 from .seeds import identity_check
-from .waves import ControlPipe, WaveDriver, WorkerTimeout, case_looks
+from .launch import run_worker, warm
+from .waves import WaveDriver, case_looks
 from .report import TOOL_ERROR, check_expected, expectation_entries, markdown, merge_expected, patch_key, write_json
 from .verdict import ENGINE_LEVELS, CaseVerdict, Check, ConfigVerdict, Level
 
 __all__ = ["run", "main", "certify_case", "speculation_check", "efficiency_of"]
 
 REPLAY_N = 6000
-
-
-def _run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, family: str, cases: str = "",
-                split: bool = False, scale: float = 1.0, timeout: float, driver: WaveDriver | None = None,
-                cpus: tuple[int, ...] | None = None) -> dict:
-    """One worker process: it generates in the waves ``driver`` asks for (:mod:`conformance.engines.waves`), else every
-    case in one wave; its state (``worker.json``), with what the runner saw (timeouts, exit, the waves' verdicts).
-    ``cpus``: the CPUs the worker (and every thread and process it starts) may run on."""
-    cmd = [python, "-m", "conformance.engines.worker", engine, "--config", cfg, "--raw", str(raw),
-           "--scale", str(scale), "--family", family]
-    cmd += ["--patch", patch] if patch else []
-    cmd += ["--cases", cases] if cases else []
-    cmd += ["--split"] if split else []
-    raw.mkdir(parents=True, exist_ok=True)
-    log = open(raw / ("worker-split.log" if split else "worker.log"), "w")
-    pipe, child_fds = None, ()
-    if driver is not None:  # the control pipes: runner -> worker (waves), worker -> runner (what it did)
-        worker_reads, runner_writes = os.pipe()
-        runner_reads, worker_writes = os.pipe()
-        child_fds = (worker_reads, worker_writes)
-        cmd += ["--control", f"{worker_reads},{worker_writes}"]
-        pipe = ControlPipe(runner_writes, runner_reads)
-    t0 = time.time()
-    proc = subprocess.Popen(["nice", "-n", "10", *cmd], cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True, pass_fds=child_fds)
-    if cpus:  # before the engine starts its threads (they inherit the mask)
-        try:
-            os.sched_setaffinity(proc.pid, cpus)
-        except OSError:
-            pass
-    for fd in child_fds:
-        os.close(fd)
-    timed_out = False
-    try:
-        if driver is not None:
-            driver.drive(pipe, t0 + timeout)
-        rc = proc.wait(timeout=max(t0 + timeout - time.time(), 1.0))
-    except (subprocess.TimeoutExpired, WorkerTimeout):
-        timed_out = True
-        rc = None
-    finally:  # the whole group (a server the worker started included) is stopped, whatever happened
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        rc = proc.wait() if rc is None else rc
-        if pipe is not None:
-            pipe.close()
-    log.close()
-    state_path = raw / "worker.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {"cases": {}}
-    state.update(rc=rc, timed_out=timed_out, wall_s=round(time.time() - t0, 1))
-    if driver is not None:
-        state["verdicts"], state["waves"] = dict(driver.verdicts), list(driver.waves)
-    if timed_out or rc != 0:
-        tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-3:]  # the path it was opened with
-        why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
-        state.setdefault("error", why + (": " + " | ".join(tail)[-300:] if tail else ""))
-        for name, c in state["cases"].items():
-            if c.get("status") in ("pending", "running"):
-                c.update(status="timeout" if timed_out else "engine_error", error=state["error"])
-    return state
 
 
 def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch: str, scale: float, timeout: float,
@@ -137,7 +74,7 @@ def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch
                 and (wanted is None or c.name in wanted) and (names is None or c.name in names)]
         return WaveDriver(mine, raw, scale * cfg.scale, one_at_a_time=split or names is not None)
 
-    state = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
+    state = run_worker(engine, python, cfg_name, raw, patch=patch, family=family, scale=scale, timeout=timeout,
                         cases=cases, split=split, driver=driver(), cpus=cpus)
     crashed = [n for n, c in state["cases"].items() if c.get("status") in ("engine_error", "not_run")]
     if split and any(state["cases"][n].get("status") != "not_run" for n in crashed):
@@ -146,7 +83,7 @@ def _run_family(ad, python: str, cfg_name: str, raw: Path, family: str, *, patch
         print(f"  [{cfg_name}/{family}] engine failed on {crashed}: rerunning them one batch each", flush=True)
         first = {n: dict(state["cases"][n]) for n in crashed}
         (raw / "worker.json").rename(raw / "worker-first.json")
-        retry = _run_worker(engine, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
+        retry = run_worker(engine, python, cfg_name, raw, patch=patch, family=family, cases=",".join(crashed),
                             split=True, scale=scale, timeout=timeout, driver=driver(set(crashed)), cpus=cpus)
         for n in crashed:
             c = retry["cases"].get(n, {"status": "not_run"})
@@ -442,10 +379,16 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
 
 
 def run(args) -> dict:
+    """Run the workers (forked from a warm interpreter where the adapter preloads: :mod:`.launch`), certify, report."""
     ad = get_adapter(args.engine)
     python = ad.python()
     out = Path(args.out).resolve()  # the workers run in the repository: a relative --out means the caller's directory
     out.mkdir(parents=True, exist_ok=True)
+    with warm(ad, args.engine, python, REPO, out / "zygote.log"):
+        return _run(args, ad, python, out)
+
+
+def _run(args, ad, python: str, out: Path) -> dict:
     names = args.configs.split(",") if args.configs else [c.name for c in ad.configurations]
     only = tuple(x for x in (args.cases or "").split(",") if x)
     for n in names:

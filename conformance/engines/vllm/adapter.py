@@ -371,6 +371,10 @@ class VLLMAdapter(EngineAdapter):
 
         return vllm.__version__
 
+    def preload(self) -> None:
+        _env()
+        super().preload()
+
     def apply_patches(self, names) -> list[str]:
         if not names:
             return []
@@ -428,6 +432,7 @@ ADAPTER = VLLMAdapter(
                             token_prefix=" ",
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
     seed_probe=True, pin_workers=True,
+    preload_modules=("vllm.entrypoints.llm", "vllm.sampling_params", __name__),
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
              "B": "top-k-only path calls k.max() on an empty batch",
              "C": "padded -1 drafts of a one-token prompt accepted by the CPU rejection kernel",
