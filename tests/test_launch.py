@@ -86,3 +86,30 @@ def test_a_forked_worker_runs_in_its_own_process_group_with_its_own_arguments(tm
     finally:
         z.close()
     assert z.proc.returncode is not None
+
+
+def test_a_forked_worker_has_the_intra_op_threads_of_its_cpu_share(tmp_path):
+    """Bug class: a fork keeps the zygote's OpenMP thread count (counted on every CPU when the runtime loaded), so a
+    worker pinned to one CPU spins two threads on it (vLLM's preemption cases ran 3 to 6 times slower). A fresh
+    interpreter pinned to the same CPUs is the reference."""
+    import os
+    import subprocess
+    import sys
+
+    from conformance.engines.adapter import REPO
+    from conformance.engines.launch import Zygote
+
+    cpus = sorted(os.sched_getaffinity(0))[:1]
+    fresh = subprocess.run([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {cpus}); import torch; "
+                            "print(torch.get_num_threads())"], capture_output=True, text=True, check=True)
+    z = Zygote(sys.executable, "fixtures.engines:FAKE_THREADS", REPO, tmp_path / "zygote.log")
+    try:
+        assert z.wait_ready(120) is None
+        with open(tmp_path / "worker.log", "w") as log:
+            proc = z.spawn(["fixtures.engines:FAKE_THREADS", "--config", "threads", "--raw", str(tmp_path / "raw"),
+                            "--family", "order1", "--scale", SCALE], log_fd=log.fileno(), control=None, cpus=cpus)
+            proc.wait(timeout=120)
+    finally:
+        z.close()
+    state = json.loads((tmp_path / "raw" / "worker.json").read_text())
+    assert state["families"]["order1"]["error"].endswith(f"torch threads {int(fresh.stdout)}"), state["families"]

@@ -16,6 +16,9 @@ Rules:
   times per engine start, each a second on its imports' objects): it never loads an engine, and forks only while it runs one Python thread (native
   thread pools such as OpenBLAS's stop and restart themselves across ``fork``); a request it cannot honour is
   answered with an error and the runner starts that worker fresh;
+* a fork's intra-op threads are its own CPU share's count, as a fresh interpreter's are (the OpenMP runtime counts
+  the CPUs once, when it loads: in the zygote, on every CPU; unset, two threads spun on one pinned CPU and vLLM's
+  preemption cases ran 3 to 6 times slower);
 * between the zygote and each worker sits a small monitor process (a fork too) that reports the worker's process id,
   then its exit status (``-N`` for a signal, as :class:`subprocess.Popen` does), on the request's connection;
 * the zygote exits when the runner closes its stdin (the runner's death included), and the runner stops its group.
@@ -285,6 +288,8 @@ def _run_worker_here(msg: dict, fds: list[int]) -> int:
     if msg.get("cpus"):
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, msg["cpus"])
+    if "torch" in sys.modules:  # OpenMP counted the CPUs when it loaded, in the zygote: count the fork's own
+        sys.modules["torch"].set_num_threads(max(1, len(os.sched_getaffinity(0))))
     os.environ.clear()
     os.environ.update(msg["env"])
     sys.stdout.flush()
@@ -334,9 +339,9 @@ def _serve_one(conn: socket.socket, msg: dict, fds: list[int]) -> None:
 def main(argv=None) -> int:
     """``python -m conformance.engines.launch ENGINE SOCKET``: preload, listen on ``SOCKET``, fork on request."""
     engine, path = (argv or sys.argv[1:])[:2]
+    t0 = time.time()
     from conformance.engines.adapter import adapter as get_adapter
 
-    t0 = time.time()
     get_adapter(engine).preload()
     import conformance.engines.worker  # noqa: F401 - the worker's own imports, once
 
