@@ -4,7 +4,6 @@ starts) runs on its own share of this machine's CPUs, as the engine runner's pin
 workers' engines on the same cores spin against each other."""
 from __future__ import annotations
 
-import gc
 import os
 
 import pytest
@@ -23,8 +22,10 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _imports_out_of_the_collectors_reach():
-    """After collection (every engine imported), ``gc.freeze()``: vLLM runs ``gc.collect()`` several times per engine
-    start, each about a second over the imports' objects; frozen, they are skipped (objects made later are collected
-    as before)."""
-    gc.freeze()
+    """After collection (every engine imported), the imports' objects frozen (:mod:`conformance.heap`): vLLM runs
+    ``gc.collect()`` several times per engine start, each about a second over the imports' objects; frozen, they are
+    skipped (objects made later are collected as before)."""
+    from conformance.heap import freeze_long_lived
+
+    freeze_long_lived()
     yield

@@ -12,8 +12,8 @@ environment, its arguments; it runs :func:`conformance.engines.worker.main` and 
 
 Rules:
 
-* the zygote imports only (and freezes what the imports made, ``gc.freeze``: vLLM calls ``gc.collect()`` several
-  times per engine start, each a second on its imports' objects): it never loads an engine, and forks only while it runs one Python thread (native
+* the zygote imports only (and freezes what the imports made, :func:`conformance.heap.freeze_long_lived`: vLLM calls
+  ``gc.collect()`` several times per engine start, each a second on its imports' objects): it never loads an engine, and forks only while it runs one Python thread (native
   thread pools such as OpenBLAS's stop and restart themselves across ``fork``); a request it cannot honour is
   answered with an error and the runner starts that worker fresh;
 * a fork's intra-op threads are its own CPU share's count, as a fresh interpreter's are (the OpenMP runtime counts
@@ -344,8 +344,9 @@ def main(argv=None) -> int:
 
     get_adapter(engine).preload()
     import conformance.engines.worker  # noqa: F401 - the worker's own imports, once
+    from conformance.heap import freeze_long_lived
 
-    gc.freeze()  # the imports' objects out of the collector's reach: an engine's gc.collect() calls skip them
+    freeze_long_lived()  # the imports' objects out of the collector's reach (conformance.heap)
     print(f"zygote {engine}: preloaded in {time.time() - t0:.1f} s ({gc.get_freeze_count()} objects frozen)", flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -536,7 +536,8 @@ class LlamaCppAdapter(EngineAdapter):
 ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES + GRAMMAR_CASES, timeout_s=900.0,
-    seed_probe=True, conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
+    seed_probe=True, preload_modules=(__name__,),
+    conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
                                  "context-shift": ("control", "draft-k3", "ngram-simple")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(

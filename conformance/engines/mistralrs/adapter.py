@@ -296,7 +296,7 @@ _NOTES = ("prompts are text tokenized with special tokens: the adapter leaves ou
 
 ADAPTER = MistralrsAdapter(
     name="mistralrs", title="mistral.rs", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=tuple(c.name for c in CASES), timeout_s=900.0,
+    cases=tuple(c.name for c in CASES), timeout_s=900.0, preload_modules=("mistralrs", __name__),
     conventions=Conventions(top_k_ties="unstated", first_token_at_prefill=True, seeds="none", notes=_NOTES))
 
 #: mistral.rs 0.6.0, the last release with draft-model speculation (a second adapter instance, its own venv and
@@ -304,6 +304,7 @@ ADAPTER = MistralrsAdapter(
 ADAPTER_060 = MistralrsAdapter(
     name="mistralrs", title="mistral.rs 0.6.0", version=OLD_VERSION, install=INSTALL, configurations=CONFIGS_060,
     k=3, cases=("eos", "greedy-1tok"), timeout_s=900.0, cpu_features=("gfni",),
+    preload_modules=("mistralrs", __name__),
     conventions=Conventions(top_k_ties="unstated", first_token_at_prefill=True, seeds="none", notes=_NOTES))
 
 

@@ -426,7 +426,7 @@ class OnnxGenaiAdapter(EngineAdapter):
 
 ADAPTER = OnnxGenaiAdapter(
     name="onnxgenai", title="ONNX Runtime GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
-    cases=ALL + FEATURES, timeout_s=900.0, seed_probe=True,
+    cases=ALL + FEATURES, timeout_s=900.0, seed_probe=True, preload_modules=("onnxruntime_genai", __name__),
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=False, seeds="per_request",
         notes=("top-k keeps exactly k: std::partial_sort's heap keeps the lowest ids among tied tokens on every "

@@ -301,7 +301,7 @@ class OpenVINOAdapter(EngineAdapter):
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
     cases=ALL + FEATURES + TEXT_CASES, timeout_s=900.0,
-    seed_probe=True,
+    seed_probe=True, preload_modules=("openvino_genai", __name__),
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
         notes=("top-k keeps exactly k by a min-heap over the ids in order: the lowest-ids law on every row of this "
