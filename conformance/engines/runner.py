@@ -4,8 +4,9 @@
                                          [--scale F] [--check-expected] [--record-expected] [--timeout S] [--jobs N]
 
 For every configuration of the engine's adapter (:mod:`conformance.engines.adapter`) and every target family it
-needs, a worker process (:mod:`conformance.engines.worker`, run with the adapter's interpreter, in its own process
-group, with a timeout: a crash or a hang is that configuration's named failure, never the runner's) loads the
+needs, a worker process (:mod:`conformance.engines.worker`, run with the adapter's interpreter, fresh or forked from its
+warm one (:mod:`conformance.engines.launch`), in its own process group, with a timeout: a crash or a hang is that
+configuration's named failure, never the runner's) loads the
 engine and writes one JSONL per case (``--jobs N``: N workers at a time, the largest first by
 :meth:`~conformance.engines.adapter.EngineAdapter.work_estimate`; the verdicts do not depend on N); this process
 then, the same for every engine:
