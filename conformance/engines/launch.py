@@ -13,9 +13,10 @@ environment, its arguments; it runs :func:`conformance.engines.worker.main` and 
 Rules:
 
 * the zygote imports only (and freezes what the imports made, :func:`conformance.heap.freeze_long_lived`: vLLM calls
-  ``gc.collect()`` several times per engine start, each a second on its imports' objects): it never loads an engine, and forks only while it runs one Python thread (native
-  thread pools such as OpenBLAS's stop and restart themselves across ``fork``); a request it cannot honour is
-  answered with an error and the runner starts that worker fresh;
+  ``gc.collect()`` several times per engine start, each a second on its imports' objects): it never loads an
+  engine, and forks only while it runs one Python thread (native thread pools such as OpenBLAS's stop and restart
+  themselves across ``fork``); a request it cannot honour is answered with an error and the runner starts that
+  worker fresh;
 * a fork's intra-op threads are its own CPU share's count, as a fresh interpreter's are (the OpenMP runtime counts
   the CPUs once, when it loads: in the zygote, on every CPU; unset, two threads spun on one pinned CPU and vLLM's
   preemption cases ran 3 to 6 times slower);
@@ -122,17 +123,19 @@ class Zygote:
               nice: int = 10) -> ForkedWorker:
         """Fork a worker running ``conformance.engines.worker`` with ``argv`` (``--control R,W`` is added with the
         worker's own numbers of ``control``'s descriptors). Raises ``OSError`` when the zygote does not fork it."""
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.connect(self.path)
-        fds = [log_fd, *(control or ())]
         msg = {"argv": argv, "control": control is not None, "cpus": list(cpus) if cpus else None, "nice": nice,
                "env": dict(os.environ)}
-        socket.send_fds(conn, [json.dumps(msg).encode() + b"\n"], fds)
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         replies = _Replies(conn)
         try:
+            conn.connect(self.path)
+            socket.send_fds(conn, [json.dumps(msg).encode() + b"\n"], [log_fd, *(control or ())])
             reply = replies.next(60.0)
         except TimeoutError:
             reply = {"error": "the zygote did not answer in 60 s"}
+        except OSError:
+            conn.close()
+            raise
         if not reply or "pid" not in reply:
             conn.close()
             raise OSError((reply or {}).get("error", "the zygote closed the connection"))
@@ -241,9 +244,9 @@ def run_worker(engine: str, python: str, cfg: str, raw: Path, *, patch: str, fam
     if driver is not None:
         state["verdicts"], state["waves"] = dict(driver.verdicts), list(driver.waves)
     if timed_out or rc != 0:
-        tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-3:]  # the path it was opened with
+        tail = _tail(log.name)  # the path it was opened with
         why = f"worker {'timed out after %ds' % timeout if timed_out else 'exited %s' % rc}"
-        state.setdefault("error", why + (": " + " | ".join(tail)[-300:] if tail else ""))
+        state.setdefault("error", why + (": " + tail if tail else ""))
         for name, c in state["cases"].items():
             if c.get("status") in ("pending", "running"):
                 c.update(status="timeout" if timed_out else "engine_error", error=state["error"])
@@ -347,7 +350,8 @@ def main(argv=None) -> int:
     from conformance.heap import freeze_long_lived
 
     freeze_long_lived()  # the imports' objects out of the collector's reach (conformance.heap)
-    print(f"zygote {engine}: preloaded in {time.time() - t0:.1f} s ({gc.get_freeze_count()} objects frozen)", flush=True)
+    print(f"zygote {engine}: preloaded in {time.time() - t0:.1f} s ({gc.get_freeze_count()} objects frozen)",
+          flush=True)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
