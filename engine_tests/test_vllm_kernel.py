@@ -7,15 +7,19 @@ override never writes its output, so the per-token temperature the sampler appli
 and defect B (``apply_top_k_only`` raises on a step with no drafts) unpatched, both gone patched, whichever
 order patch and override registration happen in; ``vllm_patch.apply`` failing loudly (and changing nothing)
 on version drift. vLLM's kernel overrides and the patch are process-wide, so every check of *unpatched*
-behaviour runs in a fresh subprocess; in-process tests only ever see the patched state.
+behaviour runs in another interpreter (a fork of one that ran the imports only, or a fresh one where the environment
+must be set before them); in-process tests only ever see the patched state.
 """
 from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -44,17 +48,90 @@ def result(**kw):
 """
 
 
-def _fresh(code: str, env: dict | None = None) -> dict:
-    """Run ``code`` in a fresh interpreter (no patch, no overrides yet); return what it passed to ``result``."""
-    full_env = {k: v for k, v in os.environ.items() if k != vllm_patch.ENV_VAR}  # unpatched unless env asks
-    full_env.update(PYTHONWARNINGS="ignore", **(env or {}))
-    proc = subprocess.run(
-        [sys.executable, "-c", _PRELUDE + textwrap.dedent(code)], cwd=REPO, env=full_env,
-        capture_output=True, text=True, timeout=300,
-    )
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"subprocess failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+#: A forking server: the interpreter that ran ``_PRELUDE`` (imports only: no patch, no override registered) forks
+#: once per request, so each check of unpatched behaviour starts in the state a fresh interpreter has after the
+#: prelude without paying vLLM's imports again (about 7 s each). One JSON line per request on stdin (the code, the
+#: file for the fork's stdout and stderr), one ``FORKED`` line per reply on stdout (the fork's exit status; the
+#: server's other lines are vLLM's import-time logs).
+_SERVER = """
+import os as _os, sys as _sys, traceback as _traceback
+_base = dict(globals())
+for _line in _sys.stdin:
+    _request = json.loads(_line)
+    _sys.stdout.flush()
+    _sys.stderr.flush()
+    _pid = _os.fork()
+    if _pid == 0:
+        _fd = _os.open(_request["out"], _os.O_WRONLY | _os.O_CREAT | _os.O_TRUNC)
+        _os.dup2(_fd, 1)
+        _os.dup2(_fd, 2)
+        _rc = 0
+        try:
+            exec(compile(_request["code"], "<forked check>", "exec"), dict(_base))
+        except BaseException:
+            _traceback.print_exc()
+            _rc = 1
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+        _os._exit(_rc)
+    _, _status = _os.waitpid(_pid, 0)
+    print("FORKED " + json.dumps({"rc": _os.waitstatus_to_exitcode(_status)}), flush=True)
+"""
+_server: subprocess.Popen | None = None
+
+
+def _env(extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != vllm_patch.ENV_VAR}  # unpatched unless env asks
+    env.update(PYTHONWARNINGS="ignore", **(extra or {}))
+    return env
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_server():
+    yield
+    global _server
+    if _server is not None:
+        _server.stdin.close()
+        try:
+            _server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(_server.pid, 9)
+        _server = None
+
+
+def _result(rc: int, out: str, where: str) -> dict:
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    assert rc == 0 and lines, f"{where} failed (rc {rc}):\n{out[-6000:]}"
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def _fresh(code: str, env: dict | None = None) -> dict:
+    """Run ``code`` in an interpreter that ran ``_PRELUDE`` and nothing else (no patch, no overrides yet): a fork of
+    the prelude's server, or a fresh interpreter where ``env`` must be there before the imports; return what it
+    passed to ``result``."""
+    global _server
+    code = textwrap.dedent(code)
+    if env:
+        proc = subprocess.run([sys.executable, "-c", _PRELUDE + code], cwd=REPO, env=_env(env), capture_output=True,
+                              text=True, timeout=300)
+        return _result(proc.returncode, proc.stdout + proc.stderr, "the fresh interpreter")
+    if _server is None or _server.poll() is not None:
+        _server = subprocess.Popen([sys.executable, "-c", _PRELUDE + _SERVER], cwd=REPO, env=_env(), text=True,
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    with tempfile.NamedTemporaryFile("r", suffix=".log") as out:
+        _server.stdin.write(json.dumps({"code": code, "out": out.name}) + "\n")
+        _server.stdin.flush()
+        deadline, reply = time.monotonic() + 300, ""
+        while not reply.startswith("FORKED "):
+            ready, _, _ = select.select([_server.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            line = _server.stdout.readline() if ready else ""
+            if not line:  # hung or died: no fork of it is trusted again
+                os.killpg(_server.pid, 9)
+                _server = None
+                raise AssertionError(f"the prelude's fork {'timed out after 300 s' if not ready else 'server died'}:\n"
+                                     f"{out.read()[-6000:]}")
+            reply = line
+        return _result(json.loads(reply[len("FORKED "):])["rc"], out.read(), "the prelude's fork")
 
 
 def _block(batch=16, k=3, vocab=6, seed=0, zeros=True):
