@@ -119,11 +119,11 @@ def test_a_hang_is_a_timeout_and_the_worker_group_is_killed(tmp_path):
     import time
 
     t0 = time.time()
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--configs", "hang", "--timeout", "8",
+    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--configs", "hang", "--timeout", "4",
                       "--scale", SCALE])
     results = json.loads((tmp_path / "verdicts.json").read_text())
     c = results["configs"]["hang"]["cases"]["temperature"]
-    assert rc == 0 and c["level"] == "timeout" and "timed out after 8s" in c["headline"]
+    assert rc == 0 and c["level"] == "timeout" and "timed out after 4s" in c["headline"]
     assert time.time() - t0 < 60
 
 
@@ -131,9 +131,9 @@ def test_a_hang_under_a_relative_out_folder_is_a_timeout_too(tmp_path, monkeypat
     """Bug class: the harness crashing on an engine's failure (the worker's log path joined twice under a relative
     --out; the workers run in the repository, so a relative folder is the caller's)."""
     monkeypatch.chdir(tmp_path)
-    rc = runner.main(["fixtures.engines:FAKE", "--out", "rel", "--configs", "hang", "--timeout", "8", "--scale", SCALE])
+    rc = runner.main(["fixtures.engines:FAKE", "--out", "rel", "--configs", "hang", "--timeout", "4", "--scale", SCALE])
     c = json.loads((tmp_path / "rel" / "verdicts.json").read_text())["configs"]["hang"]["cases"]["temperature"]
-    assert rc == 0 and c["level"] == "timeout" and "timed out after 8s" in c["headline"]
+    assert rc == 0 and c["level"] == "timeout" and "timed out after 4s" in c["headline"]
 
 
 def test_check_expected_without_a_file_fails_and_unknown_engines_exit_2(tmp_path, capsys):
