@@ -109,7 +109,7 @@ def _fresh(code: str, env: dict | None = None) -> dict:
     """Run ``code`` in an interpreter that ran ``_PRELUDE`` and nothing else (no patch, no overrides yet): a fork of
     the prelude's server, or a fresh interpreter where ``env`` must be there before the imports; return what it
     passed to ``result``."""
-    global _server
+    global _server, _pending
     code = textwrap.dedent(code)
     if env:
         proc = subprocess.run([sys.executable, "-c", _PRELUDE + code], cwd=REPO, env=_env(env), capture_output=True,
@@ -118,20 +118,42 @@ def _fresh(code: str, env: dict | None = None) -> dict:
     if _server is None or _server.poll() is not None:
         _server = subprocess.Popen([sys.executable, "-c", _PRELUDE + _SERVER], cwd=REPO, env=_env(), text=True,
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        _pending = b""
     with tempfile.NamedTemporaryFile("r", suffix=".log") as out:
         _server.stdin.write(json.dumps({"code": code, "out": out.name}) + "\n")
         _server.stdin.flush()
-        deadline, reply = time.monotonic() + 300, ""
-        while not reply.startswith("FORKED "):
-            ready, _, _ = select.select([_server.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            line = _server.stdout.readline() if ready else ""
-            if not line:  # hung or died: no fork of it is trusted again
+        reply, gone = _reply(time.monotonic() + 300)
+        if reply is None:  # hung or died: no fork of it is trusted again
+            try:
                 os.killpg(_server.pid, 9)
-                _server = None
-                raise AssertionError(f"the prelude's fork {'timed out after 300 s' if not ready else 'server died'}:\n"
-                                     f"{out.read()[-6000:]}")
-            reply = line
-        return _result(json.loads(reply[len("FORKED "):])["rc"], out.read(), "the prelude's fork")
+            except ProcessLookupError:
+                pass
+            _server = None
+            raise AssertionError(f"the prelude's fork {gone}:\n{out.read()[-6000:]}")
+        return _result(reply, out.read(), "the prelude's fork")
+
+
+_pending = b""  # what the server wrote past the last reply read
+
+
+def _reply(deadline: float) -> tuple[int | None, str]:
+    """``(exit status, "")`` from the server's next ``FORKED`` line (read from its pipe's descriptor, unbuffered, so
+    that no line waits in a buffer ``select`` cannot see); ``(None, why)`` at the deadline or when the server died."""
+    global _pending
+    fd = _server.stdout.fileno()
+    while True:
+        while b"\n" in _pending:
+            line, _, _pending = _pending.partition(b"\n")
+            if line.startswith(b"FORKED "):
+                return json.loads(line[len(b"FORKED "):])["rc"], ""
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None, "timed out after 300 s"
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            _pending = b""
+            return None, "server died (its pipe closed)"
+        _pending += chunk
 
 
 def _block(batch=16, k=3, vocab=6, seed=0, zeros=True):
