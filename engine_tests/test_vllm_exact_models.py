@@ -51,7 +51,8 @@ BOS_LOGPROB_BOUND = 2.0**-6
 MAX_CONTEXT = MAX_POSITIONS - 1
 ORDER2_REAL = (0, 1, 2, 3, 4, 5, 7)
 DTYPES = ("float32", "bfloat16")
-PARAMS = [(name, dtype) for dtype in DTYPES for name in EXACT_MODELS]
+#: the models of 128 positions (the long family: engine_tests/test_vllm_long_models.py)
+PARAMS = [(name, dtype) for dtype in DTYPES for name, m in EXACT_MODELS.items() if m.family != "long"]
 #: Worst errors seen, by (model, dtype, check): printed at the end of each model's tests (``-s``).
 MEASURED: dict[tuple[str, str, str], float] = {}
 

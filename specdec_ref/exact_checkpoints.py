@@ -18,7 +18,6 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .exact_registry import ASSET_ROOT, EXACT_MODELS, EXACT_PAIRS, ExactModel, exact_model
-from .exact_tables import token_names
 from .exact_weights import llama_config, llama_weights
 
 __all__ = ["build", "build_files", "check", "main"]
@@ -33,7 +32,7 @@ def _json_bytes(obj) -> bytes:
 
 
 def _tokenizer_json(model: ExactModel) -> dict:
-    names = token_names(model.family)
+    names = model.token_names()
     specials = [i for i, n in enumerate(names) if n.startswith("<")]
     post = None
     if model.bos_id is not None:
@@ -73,7 +72,7 @@ def _tokenizer_json(model: ExactModel) -> dict:
 
 
 def _tokenizer_config(model: ExactModel) -> dict:
-    names = token_names(model.family)
+    names = model.token_names()
     out = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "eos_token": names[model.eos_id],

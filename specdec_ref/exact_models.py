@@ -49,7 +49,8 @@ module imports only the ones above it:
 * :mod:`specdec_ref.exact_tables`: the tables (the laws, in eighths), the vocabularies;
 * :mod:`specdec_ref.exact_registry`: :class:`ExactModel`, :class:`ExactPair`, :data:`EXACT_MODELS`,
   :data:`EXACT_PAIRS` (a name, a table, a checkpoint folder);
-* :mod:`specdec_ref.exact_weights`: the Llama config and weights whose forward returns a table;
+* :mod:`specdec_ref.exact_weights`: the Llama config and weights whose forward returns a table (the long-context
+  family's tables, config and weights: :mod:`specdec_ref.exact_long`);
 * :mod:`specdec_ref.exact_checkpoints`: the checkpoint files, :func:`build`, :func:`check`, :func:`main`.
 
 Command line::

@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import exact_offset
+from . import exact_long, exact_offset
 from .exact_tables import (
     ORDER1_EOS,
     ORDER1_VOCAB,
@@ -92,8 +92,8 @@ class ExactModel:
     ``next_logits(contexts)`` reads the table (float64, exact dyadic values); ``load(dtype)`` returns the
     transformers model from ``path`` (eager attention, eval mode, no gradients, cached per dtype);
     ``tokenizer()`` the fast tokenizer from ``path``. ``bos_id`` is the start token a context must begin
-    with (order2) or None (order1); ``family`` is ``"order1"`` or ``"order2"``; ``arch`` the transformers
-    architecture.
+    with (order2, long) or None (order1); ``family`` is ``"order1"``, ``"order2"`` or ``"long"``
+    (:mod:`specdec_ref.exact_long`); ``arch`` the transformers architecture.
     """
 
     name: str
@@ -128,6 +128,8 @@ class ExactModel:
                 raise ValueError(f"{self.name}: a context must start with <bos> (id {self.bos_id}), got {ctx[:4]}...")
             if self.bos_id in ctx[1:]:
                 raise ValueError(f"{self.name}: <bos> (id {self.bos_id}) may only appear at position 0, got {ctx}")
+        if self.family == "long":
+            exact_long.validate_long_context(self.name, ctx)
 
     def shifted(self) -> "ExactModel":
         """The law past the checkpoint's positions, as an engine that shifts its context (discards part of it and
@@ -140,7 +142,8 @@ class ExactModel:
         return dataclasses.replace(self, name=self.name + SHIFTED, max_positions=SHIFTED_MAX_POSITIONS, _cache={})
 
     def cell(self, context: Sequence[int]) -> tuple[int, ...]:
-        """The table cell a context selects: ``(last,)`` for order1, ``(a, b, c)`` for order2."""
+        """The table cell a context selects: ``(last,)`` for order1, ``(a, b, c)`` for order2, ``(a, b, c, k)`` for
+        long (``k`` the marker's index)."""
         (ctx,) = _as_context_list([context])
         self._validate(ctx)
         return self._cell_of(ctx)
@@ -148,6 +151,8 @@ class ExactModel:
     def _cell_of(self, ctx: list[int]) -> tuple[int, ...]:
         if self.family == "order1":
             return (ctx[-1],)
+        if self.family == "long":
+            return exact_long.long_cell(ctx)
         m = len(ctx) - 1
         return (ctx[m - 1] if m >= 1 else ctx[0], ctx[m], m % 2)
 
@@ -161,6 +166,32 @@ class ExactModel:
             return torch.empty((0, self.vocab), dtype=torch.float64)
         return torch.from_numpy(np.stack(rows).astype(np.float64))
 
+    def prefix_logits(self, sequence: Sequence[int]) -> torch.Tensor:
+        """float64 table logits ``[n, V]`` after every prefix of one sequence (row ``i``: the context
+        ``sequence[:i + 1]``), in one pass; a row whose prefix is not a context of this model (a long-family marker
+        among its last two tokens, a second marker) is NaN. The whole sequence must otherwise be valid (ids,
+        ``<bos>`` first and only there, at most ``max_positions`` tokens): ValueError."""
+        (seq,) = _as_context_list([sequence])
+        if self.family == "long":  # checked here per prefix; the rest as for any context
+            base = [t if t not in exact_long.LONG_MARKERS else exact_long.LONG_REAL[0] for t in seq]
+            if min(seq, default=0) < 0 or max(seq, default=0) >= self.vocab:
+                raise ValueError(f"{self.name}: token ids must be in [0, {self.vocab}), got {seq}")
+            self._validate(base)
+        else:
+            self._validate(seq)
+        out = np.full((len(seq), self.vocab), np.nan)
+        marks = [i for i, t in enumerate(seq) if self.family == "long" and t in exact_long.LONG_MARKERS]
+        for i in range(len(seq)):
+            m = [j for j in marks if j <= i]
+            if len(m) > 1 or (m and m[0] > i - 2):
+                continue
+            out[i] = self.table[self._cell_of(seq[: i + 1]) if self.family != "long" else self._long_cell_at(seq, i, m)]
+        return torch.from_numpy(out)
+
+    def _long_cell_at(self, seq: list[int], i: int, marks: list[int]) -> tuple[int, ...]:
+        k = seq[marks[0]] - exact_long.LONG_MARKERS[0] if marks else exact_long.NO_MARKER
+        return (seq[i - 1] if i >= 1 else seq[0], seq[i], i % 2, k)
+
     def next_probs(self, contexts) -> torch.Tensor:
         """float64 softmax of :meth:`next_logits` (the law)."""
         return torch.softmax(self.next_logits(contexts), dim=-1)
@@ -169,12 +200,16 @@ class ExactModel:
         """Every reachable cell (the table rows the law can use)."""
         if self.family == "order1":
             return tuple((t,) for t in range(self.vocab))
+        if self.family == "long":
+            return exact_long.long_cells()
         return order2_cells()
 
     def row_contexts(self) -> list[list[int]]:
         """One shortest context per reachable cell, in :meth:`cells` order."""
         if self.family == "order1":
             return [[t] for t in range(self.vocab)]
+        if self.family == "long":
+            return _long_row_contexts(self.bos_id)
         bos, filler = self.bos_id, ORDER2_REAL[0]
         out = []
         for a, b, c in order2_cells():
@@ -212,7 +247,22 @@ class ExactModel:
         return hit
 
     def token_names(self) -> list[str]:
-        return token_names(self.family)
+        return exact_long.long_token_names() if self.family == "long" else token_names(self.family)
+
+
+def _long_row_contexts(bos: int) -> list[list[int]]:
+    """One shortest context per cell of the long family (a marker at position 1 when there is one)."""
+    filler, out = exact_long.LONG_REAL[0], []
+    for a, b, c, k in exact_long.long_cells():
+        head = [bos] if k == exact_long.NO_MARKER else [bos, exact_long.LONG_MARKERS[k]]
+        if b == bos:
+            out.append([bos])
+        elif a == bos:
+            out.append([bos, b])
+        else:
+            body = [a, b] if (len(head) + 1) % 2 == c else [filler, a, b]
+            out.append(head + body)
+    return out
 
 
 @dataclass(frozen=True)
@@ -275,9 +325,17 @@ def _make_models() -> dict[str, ExactModel]:
             "order-2 with position, close to order2-target (target + small perturbation)",
         ),
     ]
+    long = dict(o1, vocab=exact_long.LONG_VOCAB, eos_id=exact_long.LONG_EOS, family="long",
+                bos_id=exact_long.LONG_BOS, max_positions=exact_long.LONG_MAX_POSITIONS)
+    dl = ("long context: logits = T[previous token, last token, parity, marker], the marker (m0..m3) the one "
+          "marker token anywhere behind (or none), the context starting with <bos>; 4 096 positions")
+    long_tables = exact_long.long_tables()
+    specs += [("long-target", long, dl + " (the target: head size 128, 4 query heads on 2 KV heads)"),
+              ("long-draft", long, dl + " (target + small perturbation; head size 64, 4 query heads on 2 KV heads)")]
+    tables = dict(TABLES, **long_tables)
     models = {}
     for name, kw, desc in specs:
-        models[name] = ExactModel(name=name, description=desc, path=ASSET_ROOT / name, table=TABLES[name], **kw)
+        models[name] = ExactModel(name=name, description=desc, path=ASSET_ROOT / name, table=tables[name], **kw)
     for name, base, desc in exact_offset.OFFSET_MODELS:  # the same laws, logits + 80 (not exact in bf16)
         table = models[base].table + exact_offset.LOGIT_OFFSET
         table.setflags(write=False)
@@ -300,6 +358,7 @@ def _make_pairs() -> dict[str, ExactPair]:
         ("order1-same", "order1-target", "order1-draft-same", "identical draft: every draft token is accepted (acceptance 1)"),
         ("order2-order1", "order2-target", "order2-draft", "order-1 draft for an order-2, position-dependent target (~0.70)"),
         ("order2-close", "order2-target", "order2-draft-close", "order-2 draft close to the target (~0.90)"),
+        ("long-close", "long-target", "long-draft", "long-context draft close to the target, reading the marker too"),
     ] + list(exact_offset.OFFSET_PAIRS)
     return {name: ExactPair(name, m[t], m[d], purpose) for name, t, d, purpose in specs}
 

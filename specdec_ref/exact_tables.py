@@ -21,9 +21,11 @@ __all__ = [
     "ORDER2_EOS",
     "ORDER2_REAL",
     "TABLES",
+    "bell_ints",
     "order2_cells",
     "splitmix64",
     "token_names",
+    "unique_max_",
 ]
 
 #: Table logit of ``<bos>`` in the order2 family: exp(BOS_LOGIT - max) underflows to exactly 0 in
@@ -113,7 +115,7 @@ def splitmix64(seed: int):
         yield z ^ (z >> 31)
 
 
-def _bell_ints(seed: int, shape: tuple[int, ...], spread: int) -> np.ndarray:
+def bell_ints(seed: int, shape: tuple[int, ...], spread: int) -> np.ndarray:
     """Bell-shaped integers: each the sum of 4 uniforms on [-spread, spread] (sd ~ 1.15 * spread)."""
     stream = splitmix64(seed)
     n = int(np.prod(shape))
@@ -121,9 +123,9 @@ def _bell_ints(seed: int, shape: tuple[int, ...], spread: int) -> np.ndarray:
     return np.array(values, dtype=np.int64).reshape(shape)
 
 
-def _unique_max_(row: np.ndarray) -> None:
-    """Raise the first-index maximum of ``row`` (eighths, real tokens only) by 1 if it is tied."""
-    order = sorted(ORDER2_REAL, key=lambda v: (-row[v], v))
+def unique_max_(row: np.ndarray, real=ORDER2_REAL) -> None:
+    """Raise the first-index maximum of ``row`` (eighths, over the ``real`` tokens) by 1 if it is tied."""
+    order = sorted(real, key=lambda v: (-row[v], v))
     if row[order[0]] == row[order[1]]:
         row[order[0]] += 1
 
@@ -140,16 +142,16 @@ def _shape_order2_rows(table: np.ndarray) -> np.ndarray:
             row[order[3]] = row[order[1]]
         elif k % 6 == 5:
             row[order[3]] = row[order[2]]
-        _unique_max_(row)
+        unique_max_(row)
     return table
 
 
 def _order2_target_eighths() -> np.ndarray:
     """T2 in eighths, int64 [a, b, c, v] (v = <bos> column unused: it is BOS_LOGIT)."""
     v = ORDER2_VOCAB
-    base = _bell_ints(1, (v, v), 9)  # order-1 part: by last token b
-    inter = _bell_ints(2, (v, v, v), 5)  # by (a, b)
-    parity = _bell_ints(3, (v, v), 5)  # by (b), sign flips with the parity c
+    base = bell_ints(1, (v, v), 9)  # order-1 part: by last token b
+    inter = bell_ints(2, (v, v, v), 5)  # by (a, b)
+    parity = bell_ints(3, (v, v), 5)  # by (b), sign flips with the parity c
     table = base[None, :, None, :] + inter[:, :, None, :]
     table = table + np.stack([-parity, parity], axis=1)[None, :, :, :]
     table[..., ORDER2_EOS] += np.asarray(_ORDER2_EOS_BASE)[None, :, None]
@@ -166,16 +168,16 @@ def _order2_order1_draft_eighths(target: np.ndarray) -> np.ndarray:
         if rows:
             mean = np.mean(np.asarray(rows, dtype=np.float64), axis=0)
             row = np.floor(mean + 0.5).astype(np.int64)
-            _unique_max_(row)
+            unique_max_(row)
             out[:, b, :, :] = row[None, None, :]
     return out
 
 
 def _order2_close_draft_eighths(target: np.ndarray) -> np.ndarray:
     """An order-2 draft close to T2: target plus bell-shaped noise (spread 2 eighths)."""
-    table = np.clip(target + _bell_ints(7, target.shape, 2), -64, 64)
+    table = np.clip(target + bell_ints(7, target.shape, 2), -64, 64)
     for a, b, c in order2_cells():
-        _unique_max_(table[a, b, c])
+        unique_max_(table[a, b, c])
     return table
 
 

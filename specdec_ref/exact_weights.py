@@ -15,7 +15,7 @@ import math
 import numpy as np
 import torch
 
-from . import exact_offset
+from . import exact_long, exact_offset
 from .exact_registry import MAX_POSITIONS, ExactModel
 from .exact_tables import BOS_LOGIT, ORDER1_VOCAB, ORDER2_BOS, ORDER2_VOCAB, order2_cells, splitmix64
 
@@ -267,6 +267,9 @@ def _check_prev_head_margin() -> float:
 
 def llama_config(model: ExactModel) -> dict:
     """The ``config.json`` of ``model``'s checkpoint (a 1-layer ``LlamaForCausalLM``)."""
+    if model.family == "long":
+        return exact_long.long_config(model.name, vocab=model.vocab, bos_id=model.bos_id, eos_id=model.eos_id,
+                                      max_positions=model.max_positions)
     o2 = model.family == "order2"
     hidden = _ORDER2_HIDDEN if o2 else 16
     inter = len(order2_cells()) if o2 else 32
@@ -308,6 +311,8 @@ def llama_weights(model: ExactModel) -> dict[str, np.ndarray]:
         weights = exact_offset.offset_order1_weights(_order1_weights(table, seed=1000), table, model.logit_offset)
     elif model.family == "order1":
         weights = _order1_weights(model.table, seed=1000)
+    elif model.family == "long":
+        weights = exact_long.long_weights(model.name, model.table)
     else:
         _check_prev_head_margin()
         weights = _order2_weights(model.table)

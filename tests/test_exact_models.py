@@ -36,11 +36,14 @@ from specdec_ref.exact_models import (
     exact_pair,
     prev_head_scores,
 )
+from specdec_ref.exact_long import LONG_MARKERS, LONG_MAX_POSITIONS, LONG_SHAPES
 from specdec_ref.exact_offset import LOGIT_OFFSET, OFFSET_MODELS, bf16_table
 from specdec_ref.forward import cache_arg, reference_logits
 from specdec_ref.warp import scale_temperature, top_k_filter, top_p_filter
 
 NAMES = list(EXACT_MODELS)
+#: the models of 128 positions (the long family has its own long-context tests: tests/test_exact_long.py)
+SHORT_NAMES = [n for n in NAMES if EXACT_MODELS[n].family != "long"]
 ORDER2_REAL = (0, 1, 2, 3, 4, 5, 7)
 #: Mean token-wise acceptance of each pair over the target's table rows, as stated in the docs.
 STATED_ACCEPTANCE = {
@@ -50,14 +53,19 @@ STATED_ACCEPTANCE = {
     "order2-order1": 0.7005,
     "order2-close": 0.9053,
     "order1-close-offset": 0.8987,  # order1-close + 80 on every logit: the same law
+    "long-close": 0.9104,
 }
 
 
 def _short_contexts(m: ExactModel) -> list[list[int]]:
-    """order1: every context of length 1..3; order2: <bos> followed by 0..3 tokens (lengths 1..4)."""
+    """order1: every context of length 1..3; order2: <bos> followed by 0..3 tokens (lengths 1..4); long: those of
+    order2 and every marker followed by two tokens."""
     if m.family == "order1":
         return [list(c) for n in (1, 2, 3) for c in itertools.product(range(m.vocab), repeat=n)]
-    return [[m.bos_id] + list(c) for n in (0, 1, 2, 3) for c in itertools.product(ORDER2_REAL, repeat=n)]
+    out = [[m.bos_id] + list(c) for n in (0, 1, 2, 3) for c in itertools.product(ORDER2_REAL, repeat=n)]
+    if m.family == "long":
+        out += [[m.bos_id, k] + list(c) for k in LONG_MARKERS for c in itertools.product(ORDER2_REAL, repeat=2)]
+    return out
 
 
 def _random_contexts(m: ExactModel, num: int, length: int, seed: int) -> torch.Tensor:
@@ -66,6 +74,11 @@ def _random_contexts(m: ExactModel, num: int, length: int, seed: int) -> torch.T
         rows = [[rng.randrange(m.vocab) for _ in range(length)] for _ in range(num)]
     else:
         rows = [[m.bos_id] + [rng.choice(ORDER2_REAL) for _ in range(length - 1)] for _ in range(num)]
+    if m.family == "long":  # one marker anywhere (or none) in each row
+        for row in rows:
+            spot = rng.randrange(length + 2)
+            if spot < length:
+                row[max(spot, 1)] = rng.choice(LONG_MARKERS)
     return torch.tensor(rows)
 
 
@@ -77,9 +90,14 @@ def _by_length(contexts):
 
 
 def _table_rows(m: ExactModel, ids: torch.Tensor) -> torch.Tensor:
-    """``[B, n, V]`` table logits after every prefix of every row of ``ids``."""
-    rows = ids.tolist()
-    return torch.stack([m.next_logits([r[: i + 1] for r in rows]) for i in range(ids.shape[1])], dim=1)
+    """``[B, n, V]`` table logits after every prefix of every row of ``ids`` (NaN where a prefix is no context)."""
+    return torch.stack([m.prefix_logits(r) for r in ids.tolist()])
+
+
+def _equal_where_defined(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """``got == expected`` bit for bit wherever the table defines the law (``expected`` not NaN)."""
+    defined = ~torch.isnan(expected)
+    return bool(defined.any()) and torch.equal(got[defined], expected[defined])
 
 
 def _incremental_logits(model, ids: torch.Tensor, schedule=(1,)) -> torch.Tensor:
@@ -113,7 +131,7 @@ def test_checkpoint_loads_with_the_auto_classes(name):
     assert model.dtype == torch.float32
     cfg = model.config
     assert cfg.vocab_size == m.vocab and cfg.eos_token_id == m.eos_id and cfg.bos_token_id == m.bos_id
-    assert cfg.max_position_embeddings == m.max_positions == MAX_POSITIONS
+    assert cfg.max_position_embeddings == m.max_positions == (LONG_MAX_POSITIONS if m.family == "long" else MAX_POSITIONS)
     gen = GenerationConfig.from_pretrained(str(m.path))
     assert gen.eos_token_id == m.eos_id and gen.pad_token_id == m.eos_id
     tok = AutoTokenizer.from_pretrained(str(m.path))
@@ -129,7 +147,7 @@ def test_checkpoint_loads_with_the_auto_classes(name):
     ids = _random_contexts(m, 4, 40, seed=7)
     with torch.no_grad():
         got = model(input_ids=ids).logits.double()
-    assert torch.equal(got, _table_rows(m, ids))
+    assert _equal_where_defined(got, _table_rows(m, ids))
 
 
 def test_sizes_and_loader_cache():
@@ -138,8 +156,8 @@ def test_sizes_and_loader_cache():
         files = sorted(p.name for p in m.path.iterdir())
         assert files == sorted(build_files(m))
         sizes[name] = sum(p.stat().st_size for p in m.path.iterdir())
-        assert sizes[name] <= 150 * 1024, (name, sizes[name])
-    assert sum(sizes.values()) <= 1024 * 1024
+        assert sizes[name] <= (800 if m.family == "long" else 150) * 1024, (name, sizes[name])
+    assert sum(sizes.values()) <= 2 * 1024 * 1024
     m = exact_model("order1-target")
     model = m.load()
     assert m.load() is model and m.load(torch.float32) is model
@@ -187,8 +205,13 @@ def test_config_states_the_construction():
         cfg = json.loads((m.path / "config.json").read_text())
         assert cfg["rms_norm_eps"] == 0.0 and cfg["num_hidden_layers"] == 1 and cfg["dtype"] == "float32"
         assert cfg["architectures"] == ["LlamaForCausalLM"] and not cfg["tie_word_embeddings"]
-        # a head size engines accept (vLLM's CPU attention: 32, 64, 80, 96, ..., 512), 2 heads
-        assert cfg["head_dim"] == 32 and cfg["num_attention_heads"] == cfg["num_key_value_heads"] == 2
+        # a head size engines accept (vLLM's CPU attention: 32, 64, 80, 96, ..., 512), 2 heads; the long family:
+        # production's shapes (head size 128 or 64, 4 query heads on 2 KV heads)
+        if m.family == "long":
+            assert cfg["head_dim"] == LONG_SHAPES[m.name][0] and cfg["num_attention_heads"] == 4
+            assert cfg["num_key_value_heads"] == 2 and cfg["hidden_size"] == 64
+        else:
+            assert cfg["head_dim"] == 32 and cfg["num_attention_heads"] == cfg["num_key_value_heads"] == 2
 
 
 # --------------------------------------------------------------------------- exactness
@@ -204,10 +227,10 @@ def test_float32_is_bit_exact_on_every_short_context(name):
         assert torch.equal(full, expected), f"{name}: full forward differs at length {length}"
         ids = torch.tensor(contexts)
         inc = _incremental_logits(model, ids)
-        assert torch.equal(inc, _table_rows(m, ids)), f"{name}: incremental forward differs at length {length}"
+        assert _equal_where_defined(inc, _table_rows(m, ids)), f"{name}: incremental forward differs at length {length}"
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SHORT_NAMES)
 def test_float32_is_bit_exact_up_to_max_positions(name):
     m = exact_model(name)
     model = m.load()
@@ -219,7 +242,7 @@ def test_float32_is_bit_exact_up_to_max_positions(name):
     assert torch.equal(_incremental_logits(model, ids, schedule=(5, 1, 3, 4, 2)), expected)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", SHORT_NAMES)
 def test_bfloat16_within_the_stated_bound(name):
     m = exact_model(name)
     model = m.load(torch.bfloat16)

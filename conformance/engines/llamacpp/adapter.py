@@ -562,4 +562,6 @@ def check_gguf(names=None) -> list[dict]:
     from . import gguf_export
 
     binary = server_binary()
-    return gguf_export.check_logits(lambda path: Server(binary, path), names or gguf_export.CHECKED)
+    return gguf_export.check_logits(
+        lambda path: Server(binary, path, args=["-np", "1", "-c", str(gguf_export.context_size(path))]),
+        names or gguf_export.CHECKED)

@@ -37,10 +37,13 @@ __all__ = ["MODELS", "VARIANTS", "CHECKED", "cache_root", "gguf_dir", "gguf_path
 
 #: The checkpoints llama.cpp loads (targets and drafts of the pairs the adapter uses, and the others cheaply too).
 MODELS = ("order1-target", "order1-draft-close", "order1-draft-far", "order1-draft-same", "order2-target",
-          "order2-draft", "order2-draft-close")
+          "order2-draft", "order2-draft-close", "long-target", "long-draft")
 VARIANTS = ("eos", "plain")
 #: The models whose files are checked against the tables (the two pairs' targets and drafts).
-CHECKED = ("order1-target", "order1-draft-close", "order2-target", "order2-draft")
+CHECKED = ("order1-target", "order1-draft-close", "order2-target", "order2-draft", "long-target", "long-draft")
+#: the context a server needs for a model's checks: its positions (the long family: 4 096)
+def context_size(name_or_path) -> int:
+    return 4096 if Path(str(name_or_path)).name.startswith("long-") else 128
 WRITER_VERSION = "1"  # bump when the layout written here changes
 
 
@@ -208,15 +211,23 @@ def export(names=MODELS, root: Path | None = None, *, force: bool = False) -> di
 
 def _contexts(name: str) -> list[list[int]]:
     """Prompts whose continuations visit every row of the table (order1: every last token; order2: ``<bos>`` and
-    every one- and two-token continuation of it)."""
+    every one- and two-token continuation of it); the long family: those of order2 and long prompts holding a
+    marker in a middle KV block, the longest ending three positions before the 4 096-position limit."""
     from specdec_ref.exact_models import exact_model
 
     m = exact_model(name)
     if name.startswith("order1"):
         return [[a] for a in range(m.vocab)] + [[3, 1, 4], [0, 0]]
     bos = 6
-    toks = [t for t in range(m.vocab) if t != bos]
-    return [[bos]] + [[bos, a] for a in toks] + [[bos, a, b] for a in toks for b in toks]
+    toks = [t for t in (0, 1, 2, 3, 4, 5, 7)]
+    out = [[bos]] + [[bos, a] for a in toks] + [[bos, a, b] for a in toks for b in toks]
+    if name.startswith("long"):
+        for i, (n, at) in enumerate(((300, 130), (2100, 1030), (4093, 2000), (513, None))):
+            row = [bos] + [toks[(7 * j + i) % 7] for j in range(1, n)]
+            if at is not None:
+                row[at] = 8 + i % 4
+            out.append(row)
+    return out
 
 
 def check_logits(start_server, names=CHECKED, *, variants=VARIANTS, n_predict: int = 3, tol: float = 2e-6) -> list[dict]:

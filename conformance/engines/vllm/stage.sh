@@ -16,9 +16,9 @@ VPY="$REPO/.venv-vllm/bin/python"
 
 step "engine tests (vLLM $("$VPY" -c 'import vllm; print(vllm.__version__)'), transformers $("$VPY" -c 'import transformers; print(transformers.__version__)'))"
 # two workers, one dtype's exactly-known engines each
-SPECDEC_PIN_XDIST=1 "$VPY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
+SPECDEC_PIN_XDIST=1 "$VPY" -m pytest engine_tests/test_vllm_exact_models.py engine_tests/test_vllm_long_models.py engine_tests/test_vllm_kernel.py engine_tests/test_vllm_profile.py \
     engine_tests/test_vllm_heads.py engine_tests/test_vllm_seeds.py -q -p no:cacheprovider -n 2 --dist loadgroup
-"$VPY" -m pytest tests/test_exact_models.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py \
+"$VPY" -m pytest tests/test_exact_models.py tests/test_exact_long.py tests/test_samples.py tests/test_cache.py tests/test_pretrained.py \
     tests/test_forward.py -q -p no:cacheprovider -n 2
 
 kernel() {  # kernel FACTORY PROFILE EXPECTED_HEADLINE_PREFIX [PYTEST_ARGS...]
