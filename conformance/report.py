@@ -43,6 +43,20 @@ NOT_CERTIFIED = "NOT CERTIFIED"
 LOSSY = "LOSSY"
 #: How many checks the reduced-power headline names.
 NAMED_LIMITS = 3
+#: Token ids a report prints of a sequence before it abbreviates it (:func:`show_ids`).
+SHOWN_IDS = 16
+
+
+def show_ids(ids) -> str:
+    """A token-id sequence as a report line prints it: whole up to :data:`SHOWN_IDS` ids, otherwise its first and
+    last eight with the length between (``[6, 2, .. 2034 more .., 1] (2050 ids)``): a long-context prompt stays one readable
+    line; the replay command names the file, which holds every id."""
+    ids = [int(t) for t in ids]
+    if len(ids) <= SHOWN_IDS:
+        return str(ids)
+    half = SHOWN_IDS // 2
+    head, tail = ", ".join(map(str, ids[:half])), ", ".join(map(str, ids[-half:]))
+    return f"[{head}, .. {len(ids) - SHOWN_IDS} more .., {tail}] ({len(ids)} ids)"
 
 
 def new_entry(nodeid: str | None, check_id: str | None = None) -> dict[str, Any]:

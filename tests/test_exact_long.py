@@ -126,7 +126,7 @@ def test_the_law_reads_the_marker_anywhere_the_previous_token_and_the_parity():
     assert m.cell(gone)[3] == NO_MARKER
     # mean total variation between rows that differ in one input only (stated in docs/exact-models.md)
     cells = [c for c in m.cells() if c[0] != LONG_BOS]
-    row = {c: torch.from_numpy(m.table[c]) for c in m.cells()}
+    row = {c: torch.tensor(m.table[c]) for c in m.cells()}
     lost = np.mean([_tv(row[(a, b, c, k)], row[(a, b, c, NO_MARKER)]) for a, b, c, k in cells if k != NO_MARKER])
     swapped = np.mean([_tv(row[(a, b, c, k)], row[(a, b, c, (k + 1) % 4)]) for a, b, c, k in cells if k != NO_MARKER])
     parity = np.mean([_tv(row[(a, b, 0, k)], row[(a, b, 1, k)]) for a, b, c, k in cells if c == 0])
@@ -189,3 +189,32 @@ def test_the_draft_reads_the_marker_too_and_its_acceptance_is_stated():
     d = pair.draft
     with_marker, without = _row(50, 10, seed=6), _row(50, None, seed=6)
     assert not torch.equal(d.next_logits([with_marker]), d.next_logits([without]))
+
+
+def test_the_black_box_tool_certifies_long_prompts_and_prints_them_abbreviated():
+    """The black-box tool takes the long family as it is (``--model long-target``); its report prints a 2 000-token
+    prompt as one line (first and last ids, the count between) and still rejects a completion file that lost the
+    marker (the law of the prompt without it: TV 0.49 on average)."""
+    from conformance.report import show_ids
+    from conformance.samples import certify_samples
+    from specdec_ref.warp import SamplingConfig
+
+    m = exact_model("long-target")
+    prompt = _row(2000, 1200, seed=8)
+    lost = list(prompt)
+    lost[1200] = LONG_REAL[0]
+    rng = np.random.default_rng(0)
+
+    def sample(ctx, n):  # one-token completions from the exact law of ctx
+        p = m.next_probs([ctx])[0].numpy()
+        return [{"prompt_ids": prompt, "completion_ids": [int(t)], "seed": i} for i, t in enumerate(rng.choice(len(p), n, p=p))]
+
+    good = certify_samples(sample(prompt, 3000), model="long-target", sampling=SamplingConfig(), max_new_tokens=1,
+                           eos_id=m.eos_id)
+    bad = certify_samples(sample(lost, 3000), model="long-target", sampling=SamplingConfig(), max_new_tokens=1,
+                          eos_id=m.eos_id)
+    shown = show_ids(prompt)
+    assert shown == f"[{', '.join(map(str, prompt[:8]))}, .. 1984 more .., {', '.join(map(str, prompt[-8:]))}] (2000 ids)"
+    assert good.level == "inconclusive" and bad.level == "not_certified", bad.report()  # one token: no drafted position
+    assert f"prompt {shown}" in bad.report() and str(prompt) not in bad.report()
+    assert show_ids([6, 1, 2]) == "[6, 1, 2]"

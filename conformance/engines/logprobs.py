@@ -25,6 +25,7 @@ from collections import Counter
 from typing import Iterable
 
 import numpy as np
+from ..report import show_ids
 
 __all__ = ["TOLERANCE", "CONVENTIONS", "logprob_check", "exact_rows", "bug_effects"]
 
@@ -173,7 +174,7 @@ def logprob_check(case, lines: Iterable[dict], convention: str):
                 problem["position"] = i + 1
                 bad.append(problem)
                 first = first or (f"request seed {line.get('seed')} (line {n_line + 1}), position {i + 1} after "
-                                  f"{list(prompt)} + {toks[:i]}: {problem['text']}")
+                                  f"{show_ids(prompt)} + {toks[:i]}: {problem['text']}")
         plps = line.get("prompt_logprobs")
         if plps is not None:
             for j in range(1, len(prompt)):

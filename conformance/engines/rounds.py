@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+from ..report import show_ids
 
 __all__ = ["DraftArgmaxLaw", "Round", "proposal_law", "argmax_drafts", "reconstruct", "check_rounds",
            "conditional_acceptance", "rounds_of", "engine_rounds", "sampled_rounds_of", "TOLERANCE_SE", "greedy_next"]
@@ -269,7 +270,7 @@ def _totals_difference(i: int, rec: dict, mine: Sequence[Round]) -> str | None:
     seed = rec.get("seed")
     want = f"{lo}" if lo == hi else f"{lo}..{hi}"
     return (f"request {i}" + (f" (seed {seed})" if seed is not None else "") +
-            f", prompt {list(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: the engine counts "
+            f", prompt {show_ids(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: the engine counts "
             f"{rec['draft_tokens']} drafts and {rec['accepted']} accepted, the rebuilt rounds "
             f"{[(len(r.drafts), r.accepted) for r in mine]} give {drafted} and {want}")
 
@@ -287,7 +288,7 @@ def _first_difference(mine: Sequence[Round], engine: Sequence[tuple[int, int]]) 
 def _describe(i: int, rec: dict, mine, engine, j: int) -> str:
     seed = rec.get("seed")
     head = f"request {i}" + (f" (seed {seed})" if seed is not None else "") + \
-        f", prompt {list(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: round {j + 1}"
+        f", prompt {show_ids(rec['prompt_ids'])}, completion {list(rec['completion_ids'])}: round {j + 1}"
     if j >= len(mine):
         return f"{head}: the engine counts {len(engine)} rounds, the completion has {len(mine)}"
     r = mine[j]
@@ -454,7 +455,7 @@ def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round
         text = list(rec["prompt_ids"]) + list(rec["completion_ids"])
         start = len(rec["prompt_ids"]) + (1 if prefill else 0)
         reported = rec.get("rounds")
-        where = f"request {i} (prompt {list(rec['prompt_ids'])})"
+        where = f"request {i} (prompt {show_ids(rec['prompt_ids'])})"
         if reported is None:
             return rounds, f"{where} has no per-request rounds"
         for j, (drafted, accepted) in enumerate(reported):

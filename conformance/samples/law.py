@@ -12,6 +12,7 @@ import torch
 from properties.sequences import continuation_law
 from properties.stats import ALPHA, MIN_EXPECTED, TARGET_POWER, power_against_tv
 from specdec_ref.warp import SamplingConfig
+from ..report import show_ids
 
 
 #: The alternative the black-box sampling test states its power against (the decoder-level goal).
@@ -195,7 +196,7 @@ def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int |
         tied_out = [int(t) for t in torch.nonzero(out).flatten()]
         tied_in = [int(t) for t in torch.nonzero(keep & (z == lowest_kept)).flatten()]
         problems.append(
-            f"after {list(prompt) + list(prefix)}: tokens {tied_in} and {tied_out} have the same logit "
+            f"after {show_ids(list(prompt) + list(prefix))}: tokens {tied_in} and {tied_out} have the same logit "
             f"{lowest_kept:g}; the cut keeps {tied_in} and drops {tied_out}"
         )
     return problems

@@ -16,6 +16,7 @@ from properties.stats import FitResult, goodness_of_fit
 
 from .law import AmbiguousLawError, _law, _settings_label, choose_length, split_ties
 from .read import SampleRecord
+from ..report import show_ids
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
     split = split_ties(model, prompt, length, sampling, eos_id=eos_id, stop=stop)
     if split:
         raise AmbiguousLawError(
-            f"prompt {list(prompt)}: with these settings the law of the first {length} token(s) is not determined by "
+            f"prompt {show_ids(prompt)}: with these settings the law of the first {length} token(s) is not determined by "
             f"them: {split[0]}{f' (and {len(split) - 1} more)' if len(split) > 1 else ''}. Which tied tokens a top-p cut "
             "keeps depends on how the sampler sorts equal logits (torch.sort descending keeps the lowest ids, "
             "transformers' TopPLogitsWarper the highest); choose another top_p (or top_k) for this prompt"
@@ -66,7 +67,7 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
     counts = cells.counts(r.completion[:length] for r in group)
     settings = _settings_label(sampling, eos_id, stop)
     fit = goodness_of_fit(
-        counts, cells.probs, what=f"prompt {list(prompt)}: first {length} generated token(s) ({settings})",
+        counts, cells.probs, what=f"prompt {show_ids(prompt)}: first {length} generated token(s) ({settings})",
         labels=cells.labels, alpha=alpha, tv=tv,  # the verdict prints the replay command once
     )
     report = PromptReport(prompt, n, [r.line for r in group], length, reason, fit)
@@ -77,7 +78,7 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
         rest = counts.copy()
         rest[cells.probs == 0] = 0  # the rest of the file, tested as usual: does it follow the law?
         report.rest_fit = goodness_of_fit(
-            rest, cells.probs, what=f"prompt {list(prompt)} without its impossible continuations: first {length} "
+            rest, cells.probs, what=f"prompt {show_ids(prompt)} without its impossible continuations: first {length} "
             f"generated token(s) ({settings})", labels=cells.labels, alpha=alpha, tv=tv,
         )
     return report

@@ -11,6 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 from typing import Iterable, Sequence
+from ..report import show_ids
 
 
 FINISH_EOS = ("stop", "eos")
@@ -125,7 +126,7 @@ def _checked_prompt(raw, where: str, vocab: int, min_context: int, max_positions
         try:
             check_context(list(prompt))
         except ValueError as exc:
-            raise SamplesInputError(f"{where}: prompt_ids {list(prompt)} is not a valid context of the model: {exc}") from None
+            raise SamplesInputError(f"{where}: prompt_ids {show_ids(prompt)} is not a valid context of the model: {exc}") from None
     return prompt
 
 

@@ -36,6 +36,7 @@ from .read import (
     invariant_violations,
     read_records,
 )
+from ..report import show_ids
 
 #: Positions after the first up to this one get a transition test each (all of them are in the pooled test).
 MAX_POSITION_TESTS = 16
@@ -163,18 +164,18 @@ class SamplesVerdict:
             if p.fit is not None:
                 f = p.fit
                 lines.extend(_fit_lines(
-                    f"  prompt {list(p.prompt)}: N={f.n}, L={p.length} ({len(f.labels) - 1} cells; {p.length_reason})", f
+                    f"  prompt {show_ids(p.prompt)}: N={f.n}, L={p.length} ({len(f.labels) - 1} cells; {p.length_reason})", f
                 ))
             else:
                 status = "pass" if p.passed else "FAIL"
                 lines.append(
-                    f"  prompt {list(p.prompt)}: N={p.n} greedy completions, {len(p.divergences)} algorithmic divergence(s), "
+                    f"  prompt {show_ids(p.prompt)}: N={p.n} greedy completions, {len(p.divergences)} algorithmic divergence(s), "
                     f"{len(p.flips)} numerical flip(s): {status}"
                 )
                 for d in p.divergences[:5]:
                     got = "<end of completion>" if d["got"] is None else d["got"]
                     lines.append(
-                        f"    {_where(self.source, d['line'])}: prompt {list(p.prompt)}, position {d['position']}: "
+                        f"    {_where(self.source, d['line'])}: prompt {show_ids(p.prompt)}, position {d['position']}: "
                         f"expected {d['expected']}, got {got}; completion {d['completion']}"
                     )
                     lines.append("      " + d["verdict"].describe())
@@ -249,7 +250,7 @@ class SamplesVerdict:
         for d in self.impossible[:SHOWN_IMPOSSIBLE]:
             name = f" ({d['name']})" if d.get("name") else ""
             lines.append(
-                f"  {_where(self.source, d['line'])}: prompt {d['prompt']}, position {d['position']}, context {d['context']}: "
+                f"  {_where(self.source, d['line'])}: prompt {show_ids(d['prompt'])}, position {d['position']}, context {show_ids(d['context'])}: "
                 f"token {d['token']}{name}, probability 0"
             )
         if len(self.impossible) > SHOWN_IMPOSSIBLE:
