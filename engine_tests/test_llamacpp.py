@@ -51,7 +51,8 @@ def _body(prompt, n, **kw):
 def test_gguf_logits_equal_the_tables():
     rows = lc.check_gguf()
     assert {(r["model"], r["variant"]) for r in rows} == {(m, v) for m in ("order1-target", "order1-draft-close",
-                                                                           "order2-target", "order2-draft")
+                                                                           "order2-target", "order2-draft",
+                                                                           "long-target", "long-draft")
                                                           for v in ("eos", "plain")}
     for r in rows:
         assert r["passed"], r
