@@ -45,7 +45,7 @@ __all__ = [
     "long_cells",
     "long_tables",
     "long_cell",
-    "long_config",
+    "long_dims",
     "long_weights",
     "long_prev_scores",
     "long_token_names",
@@ -218,37 +218,11 @@ def _four_squares(n: int) -> tuple[int, int, int, int]:
     raise AssertionError(n)  # pragma: no cover - Lagrange
 
 
-def long_config(name: str, *, vocab: int, bos_id: int, eos_id: int, max_positions: int) -> dict:
-    """``config.json`` of a long-family checkpoint."""
+def long_dims(name: str) -> dict:
+    """The shape of a long-family checkpoint, as ``config.json`` keys (the rest of its config is order2's)."""
     head_dim, theta = LONG_SHAPES[name]
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": vocab,
-        "hidden_size": _HIDDEN,
-        "intermediate_size": len(long_cells()),
-        "num_hidden_layers": 1,
-        "num_attention_heads": _HEADS,
-        "num_key_value_heads": _KV_HEADS,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": max_positions,
-        "rms_norm_eps": 0.0,
-        "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "attention_bias": False,
-        "attention_dropout": 0.0,
-        "mlp_bias": False,
-        "pretraining_tp": 1,
-        "initializer_range": 0.02,
-        "tie_word_embeddings": False,
-        "use_cache": True,
-        "bos_token_id": bos_id,
-        "eos_token_id": eos_id,
-        "pad_token_id": eos_id,
-        "dtype": "float32",
-        "torch_dtype": "float32",
-    }
+    return {"hidden_size": _HIDDEN, "intermediate_size": len(long_cells()), "num_attention_heads": _HEADS,
+            "num_key_value_heads": _KV_HEADS, "head_dim": head_dim, "rope_theta": theta}
 
 
 def long_weights(name: str, table: np.ndarray) -> dict[str, np.ndarray]:

@@ -267,23 +267,23 @@ def _check_prev_head_margin() -> float:
 
 def llama_config(model: ExactModel) -> dict:
     """The ``config.json`` of ``model``'s checkpoint (a 1-layer ``LlamaForCausalLM``)."""
-    if model.family == "long":
-        return exact_long.long_config(model.name, vocab=model.vocab, bos_id=model.bos_id, eos_id=model.eos_id,
-                                      max_positions=model.max_positions)
     o2 = model.family == "order2"
-    hidden = _ORDER2_HIDDEN if o2 else 16
-    inter = len(order2_cells()) if o2 else 32
-    theta = _ORDER2_ROPE_THETA if o2 else _ORDER1_ROPE_THETA
+    dims = {"hidden_size": _ORDER2_HIDDEN if o2 else 16, "intermediate_size": len(order2_cells()) if o2 else 32,
+            "num_attention_heads": _NUM_HEADS, "num_key_value_heads": _NUM_HEADS, "head_dim": _HEAD_DIM,
+            "rope_theta": _ORDER2_ROPE_THETA if o2 else _ORDER1_ROPE_THETA}
+    if model.family == "long":
+        dims = exact_long.long_dims(model.name)
+    theta = dims["rope_theta"]
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": model.vocab,
-        "hidden_size": hidden,
-        "intermediate_size": inter,
+        "hidden_size": dims["hidden_size"],
+        "intermediate_size": dims["intermediate_size"],
         "num_hidden_layers": 1,
-        "num_attention_heads": _NUM_HEADS,
-        "num_key_value_heads": _NUM_HEADS,
-        "head_dim": _HEAD_DIM,
+        "num_attention_heads": dims["num_attention_heads"],
+        "num_key_value_heads": dims["num_key_value_heads"],
+        "head_dim": dims["head_dim"],
         "hidden_act": "silu",
         "max_position_embeddings": model.max_positions,
         "rms_norm_eps": 0.0,
