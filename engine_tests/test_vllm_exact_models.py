@@ -30,7 +30,6 @@ with a 1 GiB CPU KV cache (``VLLM_CPU_KVCACHE_SPACE=1``), ``enforce_eager``, ``m
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 
@@ -39,9 +38,11 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
+from vllm import SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
 
 from specdec_ref.exact_models import BOS_LOGIT, EXACT_MODELS, MAX_POSITIONS, ExactModel  # noqa: E402
+
+from .vllm_engines import Engines  # noqa: E402
 
 #: Stated bound on |vLLM logprob - table log-softmax| for real tokens, float32 and bfloat16 checkpoints.
 LOGPROB_BOUND = 2e-6
@@ -57,32 +58,6 @@ PARAMS = [(name, dtype) for dtype in DTYPES for name, m in EXACT_MODELS.items() 
 MEASURED: dict[tuple[str, str, str], float] = {}
 
 
-class Engines:
-    """The vLLM engines of one (model, dtype), one per logprobs mode, created on first use."""
-
-    def __init__(self, model: ExactModel, dtype: str):
-        self.model, self.dtype, self._llms = model, dtype, {}
-
-    def __call__(self, mode: str = "raw_logprobs") -> LLM:
-        if mode not in self._llms:
-            self._llms[mode] = LLM(
-                model=str(self.model.path),
-                dtype=self.dtype,
-                max_model_len=MAX_POSITIONS,
-                enforce_eager=True,
-                max_num_seqs=16,
-                seed=0,
-                logprobs_mode=mode,
-            )
-        return self._llms[mode]
-
-    def close(self) -> None:
-        for llm in self._llms.values():
-            llm.llm_engine.engine_core.shutdown()
-        self._llms.clear()
-        gc.collect()
-
-
 def _grouped(params):
     """One xdist group per dtype (``--dist loadgroup``): each worker loads a model's engines once, for its dtype."""
     return [pytest.param(p, marks=pytest.mark.xdist_group(f"vllm_exact_{p[1]}")) for p in params]
@@ -90,7 +65,7 @@ def _grouped(params):
 
 def _module_engines(request):
     name, dtype = request.param
-    eng = Engines(EXACT_MODELS[name], dtype)
+    eng = Engines(EXACT_MODELS[name], dtype, max_model_len=MAX_POSITIONS)
     yield eng
     eng.close()
     for (n, d, check), err in sorted(MEASURED.items()):

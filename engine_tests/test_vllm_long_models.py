@@ -17,7 +17,6 @@ generate; ``<bos>`` and the markers (logit -65536) to 1/64.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 
@@ -26,10 +25,12 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from vllm import LLM, SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
+from vllm import SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
 
 from specdec_ref.exact_long import LONG_BOS, LONG_MARKERS, LONG_MAX_POSITIONS, LONG_REAL  # noqa: E402
 from specdec_ref.exact_models import BOS_LOGIT, ExactModel, exact_model  # noqa: E402
+
+from .vllm_engines import Engines  # noqa: E402
 
 LOGPROB_BOUND = 2e-6
 NEVER_BOUND = 2.0**-6  # <bos> and the markers: logprob ~ -65538, float32 ulp 1/128
@@ -44,27 +45,10 @@ def _row(length: int, marker_at: int | None, seed: int) -> list[int]:
     return row
 
 
-class Engines:
-    def __init__(self, model: ExactModel):
-        self.model, self._llms = model, {}
-
-    def __call__(self, mode: str = "raw_logprobs") -> LLM:
-        if mode not in self._llms:
-            self._llms[mode] = LLM(model=str(self.model.path), dtype="float32", max_model_len=LONG_MAX_POSITIONS,
-                                   enforce_eager=True, max_num_seqs=8, seed=0, logprobs_mode=mode)
-        return self._llms[mode]
-
-    def close(self) -> None:
-        for llm in self._llms.values():
-            llm.llm_engine.engine_core.shutdown()
-        self._llms.clear()
-        gc.collect()
-
-
 @pytest.fixture(scope="module", params=[pytest.param(n, marks=pytest.mark.xdist_group("vllm_long")) for n in
                                         ("long-target", "long-draft")])
 def engines(request):
-    eng = Engines(exact_model(request.param))
+    eng = Engines(exact_model(request.param), "float32", max_model_len=LONG_MAX_POSITIONS, max_num_seqs=8)
     yield eng
     eng.close()
 

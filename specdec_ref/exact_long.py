@@ -31,7 +31,8 @@ import math
 
 import numpy as np
 
-from .exact_tables import BOS_LOGIT, bell_ints, splitmix64, unique_max_
+from .exact_dyadic import MIN_SCORE_GAP, dyadic_noise, four_squares, round_bits
+from .exact_tables import BOS_LOGIT, bell_ints, unique_max_
 
 __all__ = [
     "LONG_VOCAB",
@@ -45,6 +46,7 @@ __all__ = [
     "long_cells",
     "long_tables",
     "long_cell",
+    "long_cell_at",
     "long_dims",
     "long_weights",
     "long_prev_scores",
@@ -121,9 +123,13 @@ def validate_long_context(name: str, ctx: list[int]) -> None:
 
 def long_cell(ctx: list[int]) -> tuple[int, int, int, int]:
     """The cell of a valid context (:func:`validate_long_context`)."""
-    m = len(ctx) - 1
     k = next((t - LONG_MARKERS[0] for t in ctx if t in LONG_MARKERS), NO_MARKER)
-    return (ctx[m - 1] if m >= 1 else ctx[0], ctx[m], m % 2, k)
+    return long_cell_at(ctx, len(ctx) - 1, k)
+
+
+def long_cell_at(seq: list[int], m: int, k: int) -> tuple[int, int, int, int]:
+    """The cell of the context ``seq[:m + 1]`` whose marker index is ``k`` (read once per sequence)."""
+    return (seq[m - 1] if m >= 1 else seq[0], seq[m], m % 2, k)
 
 
 def _unique_rows(table: np.ndarray) -> np.ndarray:
@@ -165,13 +171,6 @@ def long_tables() -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- checkpoint
 
 
-def _round_bits(x: float, bits: int = 8) -> float:
-    if abs(x) < 2.0**-10:
-        return 0.0
-    mant, e = math.frexp(x)
-    return math.ldexp(round(mant * (1 << bits)) / (1 << bits), e)
-
-
 def _frequencies() -> np.ndarray:
     return np.array([math.pi ** (i / 16.0) for i in _KERNEL_PAIRS])
 
@@ -183,8 +182,8 @@ def _kernel_qk(head_dim: int) -> tuple[np.ndarray, np.ndarray]:
     for i, w, f in zip(_KERNEL_PAIRS, _KERNEL_WEIGHTS, _frequencies()):
         beta = w * _KERNEL_PEAK * scale / _KERNEL_ALPHA
         q[i] = _KERNEL_ALPHA
-        k[i] = _round_bits(beta * math.cos(f) / 2.0) * 2.0
-        k[i + half] = _round_bits(beta * math.sin(f) / 2.0) * 2.0
+        k[i] = round_bits(beta * math.cos(f) / 2.0) * 2.0
+        k[i + half] = round_bits(beta * math.sin(f) / 2.0) * 2.0
     return q, k
 
 
@@ -201,23 +200,6 @@ def long_prev_scores(head_dim: int, max_positions: int = LONG_MAX_POSITIONS) -> 
     return out / math.sqrt(head_dim)
 
 
-def _noise(seed: int, shape: tuple[int, ...]) -> np.ndarray:
-    stream = splitmix64(seed)
-    levels = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0)
-    return np.array([levels[next(stream) % 7] for _ in range(int(np.prod(shape)))]).reshape(shape)
-
-
-def _four_squares(n: int) -> tuple[int, int, int, int]:
-    for a in range(math.isqrt(n), -1, -1):
-        for b in range(min(a, math.isqrt(n - a * a)), -1, -1):
-            for c in range(min(b, math.isqrt(n - a * a - b * b)), -1, -1):
-                r = n - a * a - b * b - c * c
-                d = math.isqrt(r)
-                if d * d == r and d <= c:
-                    return a, b, c, d
-    raise AssertionError(n)  # pragma: no cover - Lagrange
-
-
 def long_dims(name: str) -> dict:
     """The shape of a long-family checkpoint, as ``config.json`` keys (the rest of its config is order2's)."""
     head_dim, theta = LONG_SHAPES[name]
@@ -231,8 +213,8 @@ def long_weights(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
     d, half, h, v = head_dim, head_dim // 2, _HIDDEN, LONG_VOCAB
     scores = long_prev_scores(head_dim)
     gap = float(scores[1] - np.delete(scores, 1).max())
-    assert gap >= 150.0, f"{name}: previous-token kernel gap {gap} < 150"
-    assert _PI_SCORE / math.sqrt(head_dim) >= 150.0
+    assert gap >= MIN_SCORE_GAP, f"{name}: previous-token kernel gap {gap} < {MIN_SCORE_GAP}"
+    assert _PI_SCORE / math.sqrt(head_dim) >= MIN_SCORE_GAP
 
     embed = np.zeros((v, h))
     embed[np.arange(v), _TOK + np.arange(v)] = 1.0
@@ -249,7 +231,7 @@ def long_weights(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
     k_proj[_PI_PAIR, _TOK + LONG_BOS] = _PI_SCORE / 32.0
     for t in range(v):
         v_proj[t, _TOK + t] = 1.0
-    v_proj[v:d, _TOK:_TOK + v] = _noise(31, (d - v, v))  # filler nothing reads
+    v_proj[v:d, _TOK:_TOK + v] = dyadic_noise(31, (d - v, v))  # filler nothing reads
     q_proj[0:d, _C] = q0 / 2.0  # query head 0: previous token
     for t in range(8):
         o_proj[_PREV + t, t] = 1.0
@@ -261,8 +243,8 @@ def long_weights(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
         k_proj[d + _PI_PAIR, _TOK + t] = _PI_SCORE / 32.0
         v_proj[d + j, _TOK + t] = 1.0
     free = [i for i in range(d) if i not in (_PI_PAIR, _PI_PAIR + half)]
-    k_proj[[d + i for i in free], _TOK:_TOK + v] = _noise(32, (len(free), v))
-    v_proj[d + 4:2 * d, _TOK:_TOK + v] = _noise(33, (d - 4, v))
+    k_proj[[d + i for i in free], _TOK:_TOK + v] = dyadic_noise(32, (len(free), v))
+    v_proj[d + 4:2 * d, _TOK:_TOK + v] = dyadic_noise(33, (d - 4, v))
     for head, sign in ((2, 1.0), (3, -1.0)):  # opposite queries: one of the two attends to the marker
         q_proj[head * d + _PI_PAIR, _C] = sign * 32.0 / 2.0
         for j in range(len(LONG_MARKERS)):
@@ -284,7 +266,7 @@ def long_weights(name: str, table: np.ndarray) -> dict[str, np.ndarray]:
             assert e == table[a, b, c, k, tok] * 8 and -64 <= e <= 64
             upd[_L + tok] = e / 64.0
             sq += e * e
-        for i, p in enumerate(_four_squares(9 * 64 * 64 - sq)):
+        for i, p in enumerate(four_squares(9 * 64 * 64 - sq)):
             upd[_Q + i] = p / 64.0
         upd[_S2] = -1.0
         down[:, n] = upd / _GATE_ON

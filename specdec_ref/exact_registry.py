@@ -185,12 +185,12 @@ class ExactModel:
             m = [j for j in marks if j <= i]
             if len(m) > 1 or (m and m[0] > i - 2):
                 continue
-            out[i] = self.table[self._cell_of(seq[: i + 1]) if self.family != "long" else self._long_cell_at(seq, i, m)]
+            if self.family == "long":
+                k = seq[m[0]] - exact_long.LONG_MARKERS[0] if m else exact_long.NO_MARKER
+                out[i] = self.table[exact_long.long_cell_at(seq, i, k)]
+            else:
+                out[i] = self.table[self._cell_of(seq[: i + 1])]
         return torch.from_numpy(out)
-
-    def _long_cell_at(self, seq: list[int], i: int, marks: list[int]) -> tuple[int, ...]:
-        k = seq[marks[0]] - exact_long.LONG_MARKERS[0] if marks else exact_long.NO_MARKER
-        return (seq[i - 1] if i >= 1 else seq[0], seq[i], i % 2, k)
 
     def next_probs(self, contexts) -> torch.Tensor:
         """float64 softmax of :meth:`next_logits` (the law)."""

@@ -13,11 +13,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 
 from . import exact_long, exact_offset
+from .exact_dyadic import MIN_SCORE_GAP, bf16_exact, dyadic_noise, four_squares, round_bits
 from .exact_registry import MAX_POSITIONS, ExactModel
-from .exact_tables import BOS_LOGIT, ORDER1_VOCAB, ORDER2_BOS, ORDER2_VOCAB, order2_cells, splitmix64
+from .exact_tables import BOS_LOGIT, ORDER1_VOCAB, ORDER2_BOS, ORDER2_VOCAB, order2_cells
 
 __all__ = ["MIN_SCORE_GAP", "llama_config", "llama_weights", "prev_head_scores"]
 
@@ -35,28 +35,6 @@ _ORDER2_ROPE_THETA = math.pi**-4
 _ORDER1_ROPE_THETA = 10000.0
 
 
-def _bf16_exact(x: np.ndarray) -> bool:
-    t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-    return torch.equal(t.to(torch.bfloat16).to(torch.float32), t)
-
-
-def _round_bits(x: float, bits: int = 8) -> float:
-    """``x`` rounded to ``bits`` significant bits (a dyadic number exact in bfloat16 for bits <= 8);
-    0 for ``|x| < 2**-10`` (e.g. sin(pi) in float64)."""
-    if abs(x) < 2.0**-10:
-        return 0.0
-    m, e = math.frexp(x)
-    return math.ldexp(round(m * (1 << bits)) / (1 << bits), e)
-
-
-def _dyadic_noise(seed: int, shape: tuple[int, ...]) -> np.ndarray:
-    """Deterministic weights in {-1, -1/2, -1/4, 0, 1/4, 1/2, 1} (for parts that do not affect the law)."""
-    stream = splitmix64(seed)
-    levels = (-1.0, -0.5, -0.25, 0.0, 0.25, 0.5, 1.0)
-    n = int(np.prod(shape))
-    return np.array([levels[next(stream) % 7] for _ in range(n)], dtype=np.float64).reshape(shape)
-
-
 def _order1_weights(table: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """order1: hidden 16. Token t embeds as 4 * e_t (mean square exactly 1); attention and MLP
     outputs are exactly 0 (o_proj, down_proj = 0); lm_head[v, t] = T[t, v] / 4."""
@@ -69,13 +47,13 @@ def _order1_weights(table: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     return {
         "model.embed_tokens.weight": embed,
         "model.layers.0.input_layernorm.weight": np.ones(hidden),
-        "model.layers.0.self_attn.q_proj.weight": _dyadic_noise(seed + 1, (qkv, hidden)),
-        "model.layers.0.self_attn.k_proj.weight": _dyadic_noise(seed + 2, (qkv, hidden)),
-        "model.layers.0.self_attn.v_proj.weight": _dyadic_noise(seed + 3, (qkv, hidden)),
+        "model.layers.0.self_attn.q_proj.weight": dyadic_noise(seed + 1, (qkv, hidden)),
+        "model.layers.0.self_attn.k_proj.weight": dyadic_noise(seed + 2, (qkv, hidden)),
+        "model.layers.0.self_attn.v_proj.weight": dyadic_noise(seed + 3, (qkv, hidden)),
         "model.layers.0.self_attn.o_proj.weight": np.zeros((hidden, qkv)),
         "model.layers.0.post_attention_layernorm.weight": np.ones(hidden),
-        "model.layers.0.mlp.gate_proj.weight": _dyadic_noise(seed + 4, (inter, hidden)),
-        "model.layers.0.mlp.up_proj.weight": _dyadic_noise(seed + 5, (inter, hidden)),
+        "model.layers.0.mlp.gate_proj.weight": dyadic_noise(seed + 4, (inter, hidden)),
+        "model.layers.0.mlp.up_proj.weight": dyadic_noise(seed + 5, (inter, hidden)),
         "model.layers.0.mlp.down_proj.weight": np.zeros((hidden, inter)),
         "model.norm.weight": np.ones(hidden),
         "lm_head.weight": head,
@@ -102,29 +80,6 @@ _PREV_HEAD_WEIGHTS = (0.16736578, 0.09514902, 0.20988754, 0.52759766)
 _PREV_HEAD_PEAK = 1000.0  # scaled score at the previous position
 _PARITY_Q = 32.0
 _PARITY_K = 128.0  # scaled score 32 * 128 / sqrt(32) = 724 (64 at head size 8: the same score)
-#: Smallest scaled-score gap between the attended key and any other key (asserted at build time,
-#: float64 with exact angles; exp(-150) underflows to exactly 0 in float32 and bfloat16).
-MIN_SCORE_GAP = 150.0
-
-
-def _four_squares(n: int) -> tuple[int, int, int, int]:
-    """Integers (a, b, c, d), a >= b >= c >= d >= 0, with a^2 + b^2 + c^2 + d^2 == n (largest first)."""
-    a = math.isqrt(n)
-    while a >= 0:
-        r1 = n - a * a
-        b = min(a, math.isqrt(r1))
-        while b >= 0:
-            r2 = r1 - b * b
-            c = min(b, math.isqrt(r2))
-            while c >= 0:
-                r3 = r2 - c * c
-                d = math.isqrt(r3)
-                if d * d == r3 and d <= c:
-                    return a, b, c, d
-                c -= 1
-            b -= 1
-        a -= 1
-    raise AssertionError(f"no four-square decomposition of {n}")  # pragma: no cover - Lagrange
 
 
 def _rope_angles(theta: float) -> np.ndarray:
@@ -143,8 +98,8 @@ def _prev_head_qk() -> tuple[np.ndarray, np.ndarray]:
         beta = w * _PREV_HEAD_PEAK * scale / _PREV_HEAD_ALPHA
         q[i] = _PREV_HEAD_ALPHA
         # key rotated by +angle: score(m, j) ~ cos(angle * (1 + j - m)), peaked at j = m - 1
-        k[i] = _round_bits(beta * math.cos(ang) / 2.0) * 2.0
-        k[i + half] = _round_bits(beta * math.sin(ang) / 2.0) * 2.0
+        k[i] = round_bits(beta * math.cos(ang) / 2.0) * 2.0
+        k[i + half] = round_bits(beta * math.sin(ang) / 2.0) * 2.0
     return q, k
 
 
@@ -202,8 +157,8 @@ def _order2_weights(table: np.ndarray) -> dict[str, np.ndarray]:
     # rotary pair 4 and o_proj ignores its value dims 1..31), so the cached K and V of every position
     # depend on the token there, as in a real model, without any effect on the output
     free_k = [i for i in range(d) if i not in (_PARITY_PAIR, _PARITY_PAIR + d // 2)]
-    k_proj[[d + i for i in free_k], _T0 : _T0 + v] = _dyadic_noise(11, (len(free_k), v))
-    v_proj[d + 1 : 2 * d, _T0 : _T0 + v] = _dyadic_noise(12, (d - 1, v))
+    k_proj[[d + i for i in free_k], _T0 : _T0 + v] = dyadic_noise(11, (len(free_k), v))
+    v_proj[d + 1 : 2 * d, _T0 : _T0 + v] = dyadic_noise(12, (d - 1, v))
 
     # MLP: unit n for cell (a, b, c): gate = 144 * (x_a + x_b + s_c * P) - 400 is 32 when the three
     # match and <= -112 otherwise; up = x_C / 2 = 1; down column = (cell's residual update) / 32.
@@ -227,7 +182,7 @@ def _order2_weights(table: np.ndarray) -> dict[str, np.ndarray]:
             assert e == logits[tok] * 8 and -64 <= e <= 64
             upd[_L0 + tok] = e / 64.0
             sq += e * e
-        pad = _four_squares(9 * 64 * 64 - sq)
+        pad = four_squares(9 * 64 * 64 - sq)
         for i, p in enumerate(pad):
             upd[_Q0 + i] = p / 64.0
         upd[_S2] = -1.0
@@ -319,6 +274,6 @@ def llama_weights(model: ExactModel) -> dict[str, np.ndarray]:
     for name, w in weights.items():
         assert np.all(np.isfinite(w)), name
         assert np.array_equal(w.astype(np.float32).astype(np.float64), w), f"{model.name}: {name} not exact in float32"
-        assert _bf16_exact(w), f"{model.name}: {name} not exact in bfloat16"
+        assert bf16_exact(w), f"{model.name}: {name} not exact in bfloat16"
     return weights
 
