@@ -45,7 +45,7 @@ from typing import Protocol, Sequence
 from specdec_ref.warp import SamplingConfig
 
 from .conditions import condition_cases
-from .matrix import CASES, EFFICIENCY, FEATURE_CASES, Case, Configuration, law_depends_on_tie_rule
+from .matrix import CASES, EFFICIENCY, FAMILIES, FEATURE_CASES, Case, Configuration, law_depends_on_tie_rule
 
 __all__ = [
     "ADAPTERS", "Conventions", "Request", "EngineSession", "EngineAdapter", "EngineMissingError", "adapter",
@@ -208,7 +208,7 @@ class EngineAdapter(abc.ABC):
     k: int = 3
     timeout_s: float = 420.0
     max_model_len: int = 128  # positions a request may use (prompt + new tokens + drafts) in this adapter's engine
-    families: dict = field(default_factory=lambda: {"order1": "order1-close", "order2": "order2-order1"})
+    families: dict = field(default_factory=lambda: dict(FAMILIES))
     #: CPU flags (as ``/proc/cpuinfo`` spells them) whose presence changes what this engine version does (a wheel that
     #: executes an instruction without checking for it): its expectations are recorded per combination of them.
     cpu_features: tuple[str, ...] = ()

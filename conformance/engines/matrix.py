@@ -22,7 +22,7 @@ __all__ = ["K", "Case", "Configuration", "CASES", "FEATURE_CASES", "FAMILIES", "
 #: Draft tokens per round in every speculative configuration.
 K = 3
 #: Exact pair per target family: the target the engine loads and the draft model of ``draft_model`` methods.
-FAMILIES = {"order1": "order1-close", "order2": "order2-order1"}
+FAMILIES = {"order1": "order1-close", "order2": "order2-order1", "long": "long-close"}
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class Case:
     def model(self) -> str:
         from specdec_ref.exact_models import SHIFTED
 
-        return {"order1": "order1-target", "order2": "order2-target"}[self.family] + (SHIFTED if self.shifted else "")
+        return {"order1": "order1-target", "order2": "order2-target", "long": "long-target"}[self.family] + (
+            SHIFTED if self.shifted else "")
 
     @property
     def greedy(self) -> bool:

@@ -35,11 +35,13 @@ Invariant: nothing here imports an engine; the reconstruction reads the exact ta
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+
 from ..report import show_ids
 
 __all__ = ["DraftArgmaxLaw", "Round", "proposal_law", "argmax_drafts", "reconstruct", "check_rounds",
@@ -50,30 +52,46 @@ TOLERANCE_SE = 5.0
 
 @dataclass(frozen=True)
 class DraftArgmaxLaw:
-    """The argmax of an order-1 draft model (a ``draft_model`` configuration with greedy drafting): draft ``i`` reads
-    the row of the token before it."""
+    """The argmax of a draft model (a ``draft_model`` configuration with greedy drafting): draft ``i`` reads the
+    draft's law after the text and the drafts before it. A draft whose law reads its last token only (the order-1
+    tables, ``order2-draft``: :func:`_last_token_rows`) is read from one row per token (``context`` 1); any other over
+    the whole text (``context`` None: the long family's draft, which reads the marker)."""
 
     draft: str
     one_hot = True
-    context = 1
     sample = False
 
+    @property
+    def context(self) -> int | None:
+        return 1 if _last_token_rows(self.draft) is not None else None
+
     def raw(self, text: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
-        return _target_rows_any(self.draft)[(list(drafts) or list(text))[-1]]
+        rows = _last_token_rows(self.draft)
+        if rows is not None:
+            return rows[(list(drafts) or list(text))[-1]]
+        from specdec_ref.exact_models import exact_model
+
+        return np.asarray(exact_model(self.draft).next_logits([list(text) + list(drafts)])[0], dtype=np.float64)
 
     def count(self, text, k):
         return k if len(text) >= 1 else 0
 
 
-def _target_rows_any(name: str) -> np.ndarray:
+@functools.lru_cache(maxsize=None)
+def _last_token_rows(name: str) -> np.ndarray | None:
+    """The draft's logits by last token ``[V, V]`` when its law reads the last token only (every reachable cell's row
+    is its last token's row), else None."""
     from specdec_ref.exact_models import exact_model
 
     m = exact_model(name)
-    bos = getattr(m, "bos_id", None)
-    if bos is None:
-        return np.asarray(m.next_logits([[a] for a in range(m.vocab)]), dtype=np.float64)
-    # a draft of a <bos> family reads its last token only (order2-draft): row a after [<bos>, a], <bos>'s after [<bos>]
-    return np.asarray(m.next_logits([[bos, a] if a != bos else [bos] for a in range(m.vocab)]), dtype=np.float64)
+    contexts = m.row_contexts()  # one context per reachable cell
+    rows = np.full((m.vocab, m.vocab), np.nan)
+    for ctx, row in zip(contexts, np.asarray(m.next_logits(contexts), dtype=np.float64)):
+        if np.isnan(rows[ctx[-1], 0]):
+            rows[ctx[-1]] = row
+        elif not np.array_equal(rows[ctx[-1]], row):
+            return None
+    return rows
 
 
 def proposal_law(spec: str, pair_name: str):
@@ -135,8 +153,11 @@ class Round:
 
 
 def greedy_next(target_name: str) -> Callable[[int], int]:
-    """The order-1 target's argmax after a token (extends a greedy completion past its cut)."""
-    rows = _target_rows_any(target_name)
+    """The argmax after a token of a target whose law reads its last token only (extends a greedy completion of the
+    efficiency set, on the order-1 pair, past its cut); ValueError for any other target."""
+    rows = _last_token_rows(target_name)
+    if rows is None:
+        raise ValueError(f"{target_name}: its law reads more than the last token; no argmax by last token")
     return lambda last: int(np.argmax(rows[last]))
 
 
@@ -296,7 +317,7 @@ def _describe(i: int, rec: dict, mine, engine, j: int) -> str:
     want = f"{r.accepted}" if not r.censored else f"{r.accepted}..{r.upper}"
     got = "none" if j >= len(engine) else f"{engine[j][1]} of {engine[j][0]}"
     after = (list(rec["prompt_ids"]) + list(rec["completion_ids"]))[r.start:r.start + len(r.drafts) + 1]
-    return (f"{head} from text {text}: the law drafts {list(r.drafts)}, the completion continues {after}, so "
+    return (f"{head} from text {show_ids(text)}: the law drafts {list(r.drafts)}, the completion continues {after}, so "
             f"{want} accepted; the engine accepted {got}")
 
 
