@@ -395,15 +395,15 @@ def test_a_draft_that_reads_the_whole_context_is_read_over_it():
     """The long family's draft reads the marker token, far behind: its argmax drafts follow the whole text (context
     None), so two prompts that differ only in their marker get different drafts; the order-1 reading (the row of the
     last token), right for order1 drafts and order2-draft, would give both the same."""
-    from conformance.engines.conditions import condition
+    from conformance.engines.conditions import LONG_MARKER_AT as at, condition
     from specdec_ref.exact_models import exact_model
 
     assert R.DraftArgmaxLaw("order2-draft").context == 1 and R.DraftArgmaxLaw("order1-draft-close").context == 1
     law = R.DraftArgmaxLaw("long-draft")
     assert law.context is None
     prompts = condition("long-prefix-cache").cases[0].prompts
-    first, twin = list(prompts[0]), list(prompts[2])  # the same text but the marker (m1 / m2 at position 1500)
-    assert first[:1500] == twin[:1500] and first[1501:] == twin[1501:] and first[1500] != twin[1500]
+    first, twin = list(prompts[0]), list(prompts[2])  # the same text but the marker (m1 / m2 at position ``at``)
+    assert first[:at] == twin[:at] and first[at + 1:] == twin[at + 1:] and first[at] != twin[at]
     d1, d2 = R.argmax_drafts(law, first, 3)[0], R.argmax_drafts(law, twin, 3)[0]
     assert d1 != d2
     m, text = exact_model("long-draft"), list(first)

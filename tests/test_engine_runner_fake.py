@@ -363,3 +363,18 @@ def test_a_constraint_read_off_the_state_a_block_began_in_gives_impossible_compl
     assert ok["level"] in ("certified", "reduced"), ok["headline"]
     assert bad["level"] == "not_certified" and bad["impossible"]["completions"] >= at_least, bad["headline"]
     assert bad["looks"]["look"] == "interim"  # impossible tokens need no power
+
+
+def test_a_prefix_cache_hit_serving_the_other_twin_s_marker_block_is_rejected(tmp_path):
+    """Bug class: a prefix-cache hit restores a block written by another prompt (a block keyed by less than its own
+    tokens, a stale block after eviction; SGLang #31600's class on the target's side). The long pair's twins differ
+    only in the marker of their last full block; the planted engine serves that block from whichever twin wrote it
+    first, so half the requests read the other marker (TV 0.45 on average): NOT CERTIFIED, while the control that
+    reaches the same condition is certified."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+                        "--conditions", "long-prefix-cache", "--configs", "control,stale-block"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    case = "long-prefix-cache.2049-2051"
+    ok, stale = configs["control"]["cases"][case], configs["stale-block"]["cases"][case]
+    assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
+    assert stale["level"] == "not_certified" and stale["condition"]["passed"], stale["headline"]

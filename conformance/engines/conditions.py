@@ -103,6 +103,10 @@ def _case(cond: str, name: str, prompts, sampling: SamplingConfig, max_new_token
 
 
 _T1 = SamplingConfig(temperature=1.0)
+#: Where the long pair's prefix-cache twins differ (their marker): in the last of the 2 048-token prompts' 16 blocks of
+#: 128, so that an engine whose cache reuses any common prefix (llama.cpp) re-evaluates 88 tokens when the twins take
+#: turns, not a quarter of the prompt.
+LONG_MARKER_AT = 1960
 #: Requests per condition case (its prompts take turns): each prompt's law at reduced power (the tool states the TV it
 #: detects per case) and the pooled transition test over every position.
 NC = 6000
@@ -117,10 +121,10 @@ def _conditions() -> tuple[Condition, ...]:
     edge = [random_prompt(120, 300 + i) for i in range(3)]
     shifted = [random_prompt(n, 400 + n, "order1") for n in (116, 120)]
     mixed = [random_prompt(n, 500 + n) for n in (8, 90)]
-    # the long pair: a 2 048-token prompt whose marker m1 sits in block 11 (tokens 1 408-1 535), and its twin with m2
-    # there instead; both share blocks 0-10, each is followed by tails of 1 and 3 tokens
+    # the long pair: a 2 048-token prompt whose marker m1 sits in its last block of 128 (tokens 1 920-2 047), and its
+    # twin with m2 there instead; both share blocks 0-14, each is followed by tails of 1 and 3 tokens
     base = random_prompt(2048, 600, "long")
-    twins = [base[:1500] + (8 + index,) + base[1501:] for index in (1, 2)]
+    twins = [base[:LONG_MARKER_AT] + (8 + index,) + base[LONG_MARKER_AT + 1:] for index in (1, 2)]
     long_cached = [twin + tail for twin in twins for tail in ((1,), (4, 0, 5))]
     return (
         Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},

@@ -538,7 +538,8 @@ ADAPTER = LlamaCppAdapter(
     cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES + GRAMMAR_CASES, timeout_s=900.0,
     seed_probe=True, preload_modules=(__name__,),
     conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
-                                 "context-shift": ("control", "draft-k3", "ngram-simple")},
+                                 "context-shift": ("control", "draft-k3", "ngram-simple"),
+                "long-prefix-cache": ("control", "draft-k3")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",
