@@ -365,16 +365,21 @@ def test_a_constraint_read_off_the_state_a_block_began_in_gives_impossible_compl
     assert bad["looks"]["look"] == "interim"  # impossible tokens need no power
 
 
-def test_a_prefix_cache_hit_serving_the_other_twin_s_marker_block_is_rejected(tmp_path):
-    """Bug class: a prefix-cache hit restores a block written by another prompt (a block keyed by less than its own
-    tokens, a stale block after eviction; SGLang #31600's class on the target's side). The long pair's twins differ
-    only in the marker of their last full block; the planted engine serves that block from whichever twin wrote it
-    first, so half the requests read the other marker (TV 0.45 on average): NOT CERTIFIED, while the control that
-    reaches the same condition is certified."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
-                        "--conditions", "long-prefix-cache", "--configs", "control,stale-block"]) == 0
+@pytest.mark.parametrize("condition, case, planted, scale", [
+    ("long-prefix-cache", "long-prefix-cache.2049-2051", "stale-block", "0.25"),
+    ("long-chunked-prefill", "long-chunked-prefill.1028-1100", "chunk-local", "1")])
+def test_a_long_context_s_marker_lost_or_swapped_under_a_condition_is_rejected(tmp_path, condition, case, planted,
+                                                                                scale):
+    """Bug classes: a prefix-cache hit restores a block written by another prompt (a block keyed by less than its own
+    tokens, a stale block after eviction; SGLang #31600's class on the target's side), and a prefill chunk that does
+    not read the KV earlier chunks wrote. The long pair's law reads its marker wherever it stands: the twins of
+    ``long-prefix-cache`` differ only in the marker of their last full block, which the planted engine serves from
+    whichever twin wrote it first (half the requests read the other marker, TV 0.45 on average); ``chunk-local`` loses
+    the markers of the chunks before the last (TV 0.49). NOT CERTIFIED, while the control reaching the same condition
+    is certified."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", scale,
+                        "--conditions", condition, "--configs", f"control,{planted}"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
-    case = "long-prefix-cache.2049-2051"
-    ok, stale = configs["control"]["cases"][case], configs["stale-block"]["cases"][case]
+    ok, stale = configs["control"]["cases"][case], configs[planted]["cases"][case]
     assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
     assert stale["level"] == "not_certified" and stale["condition"]["passed"], stale["headline"]
