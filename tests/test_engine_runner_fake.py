@@ -383,3 +383,18 @@ def test_a_long_context_s_marker_lost_or_swapped_under_a_condition_is_rejected(t
     ok, stale = configs["control"]["cases"][case], configs[planted]["cases"][case]
     assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
     assert stale["level"] == "not_certified" and stale["condition"]["passed"], stale["headline"]
+
+
+def test_distinct_prompts_are_certified_pooled_and_a_slot_keeping_the_previous_prompt_is_rejected(tmp_path):
+    """Bug class: state a request leaves behind read by the next one (a slot or cache reused past the common prefix of
+    two prompts), which the matrix's one repeated prompt can never show (the state left behind is the right one). The
+    condition's 6 000 distinct prompts share prefixes of random lengths and end in two table cells: the control is
+    certified with the completions pooled by cell; the planted slot that keeps the previous prompt's cells up to the
+    new prompt's last token is NOT CERTIFIED."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+                        "--conditions", "distinct-prompts", "--configs", "control,stale-slot"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok, stale = (configs[c]["cases"]["distinct-prompts.24-99"] for c in ("control", "stale-slot"))
+    assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
+    assert "pooled by the table cell they end in: 2 test(s)" in ok["report"] and "--pool-prompts" in ok["replay"]
+    assert stale["level"] == "not_certified", stale["headline"]

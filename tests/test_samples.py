@@ -178,6 +178,45 @@ def test_mixed_prompts_are_grouped_with_alpha_split(model):
     assert verdict.certified, verdict.report()
 
 
+def _distinct_order2(n: int, ending_of, *, seed: int, sampling=SamplingConfig(temperature=1.0)):
+    """``n`` records of ``n`` distinct order2 prompts (random, of even length, ending in ``2, 3``), each completion
+    drawn from the exact law of the prompt ``ending_of(prompt)`` (a correct sampler: the prompt itself)."""
+    o2 = exact_model("order2-target")
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        prompt = [6] + [int(t) for t in rng.integers(0, 6, size=2 * int(rng.integers(5, 20)) - 3)] + [2, 3]
+        law = continuation_law(o2, ending_of(prompt), 2, sampling, eos_id=o2.eos_id)
+        seqs = list(law)
+        pick = rng.choice(len(seqs), p=np.array([law[x] for x in seqs]) / sum(law.values()))
+        out.append({"prompt_ids": prompt, "completion_ids": list(seqs[pick]), "seed": i})
+    return out
+
+
+def test_distinct_prompts_pooled_by_their_table_cell_are_tested_with_the_cell_s_n():
+    """Rule: an exactly-known model's law reads a context only through its table cell, so the completions of distinct
+    prompts ending in one cell have one law. Each of 3 000 distinct prompts seen once is inconclusive prompt by prompt
+    and certified pooled (one full-law test of N = 3 000); a sampler that reads the token before the last one wrong
+    (the previous prompt's cell: a stale slot) is rejected pooled."""
+    good = _distinct_order2(3_000, lambda p: p, seed=1)
+    kw = dict(model="order2-target", sampling=SamplingConfig(temperature=1.0), max_new_tokens=2, eos_id=True)
+    assert certify_samples(good, **kw).level == "inconclusive"
+    pooled = certify_samples(good, **kw, pool_prompts=True)
+    assert pooled.certified and [(p.n, p.pooled) for p in pooled.prompts] == [(3_000, 3_000)], pooled.report()
+    assert "of 3000 prompt(s) (pooled by the table cell they end in: 1 test(s))" in pooled.report()
+    assert "--pool-prompts" in pooled.replay
+    stale = _distinct_order2(3_000, lambda p: p[:-2] + [4, 3], seed=2)  # the cell (4, 3, 1) read for (2, 3, 1)
+    bad = certify_samples(stale, **kw, pool_prompts=True)
+    assert bad.level == "not_certified", bad.report()
+
+
+def test_pooling_by_cell_is_refused_where_the_law_reads_more_of_the_prompt():
+    records = _distinct_order2(10, lambda p: p, seed=3)
+    with pytest.raises(ValueError, match="pooled by their table cell only"):
+        certify_samples(records, model="order2-target", sampling=SamplingConfig(temperature=1.0, frequency_penalty=0.5),
+                        max_new_tokens=2, eos_id=True, pool_prompts=True)
+
+
 def test_deterministic_invariants_are_checked_line_by_line(model, tmp_path):
     eos = model.eos_id
     other = next(t for t in range(model.vocab) if t != eos)

@@ -23,7 +23,7 @@ from specdec_ref.warp import SamplingConfig
 from .matrix import Case
 
 __all__ = ["KNOBS", "EVIDENCE", "COUNTERS", "PER_REQUEST", "Condition", "CONDITIONS", "condition", "condition_cases",
-           "evidence_check", "per_request_evidence", "random_prompt"]
+           "distinct_prompts", "evidence_check", "per_request_evidence", "random_prompt"]
 
 #: Engine-neutral settings a condition may ask for. An adapter maps each to its engine (``open_condition``).
 KNOBS = {
@@ -71,6 +71,25 @@ def random_prompt(length: int, seed: int, family: str = "order2", marker: tuple[
     return tuple(rng.randrange(7) for _ in range(length))
 
 
+def distinct_prompts(count: int, seed: int, *, lengths: tuple[int, int] = (24, 100)) -> tuple[tuple[int, ...], ...]:
+    """``count`` distinct order2 prompts: each shares a prefix of a random length with one base prompt (so an engine's
+    prefix cache reuses it at every length, inside blocks too), continues at random, and ends in one of two table
+    cells (``2, 3`` at an odd last position, ``4, 1`` at an even one), so that their completions have two laws
+    (``Case.pooled``)."""
+    rng = random.Random(f"distinct-prompts-{seed}")
+    base = random_prompt(lengths[1], seed)
+    out, seen = [], set()
+    while len(out) < count:
+        ending = ((2, 3), (4, 1))[len(out) % 2]
+        n = rng.randrange(lengths[0] // 2, lengths[1] // 2) * 2 + len(out) % 2  # even length -> last position odd
+        cut = rng.randrange(1, n - 2)
+        p = base[:cut] + tuple(rng.randrange(6) for _ in range(n - 2 - cut)) + ending
+        if p not in seen:
+            seen.add(p)
+            out.append(p)
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Condition:
     """One serving condition (see the module docstring). ``evidence``: ``(name, op, value)`` triples over
@@ -96,10 +115,11 @@ class Condition:
 
 
 def _case(cond: str, name: str, prompts, sampling: SamplingConfig, max_new_tokens: int, *, n: int, seed_base: int,
-          exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2", shifted: bool = False) -> Case:
+          exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2", shifted: bool = False,
+          pooled: bool = False) -> Case:
     prompts = tuple(tuple(p) for p in prompts)
     return Case(f"{cond}.{name}", family, prompts[0], sampling, max_new_tokens, eos, seeded, n, exercises, seed_base,
-                condition=cond, extra_prompts=prompts[1:], shifted=shifted)
+                condition=cond, extra_prompts=prompts[1:], shifted=shifted, pooled=pooled)
 
 
 _T1 = SamplingConfig(temperature=1.0)
@@ -175,6 +195,18 @@ def _conditions() -> tuple[Condition, ...]:
                          family="order1", shifted=True,
                          exercises="prompts of 116 and 120 tokens generating 16 in a 128-token context (the "
                                    "checkpoints' limit): shifted at the 8th or 12th generated token"),)),
+        Condition("distinct-prompts", {"block_size": 32, "prefix_caching": True, "max_model_len": 128},
+                  (("prefix_cache_hits", ">", 0), ("block_size", "==", "block_size")),
+                  "a new prompt in every request, against the matrix's one prompt repeated: 6 600 distinct prompts of "
+                  "24-99 tokens sharing a prefix of a random length with one base, so that the prefix cache serves "
+                  "prefixes of every length (inside a block too: a slot or block reused past the common prefix, a "
+                  "draft's cache not cut back to it) and nothing a request leaves behind (the previous prompt's KV, "
+                  "the draft's, a proposer's memory) agrees with the next by accident; a repeated prompt inflates "
+                  "acceptance through caches (llama.cpp #26100). The prompts end in two table cells, so their "
+                  "completions pool into two full-law tests",
+                  (_case("distinct-prompts", "24-99", distinct_prompts(NC + NC // 10, 900), _T1, 4, n=NC,
+                         seed_base=2_900_000, pooled=True,  # more prompts than the planned looks' requests (6 422)
+                         exercises="6 600 distinct prompts sharing prefixes of random lengths, one request each"),)),
         Condition("long-prefix-cache", {"block_size": 128, "prefix_caching": True, "max_model_len": 4096},
                   (("prefix_cache_hits", ">", 0), ("block_size", "==", "block_size")),
                   "the long-context pair (4 096 positions, the law reads the marker token wherever it stands): prefix-"

@@ -49,6 +49,8 @@ class Case:
     same_seeds_as: str | None = None  # a case whose requests this one repeats seed for seed (per seed identical)
     shifted: bool = False  # generated past the checkpoint's positions by an engine that shifts its context: the law is
     # the order-1 table's at any length (``specdec_ref.exact_registry.ExactModel.shifted``: the model ``NAME+shift``)
+    pooled: bool = False  # many distinct prompts ending in few table cells: the full-law tests pool them by cell
+    # (``certify_samples(pool_prompts=True)``)
 
     def __post_init__(self):
         if self.samples < 1 or self.n % self.samples:

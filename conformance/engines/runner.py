@@ -209,7 +209,8 @@ def _departure(case, path: Path, rec: dict) -> str | None:
         cut.append({"prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"][:1], "seed": r["seed"],
                     "index": r.get("index")})
     first = certify_samples(cut, model=case.model, sampling=case.sampling, max_new_tokens=1,
-                            eos_id=True if case.eos else None, stop=case.stop_rule()).as_record()
+                            eos_id=True if case.eos else None, stop=case.stop_rule(),
+                            pool_prompts=case.pooled).as_record()
     fits = first.get("statistics") or []
     if fits and not fits[0]["passed"]:
         f = fits[0]
@@ -239,7 +240,8 @@ def certify_case(case, state: dict, scale: float = 1.0) -> CaseVerdict:
     try:
         verdict = info.get("verdict") or certify_samples(
             str(path), model=case.model, sampling=case.sampling, max_new_tokens=case.max_new_tokens,
-            eos_id=True if case.eos else None, looks=case_looks(case, scale), stop=case.stop_rule())
+            eos_id=True if case.eos else None, looks=case_looks(case, scale), stop=case.stop_rule(),
+            pool_prompts=case.pooled)
         rec = verdict.as_record()
         power, detects = _fit_summary(rec)
         imp = rec.get("impossible") or {}

@@ -98,7 +98,8 @@ class WaveDriver:
             c = self.cases[name]
             self.files[name] = GrowingFile(self.raw / f"{name}.jsonl", looks=case_looks(c, self.scale), model=c.model,
                                            sampling=c.sampling, max_new_tokens=c.max_new_tokens,
-                                           eos_id=True if c.eos else None, stop=c.stop_rule())
+                                           eos_id=True if c.eos else None, stop=c.stop_rule(),
+                                           pool_prompts=c.pooled)
         return self.files[name]
 
     def next_wave(self, statuses: dict) -> dict[str, int]:

@@ -73,6 +73,9 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--greedy", action="store_true", help="greedy decoding: compare with the greedy continuation")
     parser.add_argument("--max-new-tokens", type=int, default=4, help="the engine's max_new_tokens (default 4)")
     parser.add_argument("--eos", action="store_true", help="the engine stopped at the model's EOS token")
+    parser.add_argument("--pool-prompts", action="store_true",
+                        help="test the completions of distinct prompts that end in one table cell together (their law "
+                             "is one): a file of many distinct prompts, each seen a few times")
 
 
 def _certify_main(argv: list[str]) -> int:
@@ -124,6 +127,7 @@ def _certify_main(argv: list[str]) -> int:
             args.file, model=args.model, sampling=sampling, max_new_tokens=args.max_new_tokens,
             eos_id=True if args.eos else None, length=args.length, tv=args.tv, dtype=args.dtype, tolerance=args.tolerance,
             looks=Looks(args.planned_n) if args.planned_n else bool(args.looks), stop=stop,
+            pool_prompts=args.pool_prompts,
         )
     except SamplesInputError as exc:
         print(f"INPUT ERROR: {exc}", file=sys.stderr)

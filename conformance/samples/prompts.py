@@ -32,6 +32,11 @@ class PromptReport:
     rest_fit: FitResult | None = None  # the same test without the impossible continuations (only when there are some)
     divergences: list[dict] = field(default_factory=list)  # algorithmic: line, position, expected, got, verdict
     flips: list[dict] = field(default_factory=list)  # numerical flips (reported, not failures)
+    pooled: int = 1  # distinct prompts whose completions this test pools (they end in one table cell)
+
+    @property
+    def pooled_text(self) -> str:
+        return "" if self.pooled == 1 else f" and {self.pooled - 1} other prompt(s) ending in its table cell"
 
     @property
     def passed(self) -> bool:

@@ -145,7 +145,9 @@ class SamplesVerdict:
         mode = "greedy" if self.sampling.greedy else "sampling"
         lines.append(
             f"model {self.model}, {mode} ({_settings_label(self.sampling, self.eos_id, self.stop)}), max_new_tokens={self.max_new_tokens}; "
-            f"{self.source}: N={self.n} completions of {len(self.prompts)} prompt(s)"
+            f"{self.source}: N={self.n} completions of {sum(p.pooled for p in self.prompts)} prompt(s)"
+            + (f" (pooled by the table cell they end in: {len(self.prompts)} test(s))"
+               if any(p.pooled > 1 for p in self.prompts) else "")
         )
         if not self.sampling.greedy:
             n_tests = len(self.fits)
@@ -164,12 +166,13 @@ class SamplesVerdict:
             if p.fit is not None:
                 f = p.fit
                 lines.extend(_fit_lines(
-                    f"  prompt {show_ids(p.prompt)}: N={f.n}, L={p.length} ({len(f.labels) - 1} cells; {p.length_reason})", f
+                    f"  prompt {show_ids(p.prompt)}{p.pooled_text}: N={f.n}, L={p.length} ({len(f.labels) - 1} cells; "
+                    f"{p.length_reason})", f
                 ))
             else:
                 status = "pass" if p.passed else "FAIL"
                 lines.append(
-                    f"  prompt {show_ids(p.prompt)}: N={p.n} greedy completions, {len(p.divergences)} algorithmic divergence(s), "
+                    f"  prompt {show_ids(p.prompt)}{p.pooled_text}: N={p.n} greedy completions, {len(p.divergences)} algorithmic divergence(s), "
                     f"{len(p.flips)} numerical flip(s): {status}"
                 )
                 for d in p.divergences[:5]:
@@ -317,6 +320,7 @@ def certify_samples(
     looks: Looks | bool | None = None,
     resume: Sequential | None = None,
     stop=None,
+    pool_prompts: bool = False,
 ) -> SamplesVerdict:
     """Judge completions of ``model`` (an exact model's name or object) produced with ``sampling``.
 
@@ -338,6 +342,13 @@ def certify_samples(
     strings (a :class:`properties.stops.StopStrings`, or a sequence of strings on an exact model's vocabulary with no
     token prefix): a completion also ends at the token that completes one (a leaf of the law like EOS), and a
     record's ``text`` must be its tokens' rendering cut before the stop string.
+
+    ``pool_prompts``: the full-law tests group the completions by the table cell their prompt ends in
+    (:meth:`specdec_ref.exact_registry.ExactModel.cell`) instead of by prompt. Rule: an exactly-known model's law reads
+    a context only through its cell, and the cell after a token is a function of the cell before it and the token, so
+    prompts ending in one cell have one continuation law; a file of many distinct prompts (each seen a few times) is
+    then tested with the power of its cells' N. Refused (ValueError) with settings whose law reads more of the prompt:
+    penalties, logit bias, bad words, a constraint, stop strings.
     """
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a specdec_ref.warp.SamplingConfig, got {type(sampling).__name__}")
@@ -359,6 +370,10 @@ def certify_samples(
             stop = StopStrings.for_model(exact, tuple(stop))
         except ValueError as exc:
             raise SamplesInputError(str(exc)) from None
+    if pool_prompts and (sampling.history_dependent or stop is not None):
+        raise ValueError("pool_prompts: prompts are pooled by their table cell only under settings whose law reads the "
+                         f"prompt through that cell; these read more ({sampling.label()}"
+                         f"{', stop strings' if stop is not None else ''})")
     records, source = read_records(
         path_or_records, vocab=vocab, max_new_tokens=max_new_tokens,
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
@@ -371,7 +386,7 @@ def certify_samples(
     def judge_lines(lines, settings: SamplingConfig, a: float, length_scale: float = 1.0) -> SamplesVerdict:
         return _judge(exact, name, list(lines), source, settings, max_new_tokens=max_new_tokens, eos_id=eos_id,
                       length=length, alpha=a, tv=tv, dtype=dtype, tolerance=tolerance, length_scale=length_scale,
-                      looks=looks, stop=stop)
+                      looks=looks, stop=stop, pool_prompts=pool_prompts)
 
     judged, at_alpha, at_scale = records, alpha, 1.0
     if looks is None:
@@ -491,16 +506,23 @@ def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingCo
 
 def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
            eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance,
-           length_scale: float = 1.0, looks: Looks | None = None, stop=None) -> SamplesVerdict:
+           length_scale: float = 1.0, looks: Looks | None = None, stop=None,
+           pool_prompts: bool = False) -> SamplesVerdict:
     """Every test of :func:`certify_samples` on read records, under ``sampling`` (``length_scale``: L is chosen for
-    that many times each prompt's lines, the full look's share at a planned look)."""
+    that many times each prompt's lines, the full look's share at a planned look; ``pool_prompts``: one full-law test
+    per table cell the prompts end in, its law the first such prompt's)."""
     replay = replay_command(
         name, sampling, max_new_tokens=max_new_tokens, eos=eos_id is not None, length=length, source=source,
         dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance, looks=looks, stop=stop,
+        pool_prompts=pool_prompts,
     )
     groups: dict[tuple[int, ...], list[SampleRecord]] = {}
+    first_of: dict = {}  # pooled: the cell -> the first prompt ending in it (the group's key and law)
+    distinct: dict[tuple[int, ...], set] = {}
     for r in records:
-        groups.setdefault(r.prompt, []).append(r)
+        key = first_of.setdefault(exact.cell(r.prompt), r.prompt) if pool_prompts else r.prompt
+        groups.setdefault(key, []).append(r)
+        distinct.setdefault(key, set()).add(r.prompt)
     violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source, stop=stop)
     counts = None
     impossible: list[dict] = []
@@ -529,6 +551,8 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
                 exact, prompt, group, sampling, max_new_tokens=max_new_tokens, eos_id=eos_id, length=length,
                 alpha=per_alpha, tv=tv, length_n=max(1, round(len(group) * length_scale)), stop=stop,
             ))
+    for report in reports:
+        report.pooled = len(distinct[report.prompt])
     transitions, position_fits = None, []
     if counts is not None and counts.n:
         settings = _settings_label(sampling, eos_id, stop)

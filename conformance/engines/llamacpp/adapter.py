@@ -539,7 +539,8 @@ ADAPTER = LlamaCppAdapter(
     seed_probe=True, preload_modules=(__name__,),
     conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
                                  "context-shift": ("control", "draft-k3", "ngram-simple"),
-                "long-prefix-cache": ("control", "draft-k3")},
+                "long-prefix-cache": ("control", "draft-k3"),
+                "distinct-prompts": ("control", "draft-k3", "ngram-simple")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",

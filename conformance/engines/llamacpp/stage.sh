@@ -6,7 +6,7 @@
 #  3. engine tests (engine_tests/test_llamacpp.py): conventions, findings, the EAGLE-3 head and MTP block drafting
 #     their law's tokens request by request (its reduced matrix run is left to the full matrix below);
 #  4. the matrix against conformance/engines/expected/llamacpp-0.3.36.json;
-#  5. the serving conditions llama-server can be shown to reach (prefix caching, short and long prompts: each
+#  5. the serving conditions llama-server can be shown to reach (prefix caching, short, long and distinct prompts: each
 #     response's cache_n; the context edge: the slot context read from /props; context shift: the server's log).
 # Every llama-server the stage started is stopped at exit, on failure too (the runner also kills each worker's
 # process group).
@@ -18,8 +18,8 @@ step "engine tests (the GGUF check, conventions, findings, per-seed identity on 
 
 # --jobs 2: two workers (each one -t 1 server) at a time
 matrix_step llamacpp matrix "the black-box matrix" --jobs 2
-matrix_step llamacpp conditions "serving conditions: prefix caching (short and long prompts), context edge and shift" \
-    --jobs 2 --conditions prefix-cache,context-edge,context-shift,long-prefix-cache
+matrix_step llamacpp conditions "serving conditions: prefix caching (short, long, distinct prompts), context edge and shift" \
+    --jobs 2 --conditions prefix-cache,context-edge,context-shift,long-prefix-cache,distinct-prompts
 
 step "verdict table"
 cat "$OUT/matrix/verdicts.md" "$OUT/conditions/verdicts.md"
