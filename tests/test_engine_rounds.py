@@ -412,3 +412,21 @@ def test_a_draft_that_reads_the_whole_context_is_read_over_it():
         text.append(d)
     with pytest.raises(ValueError, match="reads more than the last token"):
         R.greedy_next("long-target")
+
+
+def test_a_prefill_step_counted_as_a_round_is_named_with_every_later_round_equal():
+    """vLLM counts the step of a one-token prefill (after a prefix-cache hit) as a round of k placeholder drafts, all
+    rejected: the rounds check fails (the counts are not the draft's) and says that every differing request differs
+    only so; a request that departs otherwise is counted apart."""
+    law = R.DraftArgmaxLaw("order1-draft-close")
+    prompt, completion = [1], [4, 4, 5, 2, 0, 3, 3]
+    mine = R.reconstruct(law, prompt, completion, 3)
+    rounds = [[len(r.drafts), r.upper] for r in mine]
+    rec = {"prompt_ids": prompt, "completion_ids": completion, "seed": 0}
+    assert R.check_rounds(law, [{**rec, "rounds": rounds}], 3, prefill=True, counters=None)["passed"]
+    phantom = R.check_rounds(law, [{**rec, "rounds": [[3, 0]] + rounds}] * 2, 3, prefill=True, counters=None)
+    assert not phantom["passed"] and "all 2 differing requests: the engine counts one round more" in phantom["text"]
+    other = [[3, 0]] + [[d, (a + 1) % (d + 1)] for d, a in rounds]
+    mixed = R.check_rounds(law, [{**rec, "rounds": [[3, 0]] + rounds}, {**rec, "rounds": other}], 3, prefill=True,
+                           counters=None)
+    assert "(2 requests differ; 1 of them only by a leading round of 3 drafted, 0 accepted)" in mixed["text"]

@@ -398,3 +398,44 @@ def test_distinct_prompts_are_certified_pooled_and_a_slot_keeping_the_previous_p
     assert ok["level"] in ("certified", "reduced") and ok["condition"]["passed"], ok["headline"]
     assert "pooled by the table cell they end in: 2 test(s)" in ok["report"] and "--pool-prompts" in ok["replay"]
     assert stale["level"] == "not_certified", stale["headline"]
+
+
+def test_the_first_turn_fills_two_blocks_and_rejects_a_draft_at_their_last_position():
+    """The multi-turn condition's design, checked from the tables: the first turn's prompt and first 5 greedy tokens
+    fill 64 positions (two blocks of 32), all computed in that turn (a 6th token follows), and order2-draft's argmax
+    drafts, as vLLM and llama.cpp run them (the first token at prefill, up to k = 3 drafts a round), have a draft
+    rejected at position 63: its KV was written for the draft, then rewritten. The second turn shares those 64
+    tokens and then differs. Each wave sends the second turn after the first (a batch of its own)."""
+    from conformance.engines import rounds as R
+    from conformance.engines.conditions import TURN1, TURN1_GREEDY, condition, random_prompt
+    from conformance.engines.worker import batches
+    from properties.sequences import continuation_law
+    from specdec_ref.exact_models import exact_model
+    from specdec_ref.warp import GREEDY
+
+    prompt = random_prompt(*TURN1)
+    (greedy,) = continuation_law(exact_model("order2-target"), list(prompt), len(TURN1_GREEDY), GREEDY, eos_id=None)
+    assert tuple(greedy) == TURN1_GREEDY and len(prompt) + len(greedy) == 65
+    for max_new in (None, len(greedy)):  # vLLM drafts k always, llama.cpp at most the tokens left but one
+        rounds = R.reconstruct(R.DraftArgmaxLaw("order2-draft"), prompt, greedy, 3, max_new=max_new)
+        assert 63 in [r.start + r.accepted for r in rounds if not r.censored and r.accepted < len(r.drafts)]
+    first, second = condition("multi-turn").cases
+    assert second.prompt[:64] == (prompt + TURN1_GREEDY)[:64] and second.prompt[64] != TURN1_GREEDY[5]
+    assert len(second.prompt) == 65 and second.after == first.name
+    assert batches([second, first]) == [[first], [second]] and batches([second]) == [[second]]
+    assert batches([second, first], split=True) == [[first], [second]]
+
+
+def test_a_next_turn_reading_a_rejected_draft_s_kv_is_rejected(tmp_path):
+    """Bug class: a conversation's next turn served from KV written while speculating, where the last position of
+    the previous turn still holds a rejected draft's KV (counted computed, or cached with the block). The planted
+    engine reads that cell as another token: the second turn is NOT CERTIFIED; the control reaching the same
+    condition is certified on both turns."""
+    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+                        "--conditions", "multi-turn", "--configs", "control,stale-turn"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    ok = configs["control"]["cases"]
+    assert ok["multi-turn.turn1"]["level"] == "certified" and ok["multi-turn.turn2"]["level"] in ("certified", "reduced")
+    stale = configs["stale-turn"]["cases"]
+    assert stale["multi-turn.turn1"]["level"] == "certified"
+    assert stale["multi-turn.turn2"]["level"] == "not_certified", stale["multi-turn.turn2"]["headline"]

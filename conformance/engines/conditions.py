@@ -18,7 +18,7 @@ import operator
 import random
 from dataclasses import dataclass
 
-from specdec_ref.warp import SamplingConfig
+from specdec_ref.warp import GREEDY, SamplingConfig
 
 from .matrix import Case
 
@@ -116,10 +116,11 @@ class Condition:
 
 def _case(cond: str, name: str, prompts, sampling: SamplingConfig, max_new_tokens: int, *, n: int, seed_base: int,
           exercises: str, eos: bool = True, seeded: bool = True, family: str = "order2", shifted: bool = False,
-          pooled: bool = False) -> Case:
+          pooled: bool = False, after: str | None = None) -> Case:
     prompts = tuple(tuple(p) for p in prompts)
     return Case(f"{cond}.{name}", family, prompts[0], sampling, max_new_tokens, eos, seeded, n, exercises, seed_base,
-                condition=cond, extra_prompts=prompts[1:], shifted=shifted, pooled=pooled)
+                condition=cond, extra_prompts=prompts[1:], shifted=shifted, pooled=pooled,
+                after=None if after is None else f"{cond}.{after}")
 
 
 _T1 = SamplingConfig(temperature=1.0)
@@ -127,6 +128,12 @@ _T1 = SamplingConfig(temperature=1.0)
 #: 128, so that an engine whose cache reuses any common prefix (llama.cpp) re-evaluates 88 tokens when the twins take
 #: turns, not a quarter of the prompt.
 LONG_MARKER_AT = 1960
+#: The first turn of ``multi-turn``: a 59-token prompt and its greedy continuation of 6 tokens under order2-target (a
+#: test checks it). The prompt and the first 5 tokens fill two blocks of 32, all computed in that turn; order2-draft's
+#: argmax drafts, rebuilt, have a draft rejected at position 63 (its KV written for the draft, then rewritten when the
+#: target's token there is the next round's input).
+TURN1 = (59, 1102)
+TURN1_GREEDY = (3, 3, 0, 0, 2, 3)
 #: Requests per condition case (its prompts take turns): each prompt's law at reduced power (the tool states the TV it
 #: detects per case) and the pooled transition test over every position.
 NC = 6000
@@ -148,6 +155,7 @@ def _conditions() -> tuple[Condition, ...]:
     long_cached = [twin + tail for twin in twins for tail in ((1,), (4, 0, 5))]
     # prompts of 1 028 (= 2 x 512 + k + 1) and 1 100 tokens prefilled in chunks of 512, the marker in the first chunk of
     # one and in the second of the other: the last chunk and every decode read it across chunks
+    turn1 = random_prompt(*TURN1)
     chunked = [random_prompt(1028, 700, "long", marker=(300, 1)), random_prompt(1100, 701, "long", marker=(700, 3))]
     return (
         Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
@@ -207,6 +215,21 @@ def _conditions() -> tuple[Condition, ...]:
                   (_case("distinct-prompts", "24-99", distinct_prompts(NC + NC // 10, 900), _T1, 4, n=NC,
                          seed_base=2_900_000, pooled=True,  # more prompts than the planned looks' requests (6 422)
                          exercises="6 600 distinct prompts sharing prefixes of random lengths, one request each"),)),
+        Condition("multi-turn", {"block_size": 32, "prefix_caching": True, "max_model_len": 128},
+                  (("prefix_cache_hits", ">", 0), ("block_size", "==", "block_size")),
+                  "a conversation's next turn served from the KV the previous turn wrote while speculating. The first "
+                  "turn (greedy, 6 tokens) computes positions 0-63, two blocks of 32, with a draft rejected at 63 and "
+                  "its KV rewritten; the second turn's prompt is the first's prompt and first 5 tokens and another "
+                  "6th, so the engine computes only position 64 and reads 63 (the order-2 law's previous token) from "
+                  "the first turn's KV: a rejected draft's KV left there, or a block cached before it was rewritten, "
+                  "changes the law (TV 0.24 on average)",
+                  (_case("multi-turn", "turn1", [turn1], GREEDY, len(TURN1_GREEDY), n=64, seed_base=3_000_000,
+                         eos=False, exercises="the first turn: a 59-token prompt, greedy, 6 tokens to position 64"),
+                   _case("multi-turn", "turn2", [turn1 + TURN1_GREEDY[:5] + (1,)], _T1, 4, n=NC,
+                         seed_base=3_100_000, eos=False, after="turn1",
+                         exercises="the second turn: the first turn's text to position 63 and another token, sent "
+                                   "after the first turn's requests")),
+                  ),
         Condition("long-prefix-cache", {"block_size": 128, "prefix_caching": True, "max_model_len": 4096},
                   (("prefix_cache_hits", ">", 0), ("block_size", "==", "block_size")),
                   "the long-context pair (4 096 positions, the law reads the marker token wherever it stands): prefix-"

@@ -51,6 +51,8 @@ class Case:
     # the order-1 table's at any length (``specdec_ref.exact_registry.ExactModel.shifted``: the model ``NAME+shift``)
     pooled: bool = False  # many distinct prompts ending in few table cells: the full-law tests pool them by cell
     # (``certify_samples(pool_prompts=True)``)
+    after: str | None = None  # a case of the same worker whose requests each wave sends first, in a batch of their
+    # own (the previous turn of a conversation: this case's prompts continue its completions)
 
     def __post_init__(self):
         if self.samples < 1 or self.n % self.samples:

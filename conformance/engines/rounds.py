@@ -232,17 +232,21 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
     the first difference, with ``text`` naming it; None when the engine reports nothing to compare."""
     rounds: list[Round] = []
     first = None
+    differing = leading = 0  # requests whose rounds differ; of them, those equal past a leading (k, 0) round
     per_request = all("rounds" in r for r in records) and bool(records)
     totals = not per_request and bool(records) and all("draft_tokens" in r and "accepted" in r for r in records)
     for i, rec in enumerate(records):
         mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend,
                            max_new=max_new, eos_ends_round=eos_ends_round, context=context)
         rounds.extend(mine)
-        if per_request and first is None:
+        if per_request:
             engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
             bad = _first_difference(mine, engine)
             if bad is not None:
-                first = _describe(i, rec, mine, engine, bad)
+                differing += 1
+                leading += engine[:1] == [(k, 0)] and _first_difference(mine, engine[1:]) is None
+                if first is None:
+                    first = _describe(i, rec, mine, engine, bad)
         elif totals and first is None:
             first = _totals_difference(i, rec, mine)
     total = _totals(rounds, k)
@@ -269,6 +273,12 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
         out.update(passed=None, text="the engine reports no counters to compare with the reconstruction")
         return out
     if first is not None:
+        if differing and leading == differing:
+            first += (f" (all {differing} differing requests: the engine counts one round more, first, {k} drafted and "
+                      "0 accepted, and every later round equals the rebuilt ones: the step that sampled the first token "
+                      "counted as a round of placeholder drafts)")
+        elif differing > 1:
+            first += f" ({differing} requests differ; {leading} of them only by a leading round of {k} drafted, 0 accepted)"
         problems.insert(0, first)
     where = "totals" + (" and every request's rounds" if per_request else " and every request's totals" if totals else "")
     bounds = (f"; {total['censored']} rounds cut by max_tokens before a rejection, counted within their bounds"

@@ -8,7 +8,8 @@ hang of the engine, or of a server it started, never takes the runner down). It 
 adapter (:meth:`EngineAdapter.open`), runs the efficiency request set (speculative configurations, order1 family)
 and drops the cases the engine refuses at submission. Then it generates the cases in *waves*: each wave holds the
 next requests of every case still running, in ONE batch (interleaved by a fixed permutation: continuous batching
-mixes settings in every step); ``--split`` runs one batch per case instead (used after a crash, to attribute it).
+mixes settings in every step), except a case that follows another (``Case.after``: a conversation's next turn), sent
+in a batch after it; ``--split`` runs one batch per case instead (used after a crash, to attribute it).
 With ``--control R,W`` (two file descriptors the runner passes) the runner says what each wave holds, ``{"wave":
 {case: lines}}`` (request indices continue across waves, so seeds do), and the worker answers each with
 ``{"event": "wave_done", ...}`` after its first message ``{"event": "ready", ...}``; ``{"stop": true}`` or the
@@ -75,6 +76,18 @@ def case_requests(cases, eos_id: int, ranges: dict[str, tuple[int, int]], wave: 
              for c in cases for i in range(*ranges[c.name])]
     random.Random(1234 + wave).shuffle(items)
     return [r for r, _ in items], [i for _, i in items]
+
+
+def batches(running, *, split: bool = False) -> list[list]:
+    """The batches one wave generates, in order: every running case in one batch, except the cases that follow
+    another (``Case.after``: the next turn of a conversation), in a batch after it; ``split``: one batch per case,
+    the top-k / top-p cases last."""
+    names = {c.name for c in running}
+    first = [c for c in running if c.after not in names]
+    later = [c for c in running if c.after in names]
+    if split:
+        return [[c] for c in sorted(first, key=lambda c: bool(c.sampling.top_k or c.sampling.top_p))] + [[c] for c in later]
+    return [g for g in (first, later) if g]
 
 
 class ControlChannel:
@@ -248,8 +261,7 @@ class Worker:
                     break
                 targets = {name: int(n) for name, n in message["wave"].items() if name in full}  # the runner's looks
             running = [c for c in cases if targets.get(c.name, 0) > have[c.name]]
-            groups = [[c] for c in sorted(running, key=lambda c: bool(c.sampling.top_k or c.sampling.top_p))] \
-                if self.args.split else ([running] if running else [])
+            groups = batches(running, split=self.args.split)
             for group in groups:
                 if not alive:
                     for c in group:
