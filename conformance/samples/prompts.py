@@ -48,6 +48,28 @@ class PromptReport:
         return not self.passed and (self.rest_fit is None or not self.rest_fit.passed)
 
 
+def check_poolable(sampling, stop) -> None:
+    """Prompts are pooled by their table cell (``certify_samples(pool_prompts=True)``) only under settings whose law
+    reads the prompt through that cell: ValueError for penalties, logit bias, bad words, a constraint, stop strings."""
+    if sampling.history_dependent or stop is not None:
+        raise ValueError("pool_prompts: prompts are pooled by their table cell only under settings whose law reads the "
+                         f"prompt through that cell; these read more ({sampling.label()}"
+                         f"{', stop strings' if stop is not None else ''})")
+
+
+def prompt_groups(model, records: list[SampleRecord], pool: bool) -> tuple[dict, dict]:
+    """``(groups, distinct)``: the records by prompt, or with ``pool`` by the table cell their prompt ends in
+    (``model.cell``), keyed by the first such prompt (its law is the group's); ``distinct``: each key's prompts."""
+    groups: dict[tuple[int, ...], list[SampleRecord]] = {}
+    first_of: dict = {}
+    distinct: dict[tuple[int, ...], set] = {}
+    for r in records:
+        key = first_of.setdefault(model.cell(r.prompt), r.prompt) if pool else r.prompt
+        groups.setdefault(key, []).append(r)
+        distinct.setdefault(key, set()).add(r.prompt)
+    return groups, distinct
+
+
 def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_new_tokens, eos_id, length, alpha, tv,
                    length_n: int | None = None, stop=None) -> PromptReport:
     """``length_n``: the N that L is chosen for (default: this prompt's lines; planned looks pass the full look's)."""

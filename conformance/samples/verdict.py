@@ -23,7 +23,7 @@ from .command import replay_command
 from .conventions import explain, judged_contexts
 from .law import SAMPLES_TV, _settings_label
 from .looks import Looks, Sequential, run_looks
-from .prompts import PromptReport, _greedy_test, _sampling_test
+from .prompts import PromptReport, _greedy_test, _sampling_test, check_poolable, prompt_groups
 from .read import (
     SampleRecord,
     SamplesInputError,
@@ -343,12 +343,9 @@ def certify_samples(
     token prefix): a completion also ends at the token that completes one (a leaf of the law like EOS), and a
     record's ``text`` must be its tokens' rendering cut before the stop string.
 
-    ``pool_prompts``: the full-law tests group the completions by the table cell their prompt ends in
-    (:meth:`specdec_ref.exact_registry.ExactModel.cell`) instead of by prompt. Rule: an exactly-known model's law reads
-    a context only through its cell, and the cell after a token is a function of the cell before it and the token, so
-    prompts ending in one cell have one continuation law; a file of many distinct prompts (each seen a few times) is
-    then tested with the power of its cells' N. Refused (ValueError) with settings whose law reads more of the prompt:
-    penalties, logit bias, bad words, a constraint, stop strings.
+    ``pool_prompts``: one full-law test per table cell the prompts end in (``ExactModel.cell``), not per prompt: the
+    law reads a context only through its cell, and the next cell is a function of the cell and the token, so prompts
+    ending in one cell have one continuation law (:func:`.prompts.check_poolable` refuses settings that read more).
     """
     if not isinstance(sampling, SamplingConfig):
         raise TypeError(f"sampling must be a specdec_ref.warp.SamplingConfig, got {type(sampling).__name__}")
@@ -370,10 +367,8 @@ def certify_samples(
             stop = StopStrings.for_model(exact, tuple(stop))
         except ValueError as exc:
             raise SamplesInputError(str(exc)) from None
-    if pool_prompts and (sampling.history_dependent or stop is not None):
-        raise ValueError("pool_prompts: prompts are pooled by their table cell only under settings whose law reads the "
-                         f"prompt through that cell; these read more ({sampling.label()}"
-                         f"{', stop strings' if stop is not None else ''})")
+    if pool_prompts:
+        check_poolable(sampling, stop)
     records, source = read_records(
         path_or_records, vocab=vocab, max_new_tokens=max_new_tokens,
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
@@ -516,13 +511,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         dtype=str(dtype).removeprefix("torch."), tv=tv, tolerance=tolerance, looks=looks, stop=stop,
         pool_prompts=pool_prompts,
     )
-    groups: dict[tuple[int, ...], list[SampleRecord]] = {}
-    first_of: dict = {}  # pooled: the cell -> the first prompt ending in it (the group's key and law)
-    distinct: dict[tuple[int, ...], set] = {}
-    for r in records:
-        key = first_of.setdefault(exact.cell(r.prompt), r.prompt) if pool_prompts else r.prompt
-        groups.setdefault(key, []).append(r)
-        distinct.setdefault(key, set()).add(r.prompt)
+    groups, distinct = prompt_groups(exact, records, pool_prompts)
     violations = invariant_violations(records, max_new_tokens=max_new_tokens, eos_id=eos_id, source=source, stop=stop)
     counts = None
     impossible: list[dict] = []
