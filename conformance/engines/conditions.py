@@ -153,10 +153,10 @@ def _conditions() -> tuple[Condition, ...]:
     base = random_prompt(2048, 600, "long")
     twins = [base[:LONG_MARKER_AT] + (8 + index,) + base[LONG_MARKER_AT + 1:] for index in (1, 2)]
     long_cached = [twin + tail for twin in twins for tail in ((1,), (4, 0, 5))]
-    # prompts of 1 028 (= 2 x 512 + k + 1) and 1 100 tokens prefilled in chunks of 512, the marker in the first chunk of
-    # one and in the second of the other: the last chunk and every decode read it across chunks
     turn1 = random_prompt(*TURN1)
-    chunked = [random_prompt(1028, 700, "long", marker=(300, 1)), random_prompt(1100, 701, "long", marker=(700, 3))]
+    # prompts of 516 (= 4 x 128 + k + 1) and 600 tokens prefilled in chunks of 128, the marker in the first chunk of
+    # one and in the third of the other: the last chunk and every decode read it across chunks
+    chunked = [random_prompt(516, 700, "long", marker=(100, 1)), random_prompt(600, 701, "long", marker=(300, 3))]
     return (
         Condition("block-boundary", {"block_size": 32, "prefix_caching": False, "max_model_len": 128},
                   (("block_size", "==", "block_size"),),
@@ -240,17 +240,17 @@ def _conditions() -> tuple[Condition, ...]:
                   (_case("long-prefix-cache", "2049-2051", long_cached, _T1, 4, n=NC, seed_base=2_700_000,
                          family="long",
                          exercises="2 048-token prompts with the marker in a cached block, tails of 1 and 3 tokens"),)),
-        Condition("long-chunked-prefill", {"token_budget": 512, "block_size": 128, "prefix_caching": False,
+        Condition("long-chunked-prefill", {"token_budget": 128, "block_size": 128, "prefix_caching": False,
                                            "max_model_len": 4096},
                   (("token_budget", "<", "longest_prompt"),),
-                  "the long-context pair's prompts of 1 028 and 1 100 tokens prefilled in chunks of 512, the marker in "
+                  "the long-context pair's prompts of 516 and 600 tokens prefilled in chunks of 128, the marker in "
                   "an earlier chunk than the prompt's end: a chunk (or the draft's) that does not attend to the KV the "
                   "earlier chunks wrote loses the marker (TV 0.49 on average), which the order-2 law, reading only the "
                   "last two tokens, cannot see; the first prompt's last chunk is exactly k + 1 tokens (vLLM #47123)",
-                  (_case("long-chunked-prefill", "1028-1100", chunked, _T1, 4, n=NC // 4, seed_base=2_800_000,
+                  (_case("long-chunked-prefill", "516-600", chunked, _T1, 4, n=NC // 4, seed_base=2_800_000,
                          family="long",
-                         exercises="seeded 1 028- and 1 100-token prompts prefilled in chunks of 512, the marker in the "
-                                   "first or second chunk"),)),
+                         exercises="seeded 516- and 600-token prompts prefilled in chunks of 128, the marker in the "
+                                   "first or third chunk"),)),
         Condition("short-draft", {"draft_max_model_len": 64, "max_model_len": 128, "block_size": 32,
                                   "prefix_caching": False},
                   (("draft_max_model_len", "==", "draft_max_model_len"),),
