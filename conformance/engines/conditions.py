@@ -154,6 +154,10 @@ def _conditions() -> tuple[Condition, ...]:
     twins = [base[:LONG_MARKER_AT] + (8 + index,) + base[LONG_MARKER_AT + 1:] for index in (1, 2)]
     long_cached = [twin + tail for twin in twins for tail in ((1,), (4, 0, 5))]
     turn1 = random_prompt(*TURN1)
+    # three 4 088-token prompts that differ only in their last 3 tokens, the marker m0 at 2 000: 8 new tokens end each
+    # request at position 4 096, the limit
+    edge_base = random_prompt(4085, 800, "long", marker=(2000, 0))
+    long_edge = [edge_base + tail for tail in ((1, 2, 3), (4, 0, 5), (2, 2, 1))]
     # prompts of 516 (= 4 x 128 + k + 1) and 600 tokens prefilled in chunks of 128, the marker in the first chunk of
     # one and in the third of the other: the last chunk and every decode read it across chunks
     chunked = [random_prompt(516, 700, "long", marker=(100, 1)), random_prompt(600, 701, "long", marker=(300, 3))]
@@ -251,6 +255,14 @@ def _conditions() -> tuple[Condition, ...]:
                          family="long",
                          exercises="seeded 516- and 600-token prompts prefilled in chunks of 128, the marker in the "
                                    "first or third chunk"),)),
+        Condition("long-context-edge", {"block_size": 128, "prefix_caching": True, "max_model_len": 4096},
+                  (("max_model_len", "==", "max_model_len"), ("prefix_cache_hits", ">", 0)),
+                  "the long-context pair's requests that end at the context limit of 4 096 (prompts of 4 088 tokens, "
+                  "8 new, served from the prefix cache but their last 3 tokens): drafts that would need positions past "
+                  "the limit (llama.cpp #10641, #26478; vLLM #57941), at the long context where production meets them",
+                  (_case("long-context-edge", "4088", long_edge, _T1, 8, n=NC // 4, seed_base=3_200_000, eos=False,
+                         family="long",
+                         exercises="three 4 088-token prompts generating 8, to the last position of 4 096"),)),
         Condition("short-draft", {"draft_max_model_len": 64, "max_model_len": 128, "block_size": 32,
                                   "prefix_caching": False},
                   (("draft_max_model_len", "==", "draft_max_model_len"),),

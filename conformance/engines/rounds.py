@@ -76,6 +76,15 @@ class DraftArgmaxLaw:
     def count(self, text, k):
         return k if len(text) >= 1 else 0
 
+    @property
+    def max_positions(self) -> int | None:
+        """The contexts the draft's law is defined on, at most (None: read by its last token, at any length)."""
+        if self.context is not None:
+            return None
+        from specdec_ref.exact_models import exact_model
+
+        return int(exact_model(self.draft).max_positions)
+
 
 @functools.lru_cache(maxsize=None)
 def _last_token_rows(name: str) -> np.ndarray | None:
@@ -460,8 +469,13 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
         settings = condition(case.condition).settings
         if ad.conventions.drafts_fit_context and "max_model_len" in settings:
             context = (int(settings["max_model_len"]), bool(settings.get("context_shift")))
-        if "draft_max_model_len" in settings:  # no draft law past the draft's positions: those requests are not compared
-            limit = int(settings["draft_max_model_len"])
+        # no draft law past the draft's positions (a shorter draft's, or those of a draft that reads the whole text
+        # when the engine may draft past the context's end): those requests are not compared
+        limits = [int(settings["draft_max_model_len"])] if "draft_max_model_len" in settings else []
+        if context is None and getattr(law, "max_positions", None):
+            limits.append(law.max_positions)
+        if limits:
+            limit = min(limits)
             fits = [r for r in records if len(r["prompt_ids"]) + case.max_new_tokens + ad.k_of(cfg) <= limit]
             skipped, records = len(records) - len(fits), fits
             if not records:

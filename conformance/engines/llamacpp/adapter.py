@@ -540,7 +540,8 @@ ADAPTER = LlamaCppAdapter(
     conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
                                  "context-shift": ("control", "draft-k3", "ngram-simple"),
                 "long-prefix-cache": ("control", "draft-k3"),
-                "distinct-prompts": ("control", "draft-k3", "ngram-simple"), "multi-turn": ("control", "draft-k3")},
+                "distinct-prompts": ("control", "draft-k3", "ngram-simple"), "multi-turn": ("control", "draft-k3"),
+                "long-context-edge": ("control", "draft-k3")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", drafts_to_end=True, logprobs="raw",

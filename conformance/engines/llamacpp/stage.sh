@@ -18,8 +18,8 @@ step "engine tests (the GGUF check, conventions, findings, per-seed identity on 
 
 # --jobs 2: two workers (each one -t 1 server) at a time
 matrix_step llamacpp matrix "the black-box matrix" --jobs 2
-matrix_step llamacpp conditions "serving conditions: prefix caching (short, long, distinct prompts), context edge and shift" \
-    --jobs 2 --conditions prefix-cache,context-edge,context-shift,long-prefix-cache,distinct-prompts
+matrix_step llamacpp conditions "serving conditions: prefix caching, distinct prompts, two turns, context edge and shift" \
+    --jobs 2 --conditions prefix-cache,context-edge,context-shift,long-prefix-cache,long-context-edge,distinct-prompts,multi-turn
 
 step "verdict table"
 cat "$OUT/matrix/verdicts.md" "$OUT/conditions/verdicts.md"

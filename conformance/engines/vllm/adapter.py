@@ -427,7 +427,8 @@ ADAPTER = VLLMAdapter(
     max_model_len=ENGINE_ARGS["max_model_len"],
     conditions={**{name: ("control", "draft-prob", "draft-greedy") for name in
                    ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge",
-                    "long-prefix-cache", "long-chunked-prefill", "distinct-prompts", "multi-turn")},
+                    "long-prefix-cache", "long-chunked-prefill", "distinct-prompts", "multi-turn",
+                    "long-context-edge")},
                 "short-draft": ("draft-greedy",)},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
                             token_prefix=" ",
