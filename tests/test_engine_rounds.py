@@ -430,3 +430,30 @@ def test_a_prefill_step_counted_as_a_round_is_named_with_every_later_round_equal
     mixed = R.check_rounds(law, [{**rec, "rounds": [[3, 0]] + rounds}, {**rec, "rounds": other}], 3, prefill=True,
                            counters=None)
     assert "(2 requests differ; 1 of them only by a leading round of 3 drafted, 0 accepted)" in mixed["text"]
+
+
+def test_rounds_are_compared_up_to_the_draft_s_positions_for_a_draft_that_reads_the_whole_text():
+    """A draft whose law reads the whole text (the long family's) has no law past its model's positions; an engine
+    that drafts past the context's end (vLLM) is compared up to the first round whose drafts would read more: a
+    request ending at position 4 096 is compared on its first rounds (a wrong one is still named), never a tool
+    error, and what follows is not judged."""
+    from conformance.engines.conditions import condition
+
+    law = R.DraftArgmaxLaw("long-draft")
+    assert law.max_positions == 4096 and R.DraftArgmaxLaw("order2-draft").max_positions is None
+    prompt = list(condition("long-context-edge").cases[0].prompt)
+    text = list(prompt)
+    for j in range(8):  # the completion: the draft's own argmax chain but its third token, so that a round starts at
+        d = R.argmax_drafts(law, text, 1)[0][0]  # 4 095 and its drafts would read 4 097 tokens
+        text.append((d + 1) % 6 if j == 2 else d)
+    completion = text[len(prompt):]
+    mine = R.reconstruct(law, prompt, completion, 3, positions=4096)
+    assert mine.truncated and mine and all(r.start + len(r.drafts) - 1 <= 4096 for r in mine)
+    rec = {"prompt_ids": prompt, "completion_ids": completion, "seed": 0}
+    rounds = [[len(r.drafts), r.upper] for r in mine]
+    ok = R.check_rounds(law, [{**rec, "rounds": rounds + [[3, 0], [3, 0]]}], 3, prefill=True, counters=None,
+                        positions=4096)
+    assert ok["passed"] and "1 requests compared up to their first round" in ok["text"], ok["text"]
+    bad = R.check_rounds(law, [{**rec, "rounds": [[3, 0]] + rounds[1:]}], 3, prefill=True, counters=None,
+                         positions=4096)
+    assert bad["passed"] is False and "round 1" in bad["text"]

@@ -336,12 +336,12 @@ def test_a_condition_cases_rounds_name_drafts_the_engine_did_not_make(tmp_path):
     cfg, case = ad.config("draft-greedy"), condition("context-edge").cases[0]
     law = proposal_law("draft", ad.families[case.family])
     prompt = list(case.prompt)
-    first = [3]  # the prefill's token; then two rounds whose drafts are all accepted, and the bonus token
-    drafts1, _ = argmax_drafts(law, prompt + first, 3)
-    drafts2, _ = argmax_drafts(law, prompt + first + list(drafts1) + [1], 3)
-    completion = first + list(drafts1) + [1] + list(drafts2)[:2]
-    honest = {"prompt_ids": prompt, "completion_ids": completion, "seed": 1, "rounds": [[3, 3], [3, 2]]}
-    zeroed = {**honest, "seed": 2, "rounds": [[3, 3], [3, 0], [3, 0]]}
+    first = [3]  # the prefill's token; then two rounds whose drafts are all accepted, and the bonus token; the second
+    drafts1, _ = argmax_drafts(law, prompt + first, 3)  # drafts 2 (vLLM near max_model_len: 128 - 125 - 1 tokens)
+    drafts2, _ = argmax_drafts(law, prompt + first + list(drafts1) + [1], 2)
+    completion = first + list(drafts1) + [1] + list(drafts2)
+    honest = {"prompt_ids": prompt, "completion_ids": completion, "seed": 1, "rounds": [[3, 3], [2, 2]]}
+    zeroed = {**honest, "seed": 2, "rounds": [[3, 3], [2, 0], [1, 0]]}
 
     def check(records):
         (tmp_path / "case.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -170,10 +170,17 @@ def greedy_next(target_name: str) -> Callable[[int], int]:
     return lambda last: int(np.argmax(rows[last]))
 
 
+class Rounds(list):
+    """A request's rebuilt rounds; ``truncated``: they stop before the completion's end, at the first round whose
+    drafts the law does not state (``reconstruct(positions=...)``)."""
+
+    truncated = False
+
+
 def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *, prefill: bool = True,
                 request: int = 0, extend: Callable[[int], int] | None = None,
                 max_new: int | None = None, eos_ends_round: int | None = None,
-                context: tuple[int, bool] | None = None) -> list[Round]:
+                context: tuple[int, bool] | None = None, positions: int | None = None) -> Rounds:
     """The rounds of one request (module docstring). ``prefill``: the first token is a plain target sample (no
     round); a text on which the law proposes nothing is a plain target step (no round counted, as vLLM's n-gram
     without a match). ``extend(last) -> next``: the deterministic continuation past the completion's end (greedy
@@ -185,10 +192,11 @@ def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *
     like any other. ``context``: ``(n_ctx, shifts)`` of an engine whose drafts must fit its context
     (``Conventions.drafts_fit_context``): a round drafts at most ``n_ctx - cells - 2`` tokens, ``cells`` the tokens
     before the round's input; with ``shifts``, when ``cells + 1 >= n_ctx`` half the cells are discarded first
-    (llama-server's context shift, ``n_keep`` 0)."""
+    (llama-server's context shift, ``n_keep`` 0). ``positions``: the contexts the law is defined on, at most; the rounds
+    stop (``truncated``) at the first whose drafts would read more (an engine that drafts past the context's end)."""
     text = list(prompt) + list(completion)
     pos = len(prompt) + (1 if prefill and completion else 0)
-    rounds, discarded = [], 0
+    rounds, discarded = Rounds(), 0
     while pos < len(text):
         room = k if max_new is None else min(k, len(prompt) + max_new - pos - 1)
         if context is not None:
@@ -198,6 +206,9 @@ def reconstruct(law, prompt: Sequence[int], completion: Sequence[int], k: int, *
                 discarded += max(0, min(cells // 2, cells - 1))
                 cells = pos - 1 - discarded
             room = min(room, n_ctx - cells - 2)
+        if positions is not None and room > 0 and pos + room - 1 > positions:
+            rounds.truncated = True
+            break
         drafts, ties = argmax_drafts(law, text[:pos], room) if room > 0 else ((), 0)
         if not drafts:
             pos += 1
@@ -234,22 +245,29 @@ def _totals(rounds: Sequence[Round], k: int) -> dict:
 
 def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counters: dict | None,
                  extend: Callable[[int], int] | None = None, max_new: int | None = None,
-                 eos_ends_round: int | None = None, context: tuple[int, bool] | None = None) -> dict:
+                 eos_ends_round: int | None = None, context: tuple[int, bool] | None = None,
+                 positions: int | None = None) -> dict:
     """The engine's counters (and per-request rounds where each record has ``rounds``: ``[[drafted, accepted], ...]``
     in order; else per-request totals where each has ``draft_tokens`` and ``accepted``) against the rounds rebuilt
-    from the records' ``prompt_ids`` / ``completion_ids`` (``max_new``: see :func:`reconstruct`). ``passed`` False on
-    the first difference, with ``text`` naming it; None when the engine reports nothing to compare."""
+    from the records' ``prompt_ids`` / ``completion_ids`` (``max_new``, ``positions``: see :func:`reconstruct`; a
+    request's rounds past ``positions`` are not compared). ``passed`` False on the first difference, with ``text``
+    naming it; None when the engine reports nothing to compare."""
     rounds: list[Round] = []
     first = None
     differing = leading = 0  # requests whose rounds differ; of them, those equal past a leading (k, 0) round
+    cut = 0  # requests whose rounds are compared up to ``positions`` only
     per_request = all("rounds" in r for r in records) and bool(records)
     totals = not per_request and bool(records) and all("draft_tokens" in r and "accepted" in r for r in records)
     for i, rec in enumerate(records):
         mine = reconstruct(law, rec["prompt_ids"], rec["completion_ids"], k, prefill=prefill, request=i, extend=extend,
-                           max_new=max_new, eos_ends_round=eos_ends_round, context=context)
+                           max_new=max_new, eos_ends_round=eos_ends_round, context=context, positions=positions)
         rounds.extend(mine)
+        cut += mine.truncated
+        if mine.truncated and not per_request:
+            continue  # a request's totals cannot be compared with part of its rounds
         if per_request:
             engine = [tuple(int(x) for x in step) for step in rec["rounds"]]
+            engine = engine[:len(mine)] if mine.truncated else engine
             bad = _first_difference(mine, engine)
             if bad is not None:
                 differing += 1
@@ -261,7 +279,7 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
     total = _totals(rounds, k)
     out = {"reconstructed": total, "rounds": rounds, "per_request": per_request, "requests": len(records)}
     problems = []
-    if counters is not None:
+    if counters is not None and not cut:
         out["engine"] = {key: counters.get(key) for key in ("drafts", "draft_tokens", "accepted", "accepted_per_pos")}
         for key in ("drafts", "draft_tokens"):
             if counters.get(key) is not None and int(counters[key]) != total[key]:
@@ -278,7 +296,7 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
                 if not lo <= int(pos[j]) <= hi:
                     problems.append(f"accepted at position {j + 1}: engine {pos[j]}, reconstructed "
                                     + (f"{lo}" if lo == hi else f"{lo}..{hi}"))
-    elif not per_request and not totals:
+    elif not per_request and not (totals and cut < len(records)):
         out.update(passed=None, text="the engine reports no counters to compare with the reconstruction")
         return out
     if first is not None:
@@ -292,6 +310,9 @@ def check_rounds(law, records: Sequence[dict], k: int, *, prefill: bool, counter
     where = "totals" + (" and every request's rounds" if per_request else " and every request's totals" if totals else "")
     bounds = (f"; {total['censored']} rounds cut by max_tokens before a rejection, counted within their bounds"
               if total["censored"] else "")
+    if cut:
+        bounds += (f"; {cut} requests compared up to their first round whose drafts would read more than the draft's "
+                   f"{positions} positions (no draft law there; the engine-wide counters not compared)")
     if problems:
         out.update(passed=False, text="DIFFERS from the rounds rebuilt from the completions: " + "; ".join(problems))
     else:
@@ -469,20 +490,18 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
         settings = condition(case.condition).settings
         if ad.conventions.drafts_fit_context and "max_model_len" in settings:
             context = (int(settings["max_model_len"]), bool(settings.get("context_shift")))
-        # no draft law past the draft's positions (a shorter draft's, or those of a draft that reads the whole text
-        # when the engine may draft past the context's end): those requests are not compared
-        limits = [int(settings["draft_max_model_len"])] if "draft_max_model_len" in settings else []
-        if context is None and getattr(law, "max_positions", None):
-            limits.append(law.max_positions)
-        if limits:
-            limit = min(limits)
+        if "draft_max_model_len" in settings:  # no draft law past the draft's positions: those requests are not compared
+            limit = int(settings["draft_max_model_len"])
             fits = [r for r in records if len(r["prompt_ids"]) + case.max_new_tokens + ad.k_of(cfg) <= limit]
             skipped, records = len(records) - len(fits), fits
             if not records:
                 return None
+    # a draft that reads the whole text has no law past its model's positions: an engine that may draft past the
+    # context's end is compared up to the first round that would
+    positions = getattr(law, "max_positions", None) if context is None else None
     check = check_rounds(law, records, ad.k_of(cfg), prefill=ad.conventions.first_token_at_prefill, counters=None,
                          max_new=case.max_new_tokens if ad.conventions.drafts_to_end else None, eos_ends_round=eos,
-                         context=context)
+                         context=context, positions=positions)
     check.pop("rounds")
     if skipped:
         check["text"] += f" ({skipped} requests past the draft's {limit} positions not compared: no draft law there)"

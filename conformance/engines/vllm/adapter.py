@@ -431,8 +431,11 @@ ADAPTER = VLLMAdapter(
                     "long-context-edge")},
                 "short-draft": ("draft-greedy",)},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
-                            token_prefix=" ",
-                            notes=("min_p is refused with speculative decoding (SamplingParams.verify)",)),
+                            token_prefix=" ", drafts_fit_context=True,
+                            notes=("min_p is refused with speculative decoding (SamplingParams.verify)",
+                                   "near max_model_len a round drafts at most max_model_len - len(text) - 1 tokens "
+                                   "(room for the bonus token): llama-server's rule, read off the long-context-edge "
+                                   "rounds")),
     seed_probe=True, pin_workers=True,
     preload_modules=("vllm.entrypoints.llm", "vllm.sampling_params", __name__),
     patches={"A": "CPU expand kernel writes a dropped int64 copy (per-token temperature/top-k/top-p unset)",
