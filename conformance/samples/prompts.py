@@ -48,9 +48,12 @@ class PromptReport:
         return not self.passed and (self.rest_fit is None or not self.rest_fit.passed)
 
 
-def check_poolable(sampling, stop) -> None:
-    """Prompts are pooled by their table cell (``certify_samples(pool_prompts=True)``) only under settings whose law
-    reads the prompt through that cell: ValueError for penalties, logit bias, bad words, a constraint, stop strings."""
+def check_poolable(model, sampling, stop) -> None:
+    """Prompts are pooled by their table cell (``certify_samples(pool_prompts=True)``) only for a model whose law is a
+    table by cell, under settings whose law reads the prompt through that cell: ValueError for a model without cells,
+    penalties, logit bias, bad words, a constraint, stop strings."""
+    if not callable(getattr(model, "cell", None)):
+        raise ValueError(f"pool_prompts: {getattr(model, 'name', model)} has no table cells to pool prompts by")
     if sampling.history_dependent or stop is not None:
         raise ValueError("pool_prompts: prompts are pooled by their table cell only under settings whose law reads the "
                          f"prompt through that cell; these read more ({sampling.label()}"

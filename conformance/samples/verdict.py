@@ -368,7 +368,7 @@ def certify_samples(
         except ValueError as exc:
             raise SamplesInputError(str(exc)) from None
     if pool_prompts:
-        check_poolable(sampling, stop)
+        check_poolable(exact, sampling, stop)
     records, source = read_records(
         path_or_records, vocab=vocab, max_new_tokens=max_new_tokens,
         min_context=int(getattr(exact, "min_context", 1) or 1), max_positions=_max_positions(exact), model=exact,
