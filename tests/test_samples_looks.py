@@ -15,7 +15,7 @@ from conformance.samples import certify_samples
 from conformance.engines.calibration import draw_lines
 from conformance.samples.cli import main as cli
 from conformance.samples.looks import Looks, run_looks
-from conformance.samples.verdict import GrowingFile
+from conformance.samples.growing import GrowingFile
 from properties.early_pass import reserve_scale
 
 WARP = case("warp")

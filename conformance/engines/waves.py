@@ -4,7 +4,7 @@ the first look that decides it.
 Engine-neutral. Each sampling case is certified at the black-box tool's planned looks (:mod:`conformance.samples.looks`:
 an interim look on 5 % of its N, early-pass looks on 25-70 %, the full look on 1.07 x N): a wave brings every case
 still undecided to its next look's number of completions, and after the wave each such case's file is certified
-(:class:`conformance.samples.verdict.GrowingFile`) -- rejected, passed, or on to the next look. A greedy case (every
+(:class:`conformance.samples.growing.GrowingFile`) -- rejected, passed, or on to the next look. A greedy case (every
 completion checked token for token) is one wave of its N. While some case still runs, every decided case adds a few
 completions to each wave (:meth:`WaveDriver.mixers`), written after the lines its verdict read, so that every step
 mixes every case's settings as one batch of every case did (an engine's batch bugs depend on which settings share a
@@ -92,7 +92,7 @@ class WaveDriver:
         self.waves: list[dict[str, int]] = []
 
     def _file(self, name: str):
-        from conformance.samples.verdict import GrowingFile
+        from conformance.samples.growing import GrowingFile
 
         if name not in self.files:
             c = self.cases[name]

@@ -83,14 +83,14 @@ one call per sample, the global RNG seeded per sample (the seed is recorded). Se
 looks (:mod:`conformance.samples.looks`): rejected at the first conclusive look, passed at the first early-pass
 look whose statistics rule out the stated alternative, else decided at the full look on 1.07 x N; the verdict
 states the lines it read, the looks taken and the whole procedure's power; a file that ends before a look decides
-is ``INCONCLUSIVE`` (a partial sample). :class:`conformance.samples.verdict.GrowingFile` runs each look once as a
+is ``INCONCLUSIVE`` (a partial sample). :class:`conformance.samples.growing.GrowingFile` runs each look once as a
 file grows (the engine runner's waves).
 
 Layout (each module imports only those above it; this ``__init__`` only re-exports): ``read`` (parse and
 validate the records; deterministic invariants), ``law`` (the exact law, the tested length L, tie splitting),
 ``conventions`` (the alternative conventions the tool knows), ``generate`` (a file from transformers), ``prompts``
 (one prompt's sampling test or greedy walk), ``looks`` (the planned looks), ``verdict`` (:func:`certify_samples`,
-:class:`SamplesVerdict`, :class:`GrowingFile`, the replay command), ``cli`` (the two command lines). The looks
+:class:`SamplesVerdict`), ``growing`` (:class:`GrowingFile`, a file certified while it grows), ``cli`` (the two command lines). The looks
 are measured on the engine matrix's cases by ``python -m conformance.engines.calibration``.
 """
 from __future__ import annotations
@@ -104,7 +104,8 @@ from .prompts import PromptReport
 from .read import FINISH_EOS, FINISH_ERROR, FINISH_LENGTH, SampleRecord, SamplesInputError, invariant_violations, read_records, write_jsonl
 from .looks import Looks
 from .command import replay_command
-from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, GrowingFile, SamplesVerdict, certify_samples
+from .growing import GrowingFile
+from .verdict import INCONCLUSIVE, MAX_POSITION_TESTS, SamplesVerdict, certify_samples
 
 __all__ = [
     "SAMPLES_TV",

@@ -329,7 +329,7 @@ def certify_samples(
     full look); the verdict then rests on the deciding look's prefix (``verdict.n``) and states the looks taken
     (``verdict.sequential``); a file that ends before any look decided is ``INCONCLUSIVE`` (a partial sample). None
     (the default): the whole file, one look. ``resume``: the undecided ``verdict.sequential`` of an earlier call on the
-    same file when it was shorter; only the looks its new lines complete run (:class:`GrowingFile` does this).
+    same file when it was shorter; only the looks its new lines complete run (:class:`.growing.GrowingFile` does this).
 
     ``path_or_records``: a JSONL path or an iterable of dicts (:mod:`conformance.samples` docstring). ``eos_id``: the EOS
     the engine stopped at (``True``: the model's own; ``None``: no EOS stop). ``length``: the L of the
@@ -403,39 +403,6 @@ def certify_samples(
         verdict.explained, verdict.explained_by = explain(
             exact, sampling, contexts, lambda settings: judge_lines(judged, settings, at_alpha, at_scale), eos_id=eos_id)
     return verdict
-
-
-class GrowingFile:
-    """A completions file certified at planned looks while it grows (the engine runner's waves): each
-    :meth:`update` runs the looks the lines written since the last one complete, never one twice; the verdict is
-    the one :func:`certify_samples` gives the file at that length with the same ``looks``."""
-
-    def __init__(self, path, *, looks: Looks, **settings):
-        self.path, self.looks, self.settings = path, looks, settings
-        self.verdict: SamplesVerdict | None = None
-
-    @property
-    def decided(self) -> bool:
-        return self.verdict is not None and self.verdict.sequential.decided
-
-    @property
-    def next_n(self) -> int:
-        """The lines the next look reads (the first look's before any update)."""
-        if self.verdict is None:
-            return self.looks.schedule(self.settings["sampling"].greedy)[0].n
-        return self.verdict.sequential.next_n
-
-    def update(self) -> SamplesVerdict:
-        if self.decided or (self.verdict is not None and _count_lines(self.path) < self.next_n):
-            return self.verdict
-        resume = None if self.verdict is None else self.verdict.sequential
-        self.verdict = certify_samples(self.path, looks=self.looks, resume=resume, **self.settings)
-        return self.verdict
-
-
-def _count_lines(path) -> int:
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
 
 
 def _word_looks(verdict: SamplesVerdict, seq: Sequential, looks: Looks, tv: float, alpha: float) -> None:
