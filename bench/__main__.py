@@ -1,4 +1,4 @@
-"""``python -m bench SUBCOMMAND ...``: the same as the ``specdec-bench`` command."""
+"""``python -m specdec_bench SUBCOMMAND ...``: the same as the ``specdec-bench`` command."""
 import sys
 
 from .cli import main

@@ -1,6 +1,6 @@
 """``specdec-bench profile-engine --engine NAME --configs a,b``: the speedup profile of any registered engine adapter.
 
-The same design as :mod:`bench.profile_engine` (paired, interleaved, timed by the tool, bootstrap intervals, the
+The same design as :mod:`specdec_bench.profile_engine` (paired, interleaved, timed by the tool, bootstrap intervals, the
 verdict line), driven through the engine-neutral layer (:mod:`conformance.engines.adapter`) instead of one
 engine's own API: every variant is one of the adapter's configurations (its control is AR), each opened once as an
 :class:`~conformance.engines.adapter.EngineSession` on the adapter's exact pair of the chosen family, all in this
@@ -9,7 +9,7 @@ process (for a server engine: one server per variant, each idle while another is
 call, attached to the call's first completion) or, where the engine reports them per request, their sum. A sampled
 configuration with a declared scheme gets its acceptance compared with the exact expectation
 (:mod:`conformance.engines.efficiency`, order1 family). Run in the adapter's interpreter (its venv) by
-:func:`bench.profile_engine.run_engine`.
+:func:`specdec_bench.profile_engine.run_engine`.
 """
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.kit import environment, load_average
-from bench.profile_engine import AR, Completion, EngineVariant, run_interleaved, summarise
-from bench.profile_timing import log_stderr
+from specdec_bench.kit import environment, load_average
+from specdec_bench.profile_engine import AR, Completion, EngineVariant, run_interleaved, summarise
+from specdec_bench.profile_timing import log_stderr
 
 __all__ = ["AdapterEngines", "profile_adapter", "main"]
 
@@ -44,7 +44,7 @@ def _prompts(n: int, length: int, seed: int, vocab: int, bos: int | None, eos: i
 
 
 class AdapterEngines:
-    """One session per variant, and the :class:`bench.profile_engine.Engine` calls on them."""
+    """One session per variant, and the :class:`specdec_bench.profile_engine.Engine` calls on them."""
 
     def __init__(self, ad, configs, family: str, *, sampling, new_tokens: int, eos_id: int, log=None):
         self.ad, self.sampling, self.new_tokens, self.eos_id = ad, sampling, new_tokens, eos_id
@@ -158,9 +158,9 @@ def profile_adapter(*, engine: str, configs: list[str], family: str = "order1", 
 
 
 def main(argv=None) -> int:
-    from bench.kit import jsonable
+    from specdec_bench.kit import jsonable
 
-    ap = argparse.ArgumentParser(prog="python -m bench.adapter_profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec_bench.adapter_profile", description=__doc__.split("\n")[0])
     ap.add_argument("--kwargs", required=True, help="profile_adapter's keyword arguments as JSON")
     ap.add_argument("--report", required=True, help="where the report goes (JSON)")
     args = ap.parse_args(argv)

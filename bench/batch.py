@@ -11,7 +11,7 @@ interleaved within each repeat (rotating order). Next to the measured speedup, t
 * refined, :func:`refined_speedup`: ``S' = E / (k c + r)`` with ``E`` the measured mean tokens per round and
   ``r`` the measured cost of a target forward of ``[B, k + 1]`` over one of ``[B, 1]``.
 
-Forward costs are medians of :func:`bench.kit.time_calls` on the lean forward through
+Forward costs are medians of :func:`specdec_bench.kit.time_calls` on the lean forward through
 :class:`specdec_ref.row_cache.RowCaches` (the decoder's own dispatch), feeding then rolling back so the cache
 stays at the prompt. Neither prediction counts per-round host work (warping, verification, the host sync,
 repair): the ``rnd/fwd`` column (measured wall per batch round in target-forward units, against ``k c + r``)

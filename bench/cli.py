@@ -1,36 +1,36 @@
 """``specdec-bench``: benchmarks of the reference implementation (a command, not a timed test).
 
-Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m bench SUBCOMMAND``):
+Subcommands (``specdec-bench SUBCOMMAND --help`` for options; also ``python -m specdec_bench SUBCOMMAND``):
 
-* ``verifier`` (:mod:`bench.verifier`): throughput of :func:`specdec_ref.verify.verify_block` in
+* ``verifier`` (:mod:`specdec_bench.verifier`): throughput of :func:`specdec_ref.verify.verify_block` in
   blocks/s over a (B, k, V, mode, threads) grid, median and p10/p90 over repeats.
-* ``checks`` (:mod:`bench.checks`): every registered conformance check case run on a backend without
+* ``checks`` (:mod:`specdec_bench.checks`): every registered conformance check case run on a backend without
   pytest, with CPU and wall seconds per case and per shared-sample group, the status, and the
   stated power / N / alpha of the statistical ones.
-* ``tree-verifier`` (:mod:`bench.tree_verifier`): nodes/s of the reference tree verifiers against the chain
+* ``tree-verifier`` (:mod:`specdec_bench.tree_verifier`): nodes/s of the reference tree verifiers against the chain
   verifier on the same tokens (B = 64, 64-node trees of depth 6, V = 32 000 by default).
-* ``tree-decoder`` (:mod:`bench.tree_decoder`): the tree decoder against the chain decoder and AR on the
+* ``tree-decoder`` (:mod:`specdec_bench.tree_decoder`): the tree decoder against the chain decoder and AR on the
   trained pair: tokens/s, tokens per target call, mean accepted length.
-* ``decoder`` (:mod:`bench.decoder`): tokens/s of AR decoding, our speculative decoder (k grid) and
+* ``decoder`` (:mod:`specdec_bench.decoder`): tokens/s of AR decoding, our speculative decoder (k grid) and
   transformers' assisted generation (pinned to the same k) on the shipped trained pair, greedy and
   sampling, variants interleaved over the repeats; acceptance, calls per token, phase shares,
   token-for-token equality with AR (greedy) and with transformers at the same seed, and the
   ">= 2x transformers' assisted generation" goal verdict.
-* ``batch`` (:mod:`bench.batch`): batched speculative decoding vs batched AR on the same lean static-cache
+* ``batch`` (:mod:`specdec_bench.batch`): batched speculative decoding vs batched AR on the same lean static-cache
   forward at B = 1, 8, 64 (k grid, greedy and sampling): tokens/s, tokens per target call, acceptance, the
   measured speedup against Leviathan et al.'s predicted one (measured draft/target cost ratio) and a refined
   prediction, greedy token-for-token equality with AR, and whether transformers' assisted generation runs at B > 1.
-* ``profile`` (:mod:`bench.profile`): does speculation pay, for any backend claiming ``decoder`` (``--backend``):
+* ``profile`` (:mod:`specdec_bench.profile`): does speculation pay, for any backend claiming ``decoder`` (``--backend``):
   paired interleaved AR vs speculative timing with bootstrap intervals, the cost model fitted and checked per k,
   reported phases, breakeven acceptance, a context sweep, memory, the verdict line; JSON, Markdown and plots (``--out``).
-* ``profile-engine`` (:mod:`bench.profile_engine`): the same question for an engine driven through its public API
-  (``--engine vllm``: :mod:`bench.vllm_profile`, run under ``.venv-vllm`` when vLLM is not importable
+* ``profile-engine`` (:mod:`specdec_bench.profile_engine`): the same question for an engine driven through its public API
+  (``--engine vllm``: :mod:`specdec_bench.vllm_profile`, run under ``.venv-vllm`` when vLLM is not importable
   here): paired interleaved wall time per request and tokens/s with and without its speculation, bootstrap
   intervals, acceptance from its counters, the verdict line; JSON and Markdown (``--out``).
 
 Adding a subcommand: a module with ``add_X_arguments(parser)``, a ``run_X(args) -> list[dict]``
 returning one dict per table row, its column list and (optionally) a ``summarise_X(args, rows) ->
-list[str]`` of verdict lines, gathered in a :class:`bench.kit.Subcommand` named ``SUBCOMMAND``;
+list[str]`` of verdict lines, gathered in a :class:`specdec_bench.kit.Subcommand` named ``SUBCOMMAND``;
 then list it in :data:`SUBCOMMANDS`. :func:`main` gives every subcommand the shared ``--json PATH``
 output, the environment header and the table printer.
 

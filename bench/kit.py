@@ -1,6 +1,6 @@
 """The shared kit of the benchmarks: tables, timing, the environment header and argument-list parsers.
 
-Nothing here knows a benchmark; :mod:`bench.cli` wires the subcommands (:class:`Subcommand`) together.
+Nothing here knows a benchmark; :mod:`specdec_bench.cli` wires the subcommands (:class:`Subcommand`) together.
 """
 from __future__ import annotations
 
@@ -190,9 +190,9 @@ def time_calls(fn: Callable[[], Any], device: str, *, repeats: int, min_seconds:
 
 @dataclass(frozen=True)
 class Subcommand:
-    """One benchmark as :mod:`bench.cli` runs it: arguments, rows, table and verdict lines.
+    """One benchmark as :mod:`specdec_bench.cli` runs it: arguments, rows, table and verdict lines.
 
-    ``run(args)`` returns one dict per table row; :func:`bench.cli.main` adds the shared
+    ``run(args)`` returns one dict per table row; :func:`specdec_bench.cli.main` adds the shared
     ``--json PATH`` output, the environment header and the table printer.
     """
 

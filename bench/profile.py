@@ -4,14 +4,14 @@ For a backend claiming ``decoder`` (B = 1) or ``batched_decoder`` (B > 1), the r
 (``--backend module:factory|NAME``, :func:`conformance.backends.load_backend`):
 
 1. paired, interleaved timing of the reference AR (same target, lean forward) and the backend's speculative
-   decoding for every k on the same prompts (:mod:`bench.profile_timing`): seconds per token after the first
-   round, the per-unit paired ratio, its median and a bootstrap 95 % interval (:mod:`bench.profile_stats`);
+   decoding for every k on the same prompts (:mod:`specdec_bench.profile_timing`): seconds per token after the first
+   round, the per-unit paired ratio, its median and a bootstrap 95 % interval (:mod:`specdec_bench.profile_stats`);
 2. the backend's reported phases, where it reports them (contract: "Phase timings"), checked against the
    measured wall time within :data:`PHASE_TOLERANCE`;
-3. the cost model fitted and checked, per k (:mod:`bench.profile_model`), the breakeven acceptance, the best k
+3. the cost model fitted and checked, per k (:mod:`specdec_bench.profile_model`), the breakeven acceptance, the best k
    and the verdict line;
-4. a context-length sweep (:mod:`bench.profile_context`) and memory (:mod:`bench.profile_memory`);
-5. JSON, Markdown and plots (:mod:`bench.profile_report`, :mod:`bench.profile_plots`).
+4. a context-length sweep (:mod:`specdec_bench.profile_context`) and memory (:mod:`specdec_bench.profile_memory`);
+5. JSON, Markdown and plots (:mod:`specdec_bench.profile_report`, :mod:`specdec_bench.profile_plots`).
 
 Pairs: ``trained`` (the shipped byte-level pair, 256 positions) and ``wide-exact``
 (:mod:`specdec_ref.wide_exact`: an exact order-1 table in a wide 8-layer target against a one-layer draft).
@@ -19,7 +19,7 @@ Pairs: ``trained`` (the shipped byte-level pair, 256 positions) and ``wide-exact
 Proposers (``--proposer``): the pair's draft model (default), prompt lookup (``ngram``: ``Ngram(1, 3)``, either pair)
 or the exactly-known EAGLE head (``eagle``: :func:`specdec_ref.exact_heads.exact_eagle_head` on the wide-exact target,
 one decoder layer of the target's width; argmax drafts, vLLM's default). The backend must claim ``proposer:NAME``.
-The cost model's terms for them: :mod:`bench.profile_model`.
+The cost model's terms for them: :mod:`specdec_bench.profile_model`.
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def profile(
 
     ``prompts`` units of ``batch`` prompts each; ``target``/``draft``/``make_prompts(n, length, seed)`` replace the
     named pair; ``baseline(target, requests, on_step)`` replaces the reference AR and ``measure`` (as
-    :func:`bench.profile_model.measure_costs`) the forward-cost measurement (tests inject known costs through both).
+    :func:`specdec_bench.profile_model.measure_costs`) the forward-cost measurement (tests inject known costs through both).
     Raises ValueError when the backend lacks the capability the batch size needs."""
     from conformance.backends import load_backend
 
@@ -232,7 +232,7 @@ def profile(
 
 
 class ProfileRows(list):
-    """The per-k rows :mod:`bench.cli` prints and stores, carrying the whole report (``.report``)."""
+    """The per-k rows :mod:`specdec_bench.cli` prints and stores, carrying the whole report (``.report``)."""
 
     report: dict
 

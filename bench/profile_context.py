@@ -1,7 +1,7 @@
 """Context scaling: the paired speedup at one k as the prompt grows, with acceptance, the forward costs' growth,
 the KV caches' bytes (formula beside what the caches hold) and the process's peak memory.
 
-Every context length runs the same protocol as the main profile (:func:`bench.profile_timing.run_paired`:
+Every context length runs the same protocol as the main profile (:func:`specdec_bench.profile_timing.run_paired`:
 warm-up dropped, interleaved repeats, paired ratios with a bootstrap interval) at a fixed number of new tokens.
 Lengths the models' positions cannot hold (context + new tokens + k + 1) are dropped and listed.
 """

@@ -1,7 +1,7 @@
-"""``specdec-bench profile-engine``: does an engine's own speculation pay? The profile of :mod:`bench.profile` for an
+"""``specdec-bench profile-engine``: does an engine's own speculation pay? The profile of :mod:`specdec_bench.profile` for an
 engine driven from outside, through its public API (issue 18, item 9): vLLM's offline ``LLM.generate`` with its
-own variants and the wide pair (:mod:`bench.vllm_profile`, which imports vLLM; this module never does), or any
-registered engine adapter with ``--configs`` (:mod:`bench.adapter_profile`: its configurations as the variants,
+own variants and the wide pair (:mod:`specdec_bench.vllm_profile`, which imports vLLM; this module never does), or any
+registered engine adapter with ``--configs`` (:mod:`specdec_bench.adapter_profile`: its configurations as the variants,
 through the engine-neutral layer, the same way for every engine).
 
 Design (what is timed, and how it is paired):
@@ -19,7 +19,7 @@ Design (what is timed, and how it is paired):
   ids for every variant. After ``warmup`` dropped calls per variant, every repeat runs, for every unit, every
   variant back to back, in an order rotated by repeat and unit; sampled requests carry seeds shared by the
   variants of a (unit, repeat).
-* **Measured** by the tool (``bench.profile_timing.CLOCK``, ``time.perf_counter``): the wall time of every
+* **Measured** by the tool (``specdec_bench.profile_timing.CLOCK``, ``time.perf_counter``): the wall time of every
   ``generate`` call, prefill included (the public API has no per-round hook, so calls are timed whole, as
   ``profile`` times a backend that never calls ``on_round``); seconds per token of each row (wall over tokens per
   row) and tokens per second (all tokens over wall).
@@ -29,7 +29,7 @@ Design (what is timed, and how it is paired):
   ``spec_decode_metrics``: its process-wide ``LLM.get_metrics()`` reads only the instance loaded last).
 * **Ratio and interval**: per (unit, repeat), AR seconds per token over the variant's seconds per token in the
   same repeat; the unit's ratio is the median over repeats, the variant's the median over units, with the
-  two-level bootstrap 95 % interval of :func:`bench.profile_stats.paired_ratio`.
+  two-level bootstrap 95 % interval of :func:`specdec_bench.profile_stats.paired_ratio`.
 * **Verdict** in the profile's format: ``PAYS: 1.42x [1.37, 1.47] at k=3`` when the best variant's interval lies
   above 1, else ``DOES NOT PAY: best 0.75x [0.73, 0.77] at k=2`` with that variant's acceptance.
 """
@@ -142,7 +142,7 @@ class EngineCall:
 
 
 def request_seeds(seed: int, unit: int, repeat: int, batch: int) -> list[int]:
-    """The seeds of a unit's requests in a repeat, shared by every variant (as :func:`bench.profile_timing.run_paired`)."""
+    """The seeds of a unit's requests in a repeat, shared by every variant (as :func:`specdec_bench.profile_timing.run_paired`)."""
     return [seed * 1_000_003 + (repeat + 2) * 10_007 + unit * 101 + b for b in range(batch)]
 
 
@@ -294,7 +294,7 @@ def _efficiency_text(eff: dict) -> str:
 
 
 def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
-    """``(heading, prose lines, table or None)`` in print order (:func:`bench.profile_report.markdown_report`)."""
+    """``(heading, prose lines, table or None)`` in print order (:func:`specdec_bench.profile_report.markdown_report`)."""
     s, load, ar = report["settings"], report["load_average"], report["ar"]
     speed = [{"variant": "ar (no speculation)", "shown": "1 (baseline)", "decode_shown": "1 (baseline)", **ar, "mismatches": "-"}]
     accept = []
@@ -366,27 +366,27 @@ def add_profile_engine_arguments(p: argparse.ArgumentParser, *, engine: bool = T
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    """The keyword arguments of the engine's profile function (``bench.vllm_profile.profile_vllm``)."""
+    """The keyword arguments of the engine's profile function (``specdec_bench.vllm_profile.profile_vllm``)."""
     return dict(pair=args.pair, ks=list(args.k), ngram_k=args.ngram_k, draft_sample=args.draft_sample, batch=args.batch,
                 prompts=args.prompts, prompt_length=args.prompt_length, new_tokens=args.new_tokens, repeats=args.repeats,
                 warmup=args.warmup, mode=args.mode, threads=args.threads, seed=args.seed, patch=args.patch)
 
 
 def adapter_kwargs(args: argparse.Namespace) -> dict:
-    """The keyword arguments of :func:`bench.adapter_profile.profile_adapter`."""
+    """The keyword arguments of :func:`specdec_bench.adapter_profile.profile_adapter`."""
     return dict(engine=args.engine, configs=[c for c in args.configs.split(",") if c], family=args.family,
                 batch=args.batch, prompts=args.prompts, prompt_length=args.prompt_length, new_tokens=args.new_tokens,
                 repeats=args.repeats, warmup=args.warmup, mode=args.mode, seed=args.seed)
 
 
 def run_adapter(kwargs: dict, *, python: str | None = None) -> dict:
-    """:func:`bench.adapter_profile.profile_adapter`'s report, from a child process of the adapter's interpreter."""
+    """:func:`specdec_bench.adapter_profile.profile_adapter`'s report, from a child process of the adapter's interpreter."""
     from conformance.engines.adapter import adapter
 
     python = python or adapter(kwargs["engine"]).python()
     with tempfile.TemporaryDirectory(prefix="specdec-adapter-profile-") as tmp:
         path = Path(tmp) / "report.json"
-        subprocess.run([python, "-m", "bench.adapter_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
+        subprocess.run([python, "-m", "specdec_bench.adapter_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
                        cwd=str(REPO), check=True, stdout=2)
         return json.loads(path.read_text())
 
@@ -404,7 +404,7 @@ def run_engine(engine: str, kwargs: dict, *, python: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="specdec-engine-profile-") as tmp:
         path = Path(tmp) / "report.json"
         env = {**os.environ, "OMP_NUM_THREADS": str(kwargs.get("threads", 1))}
-        subprocess.run([python, "-m", "bench.vllm_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
+        subprocess.run([python, "-m", "specdec_bench.vllm_profile", "--kwargs", json.dumps(kwargs), "--report", str(path)],
                        cwd=str(REPO), env=env, check=True, stdout=2)  # the engine's log lines to stderr: stdout is the report's
         return json.loads(path.read_text())
 

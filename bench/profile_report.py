@@ -148,7 +148,7 @@ def sections(report: dict) -> list[tuple[str, list[str], str | None]]:
 
 
 def text_report(report: dict, *, sections_of: Callable[[dict], list] = sections) -> str:
-    """The report as plain text; ``sections_of`` lays out another report kind (e.g. :mod:`bench.profile_engine`)."""
+    """The report as plain text; ``sections_of`` lays out another report kind (e.g. :mod:`specdec_bench.profile_engine`)."""
     parts = []
     for heading, lines, table in sections_of(report):
         parts.append(f"== {heading}")

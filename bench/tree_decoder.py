@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from properties.tree_exact import depths, outcome_law
+from specdec_properties.tree_exact import depths, outcome_law
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
 from specdec_ref.pretrained import CONTEXT_LENGTH, load_trained_pair, sample_prompts
 from specdec_ref.static_cache import fastest_cache
@@ -83,7 +83,7 @@ def add_tree_decoder_arguments(p: argparse.ArgumentParser) -> None:
 
 class ExactExpectation:
     """A tree verifier that also records, for every tree it verifies, the accepted path length and its exact
-    conditional mean and variance given the tree and its rows (``properties.tree_exact.outcome_law``, float64).
+    conditional mean and variance given the tree and its rows (``specdec_properties.tree_exact.outcome_law``, float64).
 
     Summed over rounds, ``observed - expected`` divided by the square root of the summed variances is a z-score:
     a decoder whose acceptance is lower than its trees allow (e.g. q not the rows the nodes were drawn from) shows

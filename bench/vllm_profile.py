@@ -1,10 +1,10 @@
-"""Does vLLM's own speculation pay on this machine? :mod:`bench.profile_engine`'s profile, with vLLM as the engine.
+"""Does vLLM's own speculation pay on this machine? :mod:`specdec_bench.profile_engine`'s profile, with vLLM as the engine.
 
-    .venv-vllm/bin/python -m bench.vllm_profile --out DIR [--pair wide-exact|exact:NAME] [--k 1,2,4]
+    .venv-vllm/bin/python -m specdec_bench.vllm_profile --out DIR [--pair wide-exact|exact:NAME] [--k 1,2,4]
                                                               [--ngram-k 3] [--mode greedy|sampling] [--patch A] ...
     specdec-bench profile-engine --engine vllm --out DIR ...   (the same from any interpreter: run under .venv-vllm)
 
-Design (the pairing and the timing are :mod:`bench.profile_engine`'s): every variant -- no speculation,
+Design (the pairing and the timing are :mod:`specdec_bench.profile_engine`'s): every variant -- no speculation,
 ``draft_model`` at each k, optionally ``ngram`` -- is its own ``vllm.LLM``, all loaded once in THIS process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: in-process engine core, ``uni`` executor; an idle instance runs nothing),
 and the variants' ``generate`` calls are interleaved on the same token-id prompts with the same request seeds,
@@ -39,10 +39,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.kit import environment, load_average
-from bench.profile_engine import Completion, EngineVariant, sum_counters, add_profile_engine_arguments, engine_kwargs, \
+from specdec_bench.kit import environment, load_average
+from specdec_bench.profile_engine import Completion, EngineVariant, sum_counters, add_profile_engine_arguments, engine_kwargs, \
     request_seeds, run_interleaved, summarise, variants_for, write_engine_report
-from bench.profile_timing import log_stderr
+from specdec_bench.profile_timing import log_stderr
 
 from conformance.engines.vllm.adapter import ADAPTER, spec_counters, vllm_sampling_kwargs
 
@@ -94,7 +94,7 @@ def prepare_pair(pair: str, folder: Path, *, prompts: int, length: int, seed: in
     from specdec_ref.exact_models import exact_model, exact_pair
 
     if pair == "wide-exact":
-        from bench.profile import load_pair
+        from specdec_bench.profile import load_pair
 
         target, draft, make_prompts, description, _ = load_pair("wide-exact")
         heads = {name: net.config.head_dim for name, net in (("target", target), ("draft", draft))}
@@ -126,7 +126,7 @@ def prepare_pair(pair: str, folder: Path, *, prompts: int, length: int, seed: in
 
 
 class VLLMEngines:
-    """One ``vllm.LLM`` per variant in this process, and the :class:`bench.profile_engine.Engine` calls on them."""
+    """One ``vllm.LLM`` per variant in this process, and the :class:`specdec_bench.profile_engine.Engine` calls on them."""
 
     def __init__(self, target: str, draft: str, variants, *, mode: str, new_tokens: int, max_model_len: int, batch: int,
                  draft_sample: str, seed: int, kv_cache_bytes: int = KV_CACHE_BYTES, log=None):
@@ -277,20 +277,20 @@ def profile_vllm(*, pair: str = "wide-exact", ks=(1, 2, 4), ngram_k: int = 0, dr
 def main(argv=None) -> int:
     import json
 
-    from bench.kit import jsonable
-    from bench.profile_report import text_report
-    from bench.profile_engine import sections
+    from specdec_bench.kit import jsonable
+    from specdec_bench.profile_report import text_report
+    from specdec_bench.profile_engine import sections
 
-    ap = argparse.ArgumentParser(prog="python -m bench.vllm_profile", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec_bench.vllm_profile", description=__doc__.split("\n")[0])
     add_profile_engine_arguments(ap, engine=False)
-    ap.add_argument("--kwargs", default=None, help=argparse.SUPPRESS)  # bench.profile_engine.run_engine: profile_vllm's kwargs as JSON
+    ap.add_argument("--kwargs", default=None, help=argparse.SUPPRESS)  # specdec_bench.profile_engine.run_engine: profile_vllm's kwargs as JSON
     ap.add_argument("--report", default=None, help=argparse.SUPPRESS)  # ... and where the report goes
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
     kwargs = json.loads(args.kwargs) if args.kwargs else engine_kwargs(args)
     threads = str(kwargs.get("threads", 1))
     if os.environ.get("OMP_NUM_THREADS") != threads:  # OpenMP reads it once, when torch loads: start again with it set
-        os.execve(sys.executable, [sys.executable, "-m", "bench.vllm_profile", *argv],
+        os.execve(sys.executable, [sys.executable, "-m", "specdec_bench.vllm_profile", *argv],
                   {**os.environ, "OMP_NUM_THREADS": threads})
     report = profile_vllm(**kwargs)
     if args.report:

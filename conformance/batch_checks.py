@@ -118,7 +118,7 @@ def check_batch_greedy_equals_ar_at_every_batch_size(backend, ctx: CheckContext,
 def check_batch_greedy_bf16_divergences_are_flips(backend, ctx: CheckContext):
     """In bfloat16, every row of greedy batches of 1, 4 and 16 requests (ragged prompts, budgets, EOS) equals AR greedy
     decoding of its request alone, or diverges by a numerical flip: at the first differing position the top-1/top-2
-    gap of the target is within the bf16 tolerance (``properties.flips``). Flips are reported as findings."""
+    gap of the target is within the bf16 tolerance (``specdec_properties.flips``). Flips are reported as findings."""
     target, draft = model_pair("llama", "noisy", 0.2, "bfloat16")
     for size in (1, 4, 16):
         requests = [replace(r, sampling=GREEDY, seed=None) for r in _mixed_requests(ctx.seed_for("batch-bf16", size), [GREEDY], size)]
@@ -278,7 +278,7 @@ HISTORY_CASES: dict[str, HistoryCase] = {
 
 @functools.lru_cache(maxsize=None)
 def history_law(case: str):
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     spec = HISTORY_CASES[case]
@@ -289,7 +289,7 @@ def history_law(case: str):
 def history_samples(case: str, tv: float = BATCH_SEQUENCE_TV) -> int:
     import numpy as np
 
-    from properties.sample_size import required_samples
+    from specdec_properties.sample_size import required_samples
 
     return required_samples(np.asarray(list(history_law(case).values()), dtype=np.float64), tv)
 
@@ -304,10 +304,10 @@ def history_samples(case: str, tv: float = BATCH_SEQUENCE_TV) -> int:
 )
 def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     """Each row's continuation on an exactly-known checkpoint pair follows the exact law of AR sampling under its
-    history-dependent settings (``properties.sequences.continuation_law``: every position processed on its own
+    history-dependent settings (``specdec_properties.sequences.continuation_law``: every position processed on its own
     history); N rows decoded in batches of mixed seeded (one seed per row) and unseeded rows; power 0.99 against
     TV >= BATCH_SEQUENCE_TV."""
-    from properties.sequences import boundary_margin, law_to_cells
+    from specdec_properties.sequences import boundary_margin, law_to_cells
     from specdec_ref.exact_models import exact_pair
 
     spec = HISTORY_CASES[case]
@@ -347,7 +347,7 @@ MIXED_TV_BETWEEN_GROUPS = 0.613
 
 @functools.lru_cache(maxsize=None)
 def mixed_group_law(group: int):
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     table = exact_pair(MIXED_PAIR).target
@@ -366,7 +366,7 @@ def check_batch_mixed_settings_law(backend, ctx: CheckContext):
     and unseeded rows: each group's continuations follow the AR law under its own settings (power 0.99 against
     TV >= BATCH_SEQUENCE_TV per group). A row sampled with its neighbour's settings has TV 0.613 from its law;
     every other batch check runs one setting per batch, where such a mix-up is invisible."""
-    from properties.sequences import boundary_margin, law_to_cells
+    from specdec_properties.sequences import boundary_margin, law_to_cells
     from specdec_ref.exact_models import exact_pair
 
     table = exact_pair(MIXED_PAIR).target
@@ -374,7 +374,7 @@ def check_batch_mixed_settings_law(backend, ctx: CheckContext):
         boundary_margin(table, list(MIXED_PROMPT), MIXED_LENGTH, config, eos_id=table.eos_id).assert_safe()
     target, draft = sequence_models(MIXED_PAIR)
     cells = [law_to_cells(mixed_group_law(g)) for g in range(len(MIXED_GROUPS))]
-    from properties.sample_size import required_samples
+    from specdec_properties.sample_size import required_samples
     import numpy as np
 
     n = math.ceil(max(required_samples(np.asarray(list(mixed_group_law(g).values())), BATCH_SEQUENCE_TV)
@@ -428,7 +428,7 @@ def limit_prompt(distance: int) -> list[int]:
 
 @functools.lru_cache(maxsize=None)
 def limit_law(distance: int):
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     table = exact_pair(LIMIT_PAIR).target
@@ -453,8 +453,8 @@ def check_batch_position_limit_law(backend, ctx: CheckContext):
     limit and lets both through (tests/test_batch_decode.py)."""
     import numpy as np
 
-    from properties.sample_size import required_samples
-    from properties.sequences import boundary_margin, law_to_cells
+    from specdec_properties.sample_size import required_samples
+    from specdec_properties.sequences import boundary_margin, law_to_cells
     from specdec_ref.exact_models import exact_pair
 
     table = exact_pair(LIMIT_PAIR).target

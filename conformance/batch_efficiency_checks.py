@@ -93,8 +93,8 @@ def _rounds_with_history(request: Request, result):
 def check_batch_greedy_acceptance_is_exact(backend, ctx: CheckContext):
     """On the exactly-known order-1 pair, greedy with penalties and a logit bias (k = 2): every round but the last
     accepts exactly the drafts an ideal draft would (the leading positions where the draft's argmax on the same
-    history, settings applied, equals the emitted greedy token; ``properties.acceptance.greedy_accepted``)."""
-    from properties.acceptance import greedy_accepted
+    history, settings applied, equals the emitted greedy token; ``specdec_properties.acceptance.greedy_accepted``)."""
+    from specdec_properties.acceptance import greedy_accepted
     from specdec_ref.exact_models import exact_pair
 
     pair = exact_pair(ACCEPTANCE_PAIR)
@@ -126,11 +126,11 @@ def check_batch_greedy_acceptance_is_exact(backend, ctx: CheckContext):
 )
 def check_batch_acceptance_is_ideal(backend, ctx: CheckContext):
     """Accepted drafts per round equal the declared scheme's exact expectation for the warped ``p`` and ``q`` of each
-    row's own history (``properties.acceptance.round_acceptance_moments``: penalties, top-k and top-p applied at every
+    row's own history (``specdec_properties.acceptance.round_acceptance_moments``: penalties, top-k and top-p applied at every
     block position), on the exactly-known order-1 pair, rows seeded one by one; normal test of the total over every
     round with drafts, power stated against the smallest detectable shift of the mean per round."""
-    from properties.acceptance import round_acceptance_moments
-    from properties.stats import assert_total
+    from specdec_properties.acceptance import round_acceptance_moments
+    from specdec_properties.stats import assert_total
     from specdec_ref.exact_models import exact_pair
 
     scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")

@@ -1,6 +1,6 @@
 """Conformance of a backend's KV cache (``backend.make_cache(model)``, the ModelCache interface).
 
-A Hypothesis state machine (``properties.stateful_cache``) appends tokens and
+A Hypothesis state machine (``specdec_properties.stateful_cache``) appends tokens and
 blocks, trims to chosen points (0 and the current length included), commits and
 reads logits, and after every step compares every layer's keys and values
 with a fresh prefill of the token list it modelled in plain Python.
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hypothesis import settings
 
-from properties.stateful_cache import run_cache_machine
+from specdec_properties.stateful_cache import run_cache_machine
 
 from .check_helpers import model_pair
 from .registry import CheckContext, check

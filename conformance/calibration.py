@@ -2,13 +2,13 @@
 
 False alarms of the reference verifier at the ``ci`` profile's looks (the interim look and the early-pass looks,
 each rejecting at ``INTERIM_ALPHA_SCALE`` times alpha), the power table and the early-pass table; the machinery is
-:mod:`properties.calibration` (which imports nothing of ``conformance``: the profile is passed in from here).
+:mod:`specdec_properties.calibration` (which imports nothing of ``conformance``: the profile is passed in from here).
 """
 from __future__ import annotations
 
 import argparse
 
-from properties.calibration import ALPHA, STAT_SCENARIOS, early_pass_table, false_alarms, power_table, \
+from specdec_properties.calibration import ALPHA, STAT_SCENARIOS, early_pass_table, false_alarms, power_table, \
     summarise_false_alarms
 
 from .profiles import INTERIM_ALPHA_SCALE, get_profile
@@ -17,7 +17,7 @@ from .profiles import INTERIM_ALPHA_SCALE, get_profile
 def main(argv=None) -> None:
     from specdec_ref.backend import reference_backend
 
-    from properties.sample_size import required_blocks
+    from specdec_properties.sample_size import required_blocks
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=200)

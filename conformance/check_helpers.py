@@ -10,9 +10,9 @@ import functools
 import math
 import torch
 
-from properties.sampling import call_backend
-from properties.stateful_cache import compare_kv, fresh_prefill
-from properties.stats import assert_total
+from specdec_properties.sampling import call_backend
+from specdec_properties.stateful_cache import compare_kv, fresh_prefill
+from specdec_properties.stats import assert_total
 from specdec_ref.contract import Request
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.models import make_draft, tiny_lm
@@ -128,11 +128,11 @@ def _greedy_equality(backend, ctx: CheckContext, arch: str, dtype: str, max_new:
 
 
 def assert_numerical_flip(target, prompt: torch.Tensor, got: list[int], ar: list[int], dtype: str, where: str, ctx: CheckContext):
-    """A greedy output ``got`` that differs from AR's ``ar`` must diverge by a numerical flip (``properties.flips``: the
+    """A greedy output ``got`` that differs from AR's ``ar`` must diverge by a numerical flip (``specdec_properties.flips``: the
     target's top-1/top-2 gap at the first differing position is within ``dtype``'s tolerance); the flip is recorded as
     a finding of the check, anything else fails it."""
     __tracebackhide__ = True
-    from properties.flips import classify_sequences
+    from specdec_properties.flips import classify_sequences
 
     verdict = classify_sequences(target, prompt, got, ar, dtype_under_test=getattr(torch, dtype))
     if verdict is None or verdict.kind != "numerical_flip":
@@ -195,11 +195,11 @@ def _require_filters(backend, sampling: SamplingConfig, case: str) -> None:
 
 
 def assert_continuations_follow(cells, outputs, ctx: CheckContext, *, what: str, tv: float, seed: int, sensitive_to: str) -> None:
-    """The decoded continuations ``outputs`` fit the law's ``cells`` (``properties.stats.goodness_of_fit``: N, alpha,
+    """The decoded continuations ``outputs`` fit the law's ``cells`` (``specdec_properties.stats.goodness_of_fit``: N, alpha,
     power against ``tv`` stated, recorded on ``ctx``); on failure the report, impossible examples and the bug classes
     the case is sized for."""
     __tracebackhide__ = True
-    from properties.stats import goodness_of_fit
+    from specdec_properties.stats import goodness_of_fit
 
     result = goodness_of_fit(cells.counts(outputs), cells.probs, what=what, labels=cells.labels, tv=tv, seed=seed,
                              replay=ctx.replay)
@@ -230,8 +230,8 @@ EFFICIENCY_NEW_TOKENS = 64
 
 @functools.lru_cache(maxsize=None)
 def efficiency_tables(pair_name: str, sampling: SamplingConfig):
-    """The pair's warped tables as a :class:`properties.markov.MarkovPair` (row ``a``: after token ``a``)."""
-    from properties.markov import MarkovPair
+    """The pair's warped tables as a :class:`specdec_properties.markov.MarkovPair` (row ``a``: after token ``a``)."""
+    from specdec_properties.markov import MarkovPair
     from specdec_ref.exact_models import exact_pair
 
     pair = exact_pair(pair_name)
@@ -306,9 +306,9 @@ def round_totals(prompts, results, moments_of) -> tuple[int, list[float], list[f
 def assert_rounds_accept_ideally(ctx: CheckContext, scheme, sampling: SamplingConfig, prompts: list[list[int]], results,
                                  *, where: str) -> None:
     """The accepted drafts of every drafted round of ``results`` (decodes of ``prompts`` on ``EFFICIENCY_PAIR``) against
-    the declared scheme's exact expectation given the round's last committed token (``properties.markov``; normal test
+    the declared scheme's exact expectation given the round's last committed token (``specdec_properties.markov``; normal test
     of the total, recorded on ``ctx``)."""
-    from properties.markov import accepted_moments
+    from specdec_properties.markov import accepted_moments
 
     tables = efficiency_tables(EFFICIENCY_PAIR, sampling)
     moments: dict[int, tuple] = {}
@@ -423,7 +423,7 @@ def decodes_alike(tv: float) -> int:
     rows_tv(tv)`` or more from the rows' law gives another continuation than its row under the same generator with
     probability >= g per seed (any coupling of two laws differs with probability >= their TV), so M decodes alike
     miss it with probability <= (1 - g)^M <= 1 - TARGET_POWER."""
-    from properties.stats import TARGET_POWER
+    from specdec_properties.stats import TARGET_POWER
 
     return math.ceil(math.log1p(-TARGET_POWER) / math.log1p(-(tv - rows_tv(tv))))
 
@@ -433,7 +433,7 @@ def law_in_rows_then_alike(backend, ctx: CheckContext, cells, *, key: tuple, see
     """The rows-then-alike test (:func:`rows_law_then_decodes_alike`) for any law of one request: ``samples(tv)`` rows
     at TV ``rows_tv(tv)``, drawn ``SEQUENCE_ROWS_BATCH`` per ``rows(requests, where)`` call (row i: ``request`` with a
     generator seeded ``seed + i``), then ``one(generator)`` (the one-request call) equal to the first M rows."""
-    from properties.stats import TARGET_POWER
+    from specdec_properties.stats import TARGET_POWER
 
     row_tv = rows_tv(tv)
     n = math.ceil(samples(row_tv) * ctx.sample_scale)

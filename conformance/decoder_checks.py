@@ -67,7 +67,7 @@ def check_decoder_greedy_equals_ar_fp32(backend, ctx: CheckContext, arch: str):
     """In float32, greedy speculative decoding equals AR greedy decoding token for token.
 
     Over draft families (identical, noisy, independent), k in {1, 2, 4, 8} and
-    several prompts. A divergence is classified by properties.flips; only a
+    several prompts. A divergence is classified by specdec_properties.flips; only a
     numerical flip (top-1/top-2 gap within float32 tolerance) is tolerated.
     """
     _greedy_equality(backend, ctx, arch, "float32", max_new=24)
@@ -156,10 +156,10 @@ def check_decoder_eos_anywhere_in_block(backend, ctx: CheckContext):
 #: (real transformers Llama checkpoints whose float32 forward returns their table logits bit for bit):
 #: the backend decodes with ``pair.target.load()`` / ``pair.draft.load()`` and the law of the whole
 #: continuation (``length`` tokens, shorter when it ends in EOS) is compared with the exact law from the
-#: tables (``properties.sequences.continuation_law(pair.target, ...)``).
+#: tables (``specdec_properties.sequences.continuation_law(pair.target, ...)``).
 #:
 #: Sample size: each case draws the smallest N at which its chi-square test has power 0.99 against
-#: every law at TV >= :data:`SEQUENCE_TV` at alpha 1e-6 (``properties.sample_size.required_samples``
+#: every law at TV >= :data:`SEQUENCE_TV` at alpha 1e-6 (``specdec_properties.sample_size.required_samples``
 #: on the case's own law; times the profile's ``sample_scale``). Measured for the reference (batch-1)
 #: decoder on this project's 2-core machine, one torch thread: 250-355 decodes per CPU-second, so the
 #: ``ci`` profile takes 7 669-8 898 decodes and 22-32 CPU-s per case, 109 CPU-s for the four. The issue's
@@ -295,7 +295,7 @@ def sequence_eos(case: str) -> int | None:
 @functools.lru_cache(maxsize=None)
 def sequence_law(case: str):
     """The exact law of a case's continuation, from the target's tables."""
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     spec = SEQUENCE_CASES[case]
@@ -306,7 +306,7 @@ def sequence_samples(case: str, tv: float = SEQUENCE_TV) -> int:
     """N for a case at the ``ci`` scale: the smallest with power 0.99 against ``tv`` at alpha 1e-6 on its law."""
     import numpy as np
 
-    from properties.sample_size import required_samples
+    from specdec_properties.sample_size import required_samples
 
     return required_samples(np.asarray(list(sequence_law(case).values()), dtype=np.float64), tv)
 
@@ -329,7 +329,7 @@ def _assert_law_is_unambiguous(case: str) -> None:
     """
     from .samples import split_ties
 
-    from properties.sequences import boundary_margin
+    from specdec_properties.sequences import boundary_margin
     from specdec_ref.exact_models import exact_pair
 
     spec = SEQUENCE_CASES[case]
@@ -376,7 +376,7 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float 
     (:func:`rows_law_then_decodes_alike`): rows of ``decode_batch`` tested at TV ``2/3 tv``, and ``decode`` equal to
     them seed for seed on the first M rows, which keeps power 0.99 against every law of ``decode`` at TV >= ``tv``.
     """
-    from properties.sequences import law_to_cells
+    from specdec_properties.sequences import law_to_cells
 
     spec = SEQUENCE_CASES[case]
     _require_filters(backend, spec.sampling, case)
@@ -439,7 +439,7 @@ def check_decoder_acceptance_is_ideal(backend, ctx: CheckContext):
     start, on the exactly-known order-1 checkpoints (temperature 0.7, k = 4, no EOS).
 
     Each round's accepted count ``m`` has an exact mean and variance given the last committed token
-    (``properties.markov.accepted_moments``, enumerating the drafts under the scheme's outcome law); the
+    (``specdec_properties.markov.accepted_moments``, enumerating the drafts under the scheme's outcome law); the
     total over every round of 150 decodes is tested against the sum of the means (normal approximation,
     power stated against the smallest detectable shift of the mean per round).
     """

@@ -44,7 +44,7 @@ class Profile:
     ``(1 + INTERIM_ALPHA_SCALE)`` times the per-test alpha, which the certificate's family-wise bound includes.
 
     After it, a check whose tests are chi-square tests or totals gets *early-pass looks* at each of
-    ``early_pass_fractions`` of its sample in turn (:mod:`properties.early_pass`): it passes at the first where every
+    ``early_pass_fractions`` of its sample in turn (:mod:`specdec_properties.early_pass`): it passes at the first where every
     statistic is below the bound that a deviation at the stated alternative exceeds with probability >= 1 -
     ``EARLY_PASS_BETA / len(early_pass_fractions)`` (the futility rule never rejects; a look that rejects does so as the
     interim look, at ``INTERIM_ALPHA_SCALE`` times the alpha, which the family-wise bound adds); otherwise its full

@@ -9,14 +9,14 @@ of the position before it, its earlier drafts, the text), so:
 
 * greedy decoding equals the target's greedy continuation (from the table), whatever the proposer;
 * with greedy target rows and argmax drafts, every round's drafts and accepted count are a function of its text
-  (``properties.proposals.greedy_round``): checked round by round, no statistics. A proposer that reads a feature of
+  (``specdec_properties.proposals.greedy_round``): checked round by round, no statistics. A proposer that reads a feature of
   the wrong position, keeps features of rejected drafts, reads a head at the wrong offset or looks up the wrong text
   proposes other tokens; a backend claiming ``round_drafts`` reports them (``RoundRecord.drafts``), and the first
   round and draft that differ are named whatever the counts (a draft after the first rejected one changes no count),
   with whether the round followed a partial or a full acceptance (rollback and bonus-feature bugs show there only);
   without the claim, the first round whose counts differ;
 * sampled, the continuation law is the target's (q reported must be what the drafts were drawn from), and the
-  accepted drafts at each draft position total their exact expectation (``properties.proposals.round_acceptance``:
+  accepted drafts at each draft position total their exact expectation (``specdec_properties.proposals.round_acceptance``:
   the per-round law of the accepted count given the round's text, under the declared scheme); every round proposes
   exactly the rule's number of drafts (``law.count``: prompt lookup's for its text, ``k`` for a head), and argmax
   drafts, a function of the text at any temperature, equal the rule's where the backend reports them.
@@ -143,12 +143,12 @@ def check_proposer_greedy_equals_ar(backend, ctx: CheckContext, kind: str):
 )
 def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
     """Greedy, with argmax drafts, every drafted round drafts exactly the tokens its text determines and accepts
-    exactly the count the target's argmax gives them (``properties.proposals.greedy_round``: the proposer's table
+    exactly the count the target's argmax gives them (``specdec_properties.proposals.greedy_round``: the proposer's table
     drafts judged against the target's argmax); a backend claiming ``round_drafts`` is judged on every round's drafts
     (the last round's may stop early, never go past or differ), one that does not on the counts; every round checked
     (rounds with a tied row are skipped, counted), at least :data:`MIN_GREEDY_ROUNDS` of them after a partial
     acceptance and as many after a full one."""
-    from properties.proposals import greedy_round, law_of
+    from specdec_properties.proposals import greedy_round, law_of
     from specdec_ref.exact_models import exact_model
 
     _require(backend, kind)
@@ -240,7 +240,7 @@ ROW_CHUNK = 256
 
 @functools.lru_cache(maxsize=None)
 def _law(length: int):
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), length, PROPOSER_SAMPLING)
@@ -256,8 +256,8 @@ def _law(length: int):
 def check_proposer_sequence_law(backend, ctx: CheckContext, kind: str):
     """Sampled decoding with each proposer (heads drawing their drafts from their processed law) follows the target's
     exact law of the 3 tokens after a two-token prompt, power 0.99 against TV >= :data:`LAW_TV`."""
-    from properties.sample_size import required_samples
-    from properties.sequences import law_to_cells
+    from specdec_properties.sample_size import required_samples
+    from specdec_properties.sequences import law_to_cells
 
     _require(backend, kind)
     target = proposer_target(kind)
@@ -291,7 +291,7 @@ _ROUND_RULES: dict = {}
 def _rule(law, text) -> tuple[int, list[int] | None]:
     """The rule's number of drafts at a round from ``text`` (``law.count``) and, for a one-hot proposer, its drafts
     (None for sampled drafts, or where a tied row makes them ambiguous)."""
-    from properties.proposals import argmax_drafts
+    from specdec_properties.proposals import argmax_drafts
 
     return law.count(text, PROPOSER_K), (argmax_drafts(law, text, PROPOSER_K) if law.one_hot else None)
 
@@ -318,7 +318,7 @@ def _assert_round_follows_rule(r, rule, text, compare_drafts: bool, last: bool, 
 
 def _accept_rounds(ctx: CheckContext, shift: float) -> int:
     """Rounds for power 0.99 against ``shift`` per round at alpha 1e-6 (an accepted indicator's variance <= 1/4)."""
-    from properties.stats import ALPHA, TARGET_POWER
+    from specdec_properties.stats import ALPHA, TARGET_POWER
     from scipy import stats
 
     z = stats.norm.isf(ALPHA / 2) + stats.norm.isf(1 - TARGET_POWER)
@@ -342,14 +342,14 @@ def _accept_rounds(ctx: CheckContext, shift: float) -> int:
 def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sample: bool):
     """Sampled decoding with each proposer: at each draft position ``i``, the rounds whose first ``i`` drafts were
     accepted total their exact expectation (the sum over rounds of ``P(m >= i)`` given the round's text, the declared
-    scheme's law, ``properties.proposals.round_acceptance``); power 0.99 against a shift of :data:`ACCEPT_SHIFT` per
+    scheme's law, ``specdec_properties.proposals.round_acceptance``); power 0.99 against a shift of :data:`ACCEPT_SHIFT` per
     round at any position; the failure report breaks the totals down by rounds after a partial and after a full
     acceptance (where rollback bugs show). Every round, drafted or not, proposes exactly the rule's number of drafts
     (``law.count``: prompt lookup's for the round's text, ``k`` for a head; the last round may propose fewer, never
     more), and argmax drafts equal the rule's where the backend claims ``round_drafts``: both deterministic, the first
     round that differs named."""
-    from properties.proposals import law_of, round_acceptance, round_key
-    from properties.stats import assert_total
+    from specdec_properties.proposals import law_of, round_acceptance, round_key
+    from specdec_properties.stats import assert_total
     from specdec_ref.exact_models import exact_model
 
     _require(backend, kind)
@@ -438,9 +438,9 @@ CACHED_HEADS = ("eagle", "eagle3", "mtp")
 def check_proposer_head_cache_matches_fresh_catchup(backend, ctx: CheckContext, kind: str):
     """After every round of greedy decoding with the exactly-known head, the K/V its decoder layers hold (the
     ``draft_cache`` view ``on_round`` gets) equal a fresh read of the committed pairs ``(c_p+1, f_p)`` with the
-    target's features (``properties.stateful_cache.fresh_head_kv``), for every position the head holds; it holds at
+    target's features (``specdec_properties.stateful_cache.fresh_head_kv``), for every position the head holds; it holds at
     least the pairs up to the round's pending token and none past the committed text."""
-    from properties.stateful_cache import CacheMismatch, compare_kv, fresh_head_kv
+    from specdec_properties.stateful_cache import CacheMismatch, compare_kv, fresh_head_kv
 
     _require(backend, kind)
     target = proposer_target(kind)

@@ -34,9 +34,9 @@ import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable
 
-from properties.sampling import BackendError
-from properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
-from properties.stats import alpha_spent, failed_tests, is_test, judge_power
+from specdec_properties.sampling import BackendError
+from specdec_properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
+from specdec_properties.stats import alpha_spent, failed_tests, is_test, judge_power
 from specdec_ref.contract import NotSupportedError, check_requirement
 
 from .heap import freeze_long_lived, keep_freed_memory
@@ -52,9 +52,9 @@ class NotApplicable(Exception):
 
 
 def exact_scheme(backend, lossy_reason: str):
-    """The oracle spec (``properties.exact.SchemeSpec``) of the backend's declared exact scheme;
+    """The oracle spec (``specdec_properties.exact.SchemeSpec``) of the backend's declared exact scheme;
     :class:`NotApplicable` with ``lossy_reason`` for a backend declaring ``lossy`` (no exact law)."""
-    from properties.exact import scheme_of
+    from specdec_properties.exact import scheme_of
 
     if getattr(getattr(backend, "capabilities", None), "scheme", "token") == "lossy":
         raise NotApplicable(lossy_reason)
@@ -194,9 +194,9 @@ class CheckRecord:
     """One check case's outcome, as data (for the certificate, ``run_checks`` users and the harness's tests).
 
     ``power`` is ``"full"``, ``"reduced"`` or ``"inconclusive"`` for a statistical check that ran
-    (see :func:`properties.stats.judge_power`), else None. ``error_type``, ``error_source`` and
+    (see :func:`specdec_properties.stats.judge_power`), else None. ``error_type``, ``error_source`` and
     ``traceback`` are set for ``error``: ``error_source`` is ``"backend"`` when the exception came out
-    of a backend call (:class:`properties.sampling.BackendError`), ``"check"`` when nothing attributes
+    of a backend call (:class:`specdec_properties.sampling.BackendError`), ``"check"`` when nothing attributes
     it to one (a fault of the check itself, or a backend object raising outside the call helpers).
     ``exception`` keeps the raised exception (not serialised).
     """

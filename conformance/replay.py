@@ -14,7 +14,7 @@ derandomised: a replay under it reruns the check, not the exact examples).
 
     python -m conformance.replay fixtures/replays/NAME.json [--backend module:factory]
     python -m pytest conformance/ --specdec-replay=fixtures/replays/NAME.json --specdec-backend=module:factory
-    python -m fixtures.mutants --regenerate-replays  # rebuild fixtures/replays/ from the mutants
+    python -m specdec_fixtures.mutants --regenerate-replays  # rebuild fixtures/replays/ from the mutants
 """
 from __future__ import annotations
 
@@ -34,7 +34,6 @@ REQUIRED_KEYS = ("schema", "check", "case", "params", "seed", "profile", "bug_cl
 OPTIONAL_KEYS = ("scenario",)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FIXTURE_DIR = os.path.join(ROOT, "fixtures", "replays")
 
 
 @dataclass(frozen=True)
@@ -148,7 +147,7 @@ def validate(data: Any, source: str) -> Replay:
 def _validate_scenario(scenario: Any, case: CheckCase, bad) -> None:
     import numpy as np
 
-    from properties.scenarios import STAT_SCENARIOS, Scenario, for_scheme
+    from specdec_properties.scenarios import STAT_SCENARIOS, Scenario, for_scheme
     from specdec_ref.contract import LOSSLESS_SCHEMES
 
     if not isinstance(scenario, dict):
@@ -172,7 +171,7 @@ def _validate_scenario(scenario: Any, case: CheckCase, bad) -> None:
             and np.array_equal(fixture.draft, suite.draft)
         )
 
-    # the scenario as the suite uses it for some declared scheme (properties.scenarios.for_scheme)
+    # the scenario as the suite uses it for some declared scheme (specdec_properties.scenarios.for_scheme)
     if not any(same(for_scheme(STAT_SCENARIOS[name], scheme)) for scheme in LOSSLESS_SCHEMES):
         raise bad(f"fixture scenario differs from the suite's scenario {name}: the suite changed; regenerate the fixture")
 

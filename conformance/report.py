@@ -8,13 +8,13 @@ through :func:`build_certificate`, which computes the verdict once.
 The verdict has three levels, worded the same everywhere (``cert["verdict"]["headline"]``):
 
 * ``CERTIFIED`` -- every claimed check passed, every statistical test at the power it states
-  (:data:`properties.stats.TARGET_POWER` against its alternative);
+  (:data:`specdec_properties.stats.TARGET_POWER` against its alternative);
 * ``CERTIFIED AT REDUCED POWER: detects TV >= x`` -- every claimed check passed, but some
   statistical tests had fewer samples (e.g. a backend that is not batched, or the ``dev``
   profile); ``x`` is the largest TV such a test needs to detect a deviation with that power,
   and the checks that set it are named;
 * ``NOT CERTIFIED`` -- a check failed, raised (``error``), was ``inconclusive`` (too few
-  samples to detect even TV :data:`properties.stats.INCONCLUSIVE_TV`), the session did not
+  samples to detect even TV :data:`specdec_properties.stats.INCONCLUSIVE_TV`), the session did not
   complete, or nothing passed;
 * ``LOSSY: TV x [lo, hi]`` -- a backend that declares the ``lossy`` scheme and breaks no check: the
   measured total variation between its text law and the target's, with its 99% interval, and the
@@ -32,8 +32,8 @@ import os
 import tempfile
 from typing import Any, Iterable
 
-from properties.early_pass import EARLY_PASS_BETA
-from properties.stats import is_test
+from specdec_properties.early_pass import EARLY_PASS_BETA
+from specdec_properties.stats import is_test
 
 SCHEMA_VERSION = 2
 STATUSES = ("passed", "failed", "error", "inconclusive", "skipped", "xfailed")

@@ -19,7 +19,7 @@ import os
 import re
 from typing import Any
 
-from properties.stats import is_test
+from specdec_properties.stats import is_test
 
 #: The folder beside ``cert.md`` that holds its pictures: ``cert-plots/``.
 PLOTS_SUFFIX = "-plots"

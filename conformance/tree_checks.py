@@ -1,16 +1,16 @@
 """Conformance checks of tree verification (``backend.verify_tree``; the contract is in :mod:`specdec_ref.contract`).
 
 Statistical checks draft trees from Markov tables exactly as the backend's declared ``tree_scheme``
-requires (:func:`properties.tree_sampling.draw_markov_trees`) and compare what ``verify_tree`` emits
-with the scheme's exact float64 laws (:mod:`properties.tree_exact`, written independently of the
+requires (:func:`specdec_properties.tree_sampling.draw_markov_trees`) and compare what ``verify_tree`` emits
+with the scheme's exact float64 laws (:mod:`specdec_properties.tree_exact`, written independently of the
 reference): the law of (last accepted node, final token) *given* a drafted tree, the law of
 (accepted length, final token) of one round marginalised over the drafting, and the target's own
 law over many rounds. Deterministic checks run on Hypothesis trees (chains, stars, k-ary, random;
 depth 1..8, up to 64 nodes; rows of different trees, padded, in one batch).
 
 Trees are drafted on the CPU and handed to ``verify_tree`` on ``ctx.device`` (``--specdec-device``) with
-generators made there (``device=`` of :func:`properties.tree_sampling.verify_tree_rows`,
-:func:`properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
+generators made there (``device=`` of :func:`specdec_properties.tree_sampling.verify_tree_rows`,
+:func:`specdec_properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from hypothesis import given, note
 
-from properties import tree_exact
-from properties.markov import empty_simulation, markov_pair, sequence_labels, sequence_law
-from properties.sample_size import (
+from specdec_properties import tree_exact
+from specdec_properties.markov import empty_simulation, markov_pair, sequence_labels, sequence_law
+from specdec_properties.sample_size import (
     NON_BATCHED_SEQUENCES,
     NON_BATCHED_TREES,
     TREE_PATH_TV,
@@ -32,10 +32,10 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import CHUNK, device_generator, is_batched
-from properties.stats import assert_fits, estimate_tv
-from properties.strategies import TreeBlock, greedy_maximisers, seeds, tree_blocks
-from properties.tree_sampling import (
+from specdec_properties.sampling import CHUNK, device_generator, is_batched
+from specdec_properties.stats import assert_fits, estimate_tv
+from specdec_properties.strategies import TreeBlock, greedy_maximisers, seeds, tree_blocks
+from specdec_properties.tree_sampling import (
     DISTINCT_SIBLINGS,
     depth_cells,
     draw_markov_trees,
@@ -208,7 +208,7 @@ def check_tree_sampling_path_law(backend, ctx: CheckContext, shape: str):
     """Given a drafted tree, (last accepted node, final token) has the declared scheme's exact law.
 
     Three trees per shape (one per start token), each replicated over many rows; each law is exact
-    (properties.tree_exact.outcome_law) and tested at power 0.99 against TV 0.02.
+    (specdec_properties.tree_exact.outcome_law) and tested at power 0.99 against TV 0.02.
     """
     _path_law_fit(backend, ctx, shape, filler=False, tv=TREE_PATH_TV)
 

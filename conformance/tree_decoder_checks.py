@@ -25,7 +25,7 @@ import functools
 
 import torch
 
-from properties.sampling import call_backend
+from specdec_properties.sampling import call_backend
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.models import make_draft, tiny_lm
 from specdec_ref.warp import GREEDY, SamplingConfig
@@ -120,7 +120,7 @@ def check_tree_decoder_greedy_equals_ar_fp32(backend, ctx: CheckContext, arch: s
 )
 def check_tree_decoder_greedy_bf16_divergences_are_flips(backend, ctx: CheckContext, arch: str):
     """In bfloat16, every divergence of greedy tree decoding (width 2, depth 1, 2, 4, 8) from AR greedy is a
-    numerical flip (top-1/top-2 gap within the bf16 tolerance; ``properties.flips``)."""
+    numerical flip (top-1/top-2 gap within the bf16 tolerance; ``specdec_properties.flips``)."""
     # the tolerated flips are recorded in ctx.findings (hypothesis.note would raise outside a Hypothesis test)
     _as_tree(lambda: _greedy_equality(TreeAsChain(backend, LAW_WIDTH), ctx, arch, "bfloat16", max_new=24), LAW_WIDTH)
 
@@ -239,7 +239,7 @@ TREE_EFFICIENCY_DECODES = 60
 )
 def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case: str):
     """Accepted path length per round of tree decoding (width 2, depth 2) on ``order1-far`` against the declared tree
-    scheme's exact expectation given the round's last token (``properties.tree_exact.tree_accepted_moments`` on the
+    scheme's exact expectation given the round's last token (``specdec_properties.tree_exact.tree_accepted_moments`` on the
     warped tables; normal test of the total), at the chain's three filter cases.
 
     The representative deviation (children drawn from ``softmax(filters(z) / T)`` with that q reported, SpecInfer trees)
@@ -248,8 +248,8 @@ def check_tree_decoder_acceptance_under_filters(backend, ctx: CheckContext, case
     standard errors of the case's total (tests/test_tree_decode.py). Schemes whose siblings can exhaust a filtered row
     (``recursive``: the exact round law has no tree there) are not applicable.
     """
-    from properties.stats import assert_total
-    from properties.tree_exact import kary, tree_accepted_moments
+    from specdec_properties.stats import assert_total
+    from specdec_properties.tree_exact import kary, tree_accepted_moments
 
     sampling, _ = FILTERED_EFFICIENCY[case]
     _require_filters(backend, sampling, case)

@@ -7,7 +7,7 @@ children come from head ``l - 1``'s row (the same for every node of the level) b
 round's feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
 (``specdec_ref.exact_heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
 of the token before the pending one), and with its order-1 draft model, every greedy tree is a function of the round's
-text (``properties.tree_proposals.greedy_tree``), so:
+text (``specdec_properties.tree_proposals.greedy_tree``), so:
 
 * greedy, every round drafts exactly the tree the text determines and accepts exactly the path the target's argmax
   chain takes through it, and the output is the target's greedy continuation: round by round, no statistics. A
@@ -23,7 +23,7 @@ text (``properties.tree_proposals.greedy_tree``), so:
 EAGLE, EAGLE-3 and MTP heads grow EAGLE-2's dynamic trees (``decode_tree`` with the head as ``draft``): a node's
 children come from the head's row after reading that node, paired with the hidden state that produced the node's own
 row, and the next round's catch-up reads the committed tokens with the target's features of the accepted path. Their
-exactly-known heads' rows depend on the path (``properties.proposals.EagleLaw``: the hidden state mixes every draft
+exactly-known heads' rows depend on the path (``specdec_properties.proposals.EagleLaw``: the hidden state mixes every draft
 before it), so a next round reading a rejected branch's features changes the trees, and an expanded node fed another
 node's hidden state changes its children's row (their probabilities always, their tokens often; the acceptance of the
 target's argmax chain rarely, which is why counts alone missed it: docs/proposers.md).
@@ -81,8 +81,8 @@ MIN_SAMPLED_TREE_ROUNDS = 50
 def tree_drafter(kind: str, sample: bool):
     """``(target, draft spec, proposal law)`` of the tree drafter ``kind`` on :data:`PROPOSER_TARGET`: an exactly-known
     head, or :data:`TREE_DRAFT_PAIR`'s order-1 draft model (its law: the draft table's row after a node)."""
-    from properties.proposals import law_of
-    from properties.tree_proposals import DraftModelLaw
+    from specdec_properties.proposals import law_of
+    from specdec_properties.tree_proposals import DraftModelLaw
     from specdec_ref.exact_models import exact_pair
 
     if kind == "draft_model":
@@ -99,7 +99,7 @@ def _require_tree_proposer(backend, kind: str) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _tree_law():
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_pair
 
     return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), LAW_LENGTH, TREE_LAW_SAMPLING)
@@ -160,10 +160,10 @@ def _decode_tree(backend, target, spec, prompt, *, depth, width, max_new_tokens,
 def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: str):
     """Greedy tree decoding with the exactly-known drafter ``kind``, trees of every shape in :data:`TREE_SHAPES` (depth
     1 to 3) from the greedy prompts: the output is the target's greedy continuation, and every round but the last
-    drafts exactly the tree and accepts exactly the path its text determines (``properties.tree_proposals.greedy_tree``):
+    drafts exactly the tree and accepts exactly the path its text determines (``specdec_properties.tree_proposals.greedy_tree``):
     node by node (token, parent, probability where reported) for a backend claiming ``round_drafts``, by (node count,
     accepted) otherwise; at least :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
-    from properties.tree_proposals import greedy_tree
+    from specdec_properties.tree_proposals import greedy_tree
     from specdec_ref.exact_models import exact_model
 
     _require_tree_proposer(backend, kind)
@@ -215,7 +215,7 @@ def _assert_same_tree(reported, expected, context) -> None:
     the first node that differs is named (its token, its parent, then its probability); ``context()`` gives the
     failure's ``(where, because)``."""
     __tracebackhide__ = True
-    from properties.tree_proposals import PROB_ATOL, PROB_RTOL
+    from specdec_properties.tree_proposals import PROB_ATOL, PROB_RTOL
 
     tokens, parents, probs = reported
     if tokens == expected.tokens and parents == expected.parents and (probs is None or all(
@@ -247,13 +247,13 @@ def _assert_same_tree(reported, expected, context) -> None:
 def check_tree_proposer_sampled_trees_follow_the_rule(backend, ctx: CheckContext, kind: str):
     """Sampled tree decoding with the exactly-known drafter ``kind`` (:data:`SAMPLED_TREE_SAMPLING`, trees of depth 3
     and widths 2 and 3, one seeded decode per prompt of :data:`SAMPLED_TREE_PROMPTS` and shape): every round's reported
-    tree but the last's follows the rule, whatever its draws (``properties.tree_proposals.sampled_tree_verdict``): as
+    tree but the last's follows the rule, whatever its draws (``specdec_properties.tree_proposals.sampled_tree_verdict``): as
     many nodes as the rule drafts, each level's expanded nodes the ``width`` of the previous level with the highest path
     probability under the drafter's law, every node's token possible in the law's row after its parent's path and,
     where the backend reports node probabilities, each equal to that row's. Deterministic: the first round and node that differ are named, with
     the seed; rounds whose expansion is a near tie are skipped (counted), at least :data:`MIN_SAMPLED_TREE_ROUNDS`
     judged."""
-    from properties.tree_proposals import sampled_tree_verdict
+    from specdec_properties.tree_proposals import sampled_tree_verdict
 
     _require_tree_proposer(backend, kind)
     if getattr(backend.capabilities, "tree_scheme", "specinfer") == "deterministic":
@@ -296,8 +296,8 @@ def check_tree_proposer_sequence_law(backend, ctx: CheckContext):
     prompt, power 0.99 against TV >= :data:`TREE_LAW_TV` at alpha 1e-6. A backend whose ``decode_tree_batch`` takes
     Medusa heads (``batched_tree_proposers``) answers in rows at TV ``2/3`` of that, then ``decode_tree`` seed for seed
     on the first rows (:func:`~conformance.check_helpers.law_in_rows_then_alike`)."""
-    from properties.sample_size import required_samples
-    from properties.sequences import law_to_cells
+    from specdec_properties.sample_size import required_samples
+    from specdec_properties.sequences import law_to_cells
 
     if getattr(backend.capabilities, "tree_scheme", "specinfer") == "lossy":
         raise NotApplicable("the backend declares a lossy tree scheme: its text law is not claimed exact")

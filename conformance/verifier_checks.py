@@ -7,15 +7,15 @@ which uses the scenario helpers here; both run in ``conformance/test_verifier.py
 
 Statistical checks share one large sample per scenario (memoised per process;
 pytest-xdist's ``loadgroup`` keeps a scenario's checks on one worker). Sample
-sizes are computed, not chosen (:mod:`properties.sample_size`): the smallest N
-that gives every check on the scenario :data:`properties.stats.TARGET_POWER`
-against TV :data:`properties.stats.TV` at :data:`properties.stats.ALPHA`.
-Every check calls ``verify`` through :func:`properties.sampling.verify_rows`,
+sizes are computed, not chosen (:mod:`specdec_properties.sample_size`): the smallest N
+that gives every check on the scenario :data:`specdec_properties.stats.TARGET_POWER`
+against TV :data:`specdec_properties.stats.TV` at :data:`specdec_properties.stats.ALPHA`.
+Every check calls ``verify`` through :func:`specdec_properties.sampling.verify_rows`,
 so a backend that does not claim ``batched`` gets one B = 1 call per row.
 
 Inputs are drawn on the CPU and handed to ``verify`` on ``ctx.device`` (``--specdec-device``) with
-generators made there (:func:`properties.sampling.on_device` inside ``verify_rows``,
-:func:`properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
+generators made there (:func:`specdec_properties.sampling.on_device` inside ``verify_rows``,
+:func:`specdec_properties.sampling.device_generator`); outputs come back to the CPU before any statistic.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import zlib
 import numpy as np
 from hypothesis import Phase, given, note, settings
 
-from properties import exact
-from properties.markov import empty_simulation, markov_pair, markov_sampler, sequence_labels, sequence_law, tokens_per_round
-from properties.sample_size import (
+from specdec_properties import exact
+from specdec_properties.markov import empty_simulation, markov_pair, markov_sampler, sequence_labels, sequence_law, tokens_per_round
+from specdec_properties.sample_size import (
     GENERATED_BLOCKS,
     GENERATED_TV,
     LOSSLESS_TV,
@@ -39,10 +39,10 @@ from properties.sample_size import (
     scaled_blocks,
     with_margin,
 )
-from properties.sampling import CHUNK, BlockCounts, BlockSampler, emits_bonus, is_batched, sum_counts
-from properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario, for_scheme
-from properties.stats import ALPHA, assert_fits, estimate_tv
-from properties.strategies import distribution_pairs
+from specdec_properties.sampling import CHUNK, BlockCounts, BlockSampler, emits_bonus, is_batched, sum_counts
+from specdec_properties.scenarios import STAT_SCENARIOS, Scenario, balanced_scenario, for_scheme
+from specdec_properties.stats import ALPHA, assert_fits, estimate_tv
+from specdec_properties.strategies import distribution_pairs
 
 from . import streams
 from .registry import CheckContext, NotApplicable, check, exact_scheme
@@ -51,7 +51,7 @@ BATCH_FILLER = balanced_scenario(seed=7)
 
 
 #: Each scenario's sample, per backend: a stream of chunks that grows with the looks of the cases sharing it
-#: (``conformance.streams``); every look takes whole chunks of :data:`properties.sampling.CHUNK` blocks, or of
+#: (``conformance.streams``); every look takes whole chunks of :data:`specdec_properties.sampling.CHUNK` blocks, or of
 #: :data:`NON_BATCHED_CHUNK` for a backend called one block at a time.
 _SAMPLES: dict[tuple, tuple[object, dict]] = {}
 NON_BATCHED_CHUNK = 1024
@@ -74,7 +74,7 @@ def declared_scheme(backend) -> exact.SchemeSpec:
 
 @functools.lru_cache(maxsize=None)
 def scheme_scenario(name: str, scheme: exact.SchemeSpec) -> tuple[Scenario, exact.BlockLaw]:
-    """Scenario ``name`` as used for ``scheme`` (:func:`properties.scenarios.for_scheme`) and its exact laws."""
+    """Scenario ``name`` as used for ``scheme`` (:func:`specdec_properties.scenarios.for_scheme`) and its exact laws."""
     sc = for_scheme(STAT_SCENARIOS[name], scheme.name)
     return sc, exact.block_law(scheme, sc.target, sc.draft)
 
@@ -147,7 +147,7 @@ def _length_labels(k: int) -> list[str]:
 
 # ----------------------------------------------------------------------------- statistical
 #
-# Every per-block law below is the *declared scheme's* exact law (properties.exact.block_law):
+# Every per-block law below is the *declared scheme's* exact law (specdec_properties.exact.block_law):
 # token-wise in closed form, one-hot draft and block verification by enumerating the drafts. A
 # backend that runs another scheme than it declares fails them.
 
@@ -342,12 +342,12 @@ def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     """Text decoded round after round through verify() follows the target's autoregressive law.
 
     Target and draft are Markov tables (next-token law depends on the last token), so the law of
-    the first 3 tokens is exact (properties.markov); 2 drafts per round, token-wise acceptance 0.7,
+    the first 3 tokens is exact (specdec_properties.markov); 2 drafts per round, token-wise acceptance 0.7,
     so about half the sequences span two rounds or more. Exact for every lossless scheme, not only
     token-wise rejection sampling. Sized for power 0.99 against TV 0.005 on the 512 cells.
 
     For a backend declaring ``lossy`` the same sample *measures* the total variation between its
-    text law and the target's, with a 99% confidence interval (properties.stats.estimate_tv), and the
+    text law and the target's, with a 99% confidence interval (specdec_properties.stats.estimate_tv), and the
     tokens it emits per verify call against token-wise verification from the same states.
     """
     pair, length = LOSSLESS_PAIR, LOSSLESS_LENGTH
@@ -355,7 +355,7 @@ def check_sampling_sequence_law_over_rounds(backend, ctx: CheckContext):
     cap = NON_BATCHED_SEQUENCES
     n = scaled_blocks(with_margin(required_samples(law, LOSSLESS_TV)), batched=is_batched(backend), scale=ctx.sample_scale, cap=cap)
     seed = ctx.seed_for("sequence-law-over-rounds")
-    # properties.markov.simulate takes no device yet: this check's verify() calls get CPU tensors on every --specdec-device
+    # specdec_properties.markov.simulate takes no device yet: this check's verify() calls get CPU tensors on every --specdec-device
     parts, _ = streams.chunks(  # every look of the case takes whole chunks of one simulation (conformance.streams)
         ctx.streams, ("sequence-law-over-rounds", seed), n, chunk=CHUNK if is_batched(backend) else NON_BATCHED_SEQUENCE_CHUNK,
         start=lambda: markov_sampler(backend, pair, length=length, k=LOSSLESS_K, seed=seed), draw=lambda s, i, size: s(size),

@@ -5,9 +5,9 @@ probability 0), seeds and the global RNG, and per-row generators. Same family as
 (the exact laws, and the scenario helpers used here): both run in ``conformance/test_verifier.py``, these checks
 registering after the laws.
 
-Every check calls ``verify`` through :func:`properties.sampling.verify_rows` (``_call``), so a backend that does
+Every check calls ``verify`` through :func:`specdec_properties.sampling.verify_rows` (``_call``), so a backend that does
 not claim ``batched`` gets one B = 1 call per row, with inputs on ``ctx.device`` (``--specdec-device``) and
-generators made there (:func:`properties.sampling.device_generator`); outputs come back to the CPU.
+generators made there (:func:`specdec_properties.sampling.device_generator`); outputs come back to the CPU.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from properties import exact
-from properties.sample_size import MIXED_BATCH_TV, required_samples, scaled_blocks, with_margin
-from properties.sampling import device_generator, draw_drafts, emits_bonus, verify_rows
-from properties.scenarios import STAT_SCENARIOS
-from properties.stats import assert_fits
-from properties.strategies import Block, draft_rows_for, greedy_blocks, greedy_maximisers, probability_rows, sampling_blocks, seeds
+from specdec_properties import exact
+from specdec_properties.sample_size import MIXED_BATCH_TV, required_samples, scaled_blocks, with_margin
+from specdec_properties.sampling import device_generator, draw_drafts, emits_bonus, verify_rows
+from specdec_properties.scenarios import STAT_SCENARIOS
+from specdec_properties.stats import assert_fits
+from specdec_properties.strategies import Block, draft_rows_for, greedy_blocks, greedy_maximisers, probability_rows, sampling_blocks, seeds
 
 from .registry import CheckContext, NotApplicable, check
 from .verifier_checks import BATCH_FILLER, _length_labels, _token_labels, declared_scheme

@@ -264,7 +264,7 @@ def test_reduced_matrix_run(tmp_path):
 
 def _eagle3_rounds(prompt, completion, k=3, max_new=10):
     """``(draft tokens, accepted, accepted per position)`` of one request under the exact EAGLE-3 head's law
-    (:class:`properties.proposals.Eagle3FeatureLaw`, first-index argmax) and llama.cpp's rule (the first token at
+    (:class:`specdec_properties.proposals.Eagle3FeatureLaw`, first-index argmax) and llama.cpp's rule (the first token at
     prefill, then rounds of ``min(k, r - 1)`` drafts with ``r`` of ``max_new`` tokens still to emit; a draft is kept
     while it equals the target's sample): the runner's own rebuild, :func:`conformance.engines.rounds.reconstruct`."""
     from conformance.engines.rounds import proposal_law, reconstruct
@@ -326,7 +326,7 @@ def test_eagle3_head_drafts_the_exact_law(tmp_path):
     * the deep target's probabilities equal the order-1 table (every last token, KV cache and positions exercised);
     * on 64 greedy two-token prompts, 8 one-token prompts and 240 sampled requests (T 0.7, 10 tokens), every
       request's ``draft_n`` / ``draft_n_accepted`` and the server's accepted-per-position counters equal the rounds
-      rebuilt from the completions under :class:`properties.proposals.Eagle3FeatureLaw`: the head drafts exactly
+      rebuilt from the completions under :class:`specdec_properties.proposals.Eagle3FeatureLaw`: the head drafts exactly
       the law's tokens (the draft is only ever accepted when it equals the completion's next token);
     * the same head told to read target layers 0, 2, 1 (fused features of the wrong layers) drafts other tokens:
       the counters differ from the law, so a head written wrong fails here."""

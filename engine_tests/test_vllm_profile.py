@@ -1,7 +1,7 @@
 """``specdec-bench profile-engine --engine vllm`` end to end against the installed vLLM (vLLM stage only).
 
 Two tiny profiles on the wide exact pair through the command line (which runs
-:mod:`bench.vllm_profile` in a child process with one OpenMP / numba thread): greedy with
+:mod:`specdec_bench.vllm_profile` in a child process with one OpenMP / numba thread): greedy with
 ``draft_model`` and ``ngram`` instances in one process (several ``vllm.LLM`` instances interleaved; every
 speculative completion equals AR's token for token; the per-request counters agree with ``get_metrics()``), and
 sampling with defect A patched (vLLM's acceptance then matches the exact expectation of the pair's tables). The
@@ -18,7 +18,7 @@ except ImportError as exc:
     raise ImportError("engine_tests need vllm: build .venv-vllm with scripts/env.sh vllm and run them with "
                       ".venv-vllm/bin/python -m pytest engine_tests") from exc
 
-from bench.cli import main
+from specdec_bench.cli import main
 
 TINY = ["--prompts", "2", "--repeats", "2", "--new-tokens", "12", "--prompt-length", "8"]
 

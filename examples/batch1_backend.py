@@ -1,7 +1,7 @@
 """A strict batch-1 verifier, as many engines' kernels are: it answers B = 1 calls only.
 
 It declares ``batched=False``, so the suite calls it one row at a time and caps its samples
-(``properties.sample_size``): it is certified *at reduced power*, and the verdict says which
+(``specdec_properties.sample_size``): it is certified *at reduced power*, and the verdict says which
 deviations (in total variation) it can still rule out.
 
     python -m pytest --pyargs conformance --specdec-backend=examples.batch1_backend:factory

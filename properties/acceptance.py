@@ -4,8 +4,8 @@ The efficiency laws the batched decoder checks test (``conformance.batch_checks`
 generated tokens ``G`` at the start of a round,
 
 * sampling: the drafts ``d_1..d_k`` are drawn from ``q_i`` = the draft's law after ``G + d_<i`` (its
-  settings applied on that hypothetical history, :func:`properties.sequences.next_token_law`), the target's rows
-  ``p_i`` likewise; the declared scheme's exact outcome given the drafts (:func:`properties.exact.outcome_given_drafts`)
+  settings applied on that hypothetical history, :func:`specdec_properties.sequences.next_token_law`), the target's rows
+  ``p_i`` likewise; the declared scheme's exact outcome given the drafts (:func:`specdec_properties.exact.outcome_given_drafts`)
   averaged over every draft path gives the law of the accepted count ``m`` (:func:`round_acceptance_moments`);
 * greedy: an ideal draft proposes its own argmax, so along the emitted (greedy) path ``y`` the accepted count
   is the number of leading positions where the draft's argmax equals ``y_i``, capped at ``k``

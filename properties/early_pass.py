@@ -11,7 +11,7 @@ looks); together the looks spend up to ``EARLY_PASS_BETA`` of power (union bound
 every record states that net power (:func:`spend_early_pass_power`).
 
 A chi-square test's look is judged on its *futility statistic* (the record's ``futility``, from
-:meth:`properties.stats.FitResult.futility`): Pearson's statistic of the same counts with cells pooled below
+:meth:`specdec_properties.stats.FitResult.futility`): Pearson's statistic of the same counts with cells pooled below
 ``FUTILITY_MIN_EXPECTED`` (5) instead of ``MIN_EXPECTED`` (20). The test's own pooling exists for the null's upper
 tail at alpha 1e-6; a look that can only pass needs the lower tail under alternatives, where the noncentral
 approximation holds at 5 (``tests/test_early_pass.py`` simulates it), and a law with many small cells no longer loses
@@ -180,7 +180,7 @@ def spend_early_pass_power(record: dict, fit: FitResult | None = None, planned_n
     from ``fit``); default the record's own N. ``look_n``, ``look_beta``: the early-pass look a df-0 test passed at
     (its draws and its share of beta), which bound the TV the procedure detects from below. ``project_groups``: a
     grouped test's pooling at ``planned_n`` projected from its groups' visits
-    (:meth:`properties.stats.FitResult.projected_pooling`) instead of kept as at the look."""
+    (:meth:`specdec_properties.stats.FitResult.projected_pooling`) instead of kept as at the look."""
     if record.get("kind") == "total":
         n = record["n"] if planned_n is None else planned_n
         shift = planned_shift(record, n, beta)

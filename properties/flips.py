@@ -25,7 +25,7 @@ precision grows with the size of its logits); the absolute tolerance at a positi
 (the floor of 1 keeps a sane tolerance for near-uniform rows whose logits cancel). :data:`TOLERANCE` is 4x the
 largest relative *gap error* (``max_x err(x) - min_x err(x)``, ``err = z_dtype - z64``) measured per dtype on the
 tiny models and the trained pair, block and step paths; the measurement and its table are in docs/statistics.md
-("Greedy: numerical flips"), reproduced by ``python -m properties.flips``. On a GPU with TF32 matmuls, "float32" has a
+("Greedy: numerical flips"), reproduced by ``python -m specdec_properties.flips``. On a GPU with TF32 matmuls, "float32" has a
 10-bit mantissa like float16: classify with ``dtype_under_test=torch.float16`` (or pass an explicit ``tolerance``). A
 model may carry its own measured relative tolerances as ``model.specdec_flip_tolerance = {dtype: rel}``
 (:func:`tolerance_for` prefers them).

@@ -216,7 +216,7 @@ def _round_outcomes(pair: MarkovPair, scheme, start: int, k: int):
 
 def scheme_sequence_law(pair: MarkovPair, scheme, length: int, k: int) -> np.ndarray:
     """Exact float64 law (cells as :func:`sequence_law`) of the first ``length`` tokens decoded over
-    rounds with the oracle ``scheme`` (:class:`properties.exact.SchemeSpec`) and ``k`` drafts per round.
+    rounds with the oracle ``scheme`` (:class:`specdec_properties.exact.SchemeSpec`) and ``k`` drafts per round.
 
     Equal to :func:`sequence_law` for every lossless scheme (``tests/test_schemes.py`` proves it for
     the oracle's formulas); for ``typical`` it is the lossy scheme's own law, so the distance the

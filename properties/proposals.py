@@ -7,7 +7,7 @@ float64 numpy on the order-1 tables (:mod:`specdec_ref.exact_models`) and the he
 A proposal law answers: at a round that starts from the text ``h`` (prompt and committed tokens, the pending token
 last), after drafts ``d_1 .. d_i-1``, what is the law of ``d_i``? The raw logits come from the tables, the row's
 settings are applied on the hypothetical history ``generated + drafts`` as for a draft model
-(:func:`properties.history_law.history_logits`), then the draft is the argmax of the processed logits (one-hot
+(:func:`specdec_properties.history_law.history_logits`), then the draft is the argmax of the processed logits (one-hot
 proposers: the law is a point mass) or a sample of the warped law.
 
 * :class:`EagleLaw`: the head's hidden ``h_1 = alpha 4 e_x + 4 C[y]`` (``x`` the pending token, ``y`` the token
@@ -21,7 +21,7 @@ proposers: the law is a point mass) or a sample of the warped law.
   match.
 
 :func:`round_acceptance` gives the law of the accepted count ``m`` of such a round under a declared scheme
-(every draft path enumerated, :func:`properties.exact.outcome_given_drafts`), :func:`round_key` what it depends on
+(every draft path enumerated, :func:`specdec_properties.exact.outcome_given_drafts`), :func:`round_key` what it depends on
 (so a check computes it once per distinct start).
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """How many samples each statistical check draws: computed from the power it must state, not chosen.
 
-The policy, in one place (it serves :mod:`properties.stats`):
+The policy, in one place (it serves :mod:`specdec_properties.stats`):
 
 * a verifier scenario's sample is the smallest block count giving *every* test made on it
-  :data:`~properties.stats.TARGET_POWER` against TV :data:`~properties.stats.TV` at
-  :data:`~properties.stats.ALPHA` (:func:`required_blocks`), times :data:`SAMPLE_MARGIN`;
+  :data:`~specdec_properties.stats.TARGET_POWER` against TV :data:`~specdec_properties.stats.TV` at
+  :data:`~specdec_properties.stats.ALPHA` (:func:`required_blocks`), times :data:`SAMPLE_MARGIN`;
 * events rarer than :data:`MIN_EVENT_PROB` do not drive it (their tests still run and state
   their power);
 * a backend that does not claim ``batched`` answers one Python call per block, so its sample is
@@ -34,7 +34,7 @@ GENERATED_BLOCKS = 60_000
 GENERATED_TV = 0.03
 #: Per-example block budget of that check for a verifier that does not claim ``batched``.
 NON_BATCHED_GENERATED_BLOCKS = 2_000
-#: The multi-round sequence-law check (``properties.markov``): the alternative it is sized for and
+#: The multi-round sequence-law check (``specdec_properties.markov``): the alternative it is sized for and
 #: its budget for a verifier that does not claim ``batched`` (one call per sequence and round).
 LOSSLESS_TV = 0.005
 NON_BATCHED_SEQUENCES = 20_000

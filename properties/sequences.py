@@ -18,7 +18,7 @@ the model in one batched forward, so V=16, n=3 (4096 leaves) takes a few hundred
 History-dependent settings (``logit_bias``, repetition / presence / frequency penalties,
 ``min_new_tokens``, ``constraint``) make a position's law depend on its whole prefix, not only on
 the model's logits: before the warp, every prefix's float64 logits go through
-:func:`properties.history_law.history_logits` (an independent numpy statement of the five steps of
+:func:`specdec_properties.history_law.history_logits` (an independent numpy statement of the five steps of
 :mod:`specdec_ref.history`, with history ``prompt + prefix``; ``min_new_tokens`` masks ``eos_id``).
 :func:`processed_logits64` gives those logits and :func:`next_token_law` the per-position law, of
 which the law of a continuation is the product along its path.
@@ -28,7 +28,7 @@ mass 1 on the float64 first-index argmax path.
 
 :func:`law_to_cells` turns a law into deterministic chi-square cells (labels like ``"3 7 12"`` or
 ``"3 EOS"``) with an ``index_of`` mapping and a ``counts`` helper, ready for
-``properties.stats.assert_fits``; sequences outside the support land in an ``IMPOSSIBLE`` cell of
+``specdec_properties.stats.assert_fits``; sequences outside the support land in an ``IMPOSSIBLE`` cell of
 probability 0 (one such sample fails the test outright).
 
 Numerical caveat (handled, not hidden)
@@ -43,7 +43,7 @@ drop a token; min-p drops tokens below ``max + log(min_p)``, so a logit within r
 threshold can go either way; greedy can flip at a near-tie of the top two. :func:`boundary_margin`
 reports, over every enumerated prefix of positive probability, the smallest logit gap at the cut,
 the smallest distance of a logit from the min-p threshold (both in processed logit units: history
-steps applied, before temperature; comparable to :func:`properties.flips.tolerance_for`) and the
+steps applied, before temperature; comparable to :func:`specdec_properties.flips.tolerance_for`) and the
 smallest distance of a cumulative mass from ``top_p``; tests should assert both are far above the precision under test
 (:meth:`BoundaryMargin.assert_safe`) before trusting a chi-square verdict.
 """
@@ -56,8 +56,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from properties.flips import tolerance_for
-from properties.history_law import eos_set, history_logits, history_settings_on
+from specdec_properties.flips import tolerance_for
+from specdec_properties.history_law import eos_set, history_logits, history_settings_on
 from specdec_ref.forward import as_prompt, reference_logits
 from specdec_ref.warp import SamplingConfig, nucleus_masses, warp, warp_logits
 
@@ -142,7 +142,7 @@ def processed_logits64(model, prompt: Sequence[int], prefixes: Sequence[Sequence
     """float64 logits ``[len(prefixes), V]`` after ``prompt + prefix``, history-dependent steps applied.
 
     Row ``i`` is :func:`next_logits64` of ``prompt + prefixes[i]`` put through the five history steps
-    (:func:`properties.history_law.history_logits`, generated tokens = ``prefixes[i]``); it is the raw
+    (:func:`specdec_properties.history_law.history_logits`, generated tokens = ``prefixes[i]``); it is the raw
     row when ``config`` has no history setting. Temperature and the filters are not applied.
     """
     prompt = [int(t) for t in prompt]
@@ -191,7 +191,7 @@ def continuation_law(
     ``specdec_ref.exact_models.ExactModel`` (its table logits are used; no forward).
     ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
     tokens (length n, or shorter ending in ``eos_id`` or in the token that completes a stop string of ``stop``, a
-    :class:`properties.stops.StopStrings`: a deterministic stopping rule like EOS); only continuations of positive
+    :class:`specdec_properties.stops.StopStrings`: a deterministic stopping rule like EOS); only continuations of positive
     probability appear. History-dependent settings are applied at every position on that
     position's own history (:func:`next_token_law`); ``min_new_tokens`` masks ``eos_id``. ``min_prob > 0`` prunes every branch (prefix) whose probability falls
     below it, at the level where it falls below (recorded in ``pruned_mass`` /
@@ -314,7 +314,7 @@ class Cells:
 
 
 def law_to_cells(law: ContinuationLaw, min_expected_prob: float = 0.0) -> Cells:
-    """Deterministic cells for ``properties.stats.assert_fits`` (see :class:`Cells`)."""
+    """Deterministic cells for ``specdec_properties.stats.assert_fits`` (see :class:`Cells`)."""
     if not isinstance(law, ContinuationLaw):
         raise TypeError("law_to_cells expects the ContinuationLaw returned by continuation_law")
     labels, probs, seqs, index = [], [], [], {}

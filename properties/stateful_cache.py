@@ -16,7 +16,7 @@ len(tokens)``, ``committed_length == committed``, and K/V equal the fresh prefil
 
 Usage (pytest or plain Python)::
 
-    from properties.stateful_cache import run_cache_machine
+    from specdec_properties.stateful_cache import run_cache_machine
     model = tiny_lm("llama")
     run_cache_machine(lambda: ModelCache(model), model)          # raises CacheMismatch on a bug
 

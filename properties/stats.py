@@ -46,7 +46,7 @@ TARGET_POWER = 0.99
 RECORDED_CELLS = 40
 #: Cells with a smaller expected count are pooled into one.
 MIN_EXPECTED = 20.0
-#: The pooling of an early-pass look's futility statistic (:mod:`properties.early_pass`): the same Pearson statistic
+#: The pooling of an early-pass look's futility statistic (:mod:`specdec_properties.early_pass`): the same Pearson statistic
 #: with cells pooled below this expected count. It only ever lets a case *pass* early (never rejects), so it needs the
 #: noncentral approximation's lower tail under alternatives, not the null's extreme upper tail that MIN_EXPECTED
 #: protects; ``tests/test_early_pass.py`` checks that lower tail by simulation.
@@ -573,6 +573,6 @@ def assert_total(
     return result
 
 
-# ----------------------------------------------------------------------------- measuring a lossy law: properties.tv_estimate
+# ----------------------------------------------------------------------------- measuring a lossy law: specdec_properties.tv_estimate
 
 from .tv_estimate import TV_CONFIDENCE, TVEstimate, estimate_tv, is_test  # noqa: E402,F401  (importable from here as before)

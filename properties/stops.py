@@ -7,7 +7,7 @@ stop string in the generated text (never the prompt's): that token is the last o
 win over later-listed ones only by completing earlier, and the returned text ends where the earliest-starting stop
 string found in the stopped text begins (the stop string itself is not returned). Like EOS, the rule depends only on
 the tokens so far, so the law of stopped sequences is the sampling law with every stopped prefix a leaf
-(:func:`properties.sequences.continuation_law`'s ``stop``) and the law of each token given its context is
+(:func:`specdec_properties.sequences.continuation_law`'s ``stop``) and the law of each token given its context is
 unchanged (the transition tests need no change beyond where a completion ends).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Hypothesis strategies: p/q distributions, verifier blocks and acceptance patterns.
 
 Every row strategy produces float64 numpy rows that are exactly representable
-in float32 and sum to 1 (see :func:`properties.scenarios.to_float32_rows`).
+in float32 and sum to 1 (see :func:`specdec_properties.scenarios.to_float32_rows`).
 Row kinds cover the shapes that break verifiers: flat and spiky Dirichlet,
 LM-like peaked softmax, one-hot, exact ties at the top, tiny masses, zeros.
 """

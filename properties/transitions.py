@@ -8,11 +8,11 @@ produce (20 000 completions) ``L`` is often 1, and no drafted token is tested at
 This module tests *every* generated position after the first at once. Position ``i`` of a completion
 (1-based; the first generated token is position 1) was drawn, under the null, from the target's
 processed next-token law given the prompt and the ``i - 1`` tokens before it
-(:func:`properties.sequences.next_token_law`, history settings included). Positions whose exact
+(:func:`specdec_properties.sequences.next_token_law`, history settings included). Positions whose exact
 conditional laws are identical form one *context class* (for the order-1 checkpoints: the last
 token; for order-2: the last two tokens and the position's parity; with penalties, more classes),
 and the counts of (class, next token) are tested with
-:func:`properties.stats.conditional_goodness_of_fit`, the goodness-of-fit test of a chain's
+:func:`specdec_properties.stats.conditional_goodness_of_fit`, the goodness-of-fit test of a chain's
 transitions. The classes are found by computing the law of every visited context exactly, never by
 assuming the model's order, so the test is valid for any settings.
 
@@ -40,9 +40,9 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from properties.history_law import eos_set
-from properties.sequences import next_token_law, processed_logits64
-from properties.stats import ALPHA, TV, FitResult, conditional_goodness_of_fit
+from specdec_properties.history_law import eos_set
+from specdec_properties.sequences import next_token_law, processed_logits64
+from specdec_properties.stats import ALPHA, TV, FitResult, conditional_goodness_of_fit
 from specdec_ref.warp import SamplingConfig, warp, warp_logits
 
 __all__ = [
@@ -134,7 +134,7 @@ class ImpossibleToken:
 
 def _ends(completion: Sequence[int], eos: set, stop=None) -> int:
     """How many tokens of ``completion`` the law covers: up to and including its first EOS, or the token that
-    completes its first stop string (``stop``: a :class:`properties.stops.StopStrings`), whichever comes first."""
+    completes its first stop string (``stop``: a :class:`specdec_properties.stops.StopStrings`), whichever comes first."""
     end = len(completion)
     for i, t in enumerate(completion):
         if t in eos:

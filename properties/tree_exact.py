@@ -22,10 +22,10 @@ Invariants (proved by ``tests/test_tree_exact.py`` for the formulas below):
 
 * :func:`outcome_law` (the law of (end node, final token) given the tree) sums to 1;
 * a chain reduces to the chain schemes: ``specinfer`` to ``token``, ``deterministic`` to
-  ``one_hot_draft`` (:func:`properties.exact.outcome_given_drafts`);
+  ``one_hot_draft`` (:func:`specdec_properties.exact.outcome_given_drafts`);
 * when the tree is drafted by the scheme's own protocol, every step of the walk is a lossless
   rejection step, so the tokens of a round follow the target and, round after round,
-  :func:`tree_sequence_law` equals :func:`properties.markov.sequence_law` exactly, for every tree
+  :func:`tree_sequence_law` equals :func:`specdec_properties.markov.sequence_law` exactly, for every tree
   shape; ``specinfer`` judging trees drafted without replacement, or as the top-k, is not lossless
   (the check is not vacuous), while ``deterministic`` judging never reads ``q`` and stays lossless
   for siblings drawn by any protocol independent of the target;
@@ -333,7 +333,7 @@ def tree_round_law(scheme: str, parents, pair: MarkovPair, start: int, *, max_to
 
 def tree_sequence_law(scheme: str, parents, pair: MarkovPair, length: int, *, drafting: str | None = None) -> np.ndarray:
     """Exact float64 law of the first ``length`` tokens decoded round after round with the tree
-    ``parents`` (each round from the last emitted token); cells as :func:`properties.markov.sequence_law`."""
+    ``parents`` (each round from the last emitted token); cells as :func:`specdec_properties.markov.sequence_law`."""
     vocab = pair.vocab
     laws = _RoundLaws(scheme, pair, drafting=drafting)
     shape = _shape_key(parents)

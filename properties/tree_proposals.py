@@ -1,7 +1,7 @@
 """Exact draft trees of the exactly-known drafters: the greedy tree of a round, and the rule every sampled tree follows.
 
 Independent of the reference's tree drafters (:mod:`specdec_ref.tree_decode`, :mod:`specdec_ref.tree_heads`): float64
-numpy on the order-1 tables and the proposal laws of :mod:`properties.proposals` (plus :class:`DraftModelLaw`, a draft
+numpy on the order-1 tables and the proposal laws of :mod:`specdec_properties.proposals` (plus :class:`DraftModelLaw`, a draft
 model that is an order-1 table). A tree round from the text ``h`` (pending token last), ``depth`` levels of ``width``:
 
 * the root gets ``width`` children from the law's row after ``h``;

@@ -1,13 +1,13 @@
 """Drive a backend's ``verify_tree``: structure-check every output, draft trees as each scheme requires, count outcomes.
 
-Trees for the statistical checks are drafted from Markov tables (:class:`properties.markov.MarkovPair`):
+Trees for the statistical checks are drafted from Markov tables (:class:`specdec_properties.markov.MarkovPair`):
 node ``i``'s token is drawn from ``draft[token of its parent]`` (``draft[start]`` under the root), and
 its target row is ``target[its own token]`` (``target[start]`` at the root), so siblings with the same
 token have the same rows, as with a real model. How siblings are drawn is the declared scheme's
 (:func:`draw_markov_trees`): i.i.d. for ``specinfer``, without replacement for ``recursive``, the
 draft row's most likely tokens for ``deterministic`` (and ``lossy``, e.g. threshold kernels).
 Trees are drafted on the CPU; what ``verify_tree`` gets is put on the device under test by
-:func:`properties.sampling.on_device` (and its generator made there, :func:`properties.sampling.device_generator`).
+:func:`specdec_properties.sampling.on_device` (and its generator made there, :func:`specdec_properties.sampling.device_generator`).
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def verify_tree_rows(backend, draft_tokens, parents, draft_probs, target_probs, 
     """``verify_tree`` on a batch (one B = 1 call per row for a backend not claiming ``batched``), structure-checked.
 
     The generator is threaded through the calls in row order. Returns ``(m[B], path[B, n], tokens[B, n+1])`` on the
-    CPU. ``device``: where the inputs are put (:func:`properties.sampling.on_device`; the generators must already
+    CPU. ``device``: where the inputs are put (:func:`specdec_properties.sampling.on_device`; the generators must already
     live there); ``None`` leaves them where they are.
     """
     __tracebackhide__ = True
@@ -149,7 +149,7 @@ def draw_markov_trees(scheme: str, parents: np.ndarray, pair: MarkovPair, starts
 
 
 def end_cells(m: torch.Tensor, path: torch.Tensor, tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cell ``end * V + final`` per row: ``end`` 0 for the root, ``i + 1`` for node ``i`` (``properties.tree_exact.outcome_law``'s layout)."""
+    """Cell ``end * V + final`` per row: ``end`` 0 for the root, ``i + 1`` for node ``i`` (``specdec_properties.tree_exact.outcome_law``'s layout)."""
     last = path.gather(1, (m - 1).clamp_min(0)[:, None]).squeeze(1)
     end = torch.where(m > 0, last + 1, 0)
     return end * vocab + tokens.gather(1, m[:, None]).squeeze(1)

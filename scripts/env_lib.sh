@@ -2,7 +2,11 @@
 # (and ENV_INCOMPLETE, what a failure leaves incomplete):
 #   die MESSAGE               exit 1 with "env.sh ENGINE: ERROR: MESSAGE"
 #   is_current PY STAMP WANT  the interpreter exists and the stamp file records WANT (nothing to install)
+#   project_layout            the project's installed names (pyproject.toml's package-dir) as a checksum: a venv
+#                             holding an editable install of the project records it in its stamp, since an install
+#                             made before those names changed still maps the old ones
 # and at exit a failure says so, with its line and what is incomplete.
 die() { echo "env.sh $ENV_NAME: ERROR: $*" >&2; exit 1; }
 is_current() { [ -x "$1" ] && [ -f "$2" ] && [ "$(cat "$2")" = "$3" ]; }
+project_layout() { grep -m1 '^package-dir' "$(dirname "${BASH_SOURCE[0]}")/../pyproject.toml" | cksum | cut -d' ' -f1; }
 trap 'rc=$?; [ $rc -eq 0 ] || echo "env.sh $ENV_NAME: FAILED (exit $rc) at line $LINENO; ${ENV_INCOMPLETE:-}" >&2' EXIT

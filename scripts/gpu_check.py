@@ -6,15 +6,15 @@ Rows (``check | device | dtype | result | seconds | detail``), each PASS or FAIL
 * ``conformance verifier``: ``python -m pytest conformance/test_verifier.py --specdec-device=cuda -n 0 -q
   -p no:cacheprovider`` (the backend under test is ``$SPECDEC_BACKEND``, default the reference); passed,
   skipped and failed counts from its certificate. PASS: pytest exit 0, no failure or error, at least one pass.
-* ``verifier throughput``: ``specdec-bench verifier --device cuda`` (``python -m bench verifier``) at
+* ``verifier throughput``: ``specdec-bench verifier --device cuda`` (``python -m specdec_bench verifier``) at
   B=64, k=8, V=32000, sampling, no validation; median over repeats, each timed with a device
-  synchronisation (:func:`bench.kit.time_calls`). Emitted tokens/s = blocks/s x (1 + mean accepted).
+  synchronisation (:func:`specdec_bench.kit.time_calls`). Emitted tokens/s = blocks/s x (1 + mean accepted).
   PASS: the benchmark ran and measured a rate (there is no throughput goal at this point).
 * ``decoder greedy vs AR`` (float32 and bfloat16): a tiny Llama pair (``tiny_lm('llama', init_scale=2.0)``
   and ``make_draft(target, 'noisy', seed=12, noise=0.05)``) on the device, greedy
   ``speculative_decode`` against ``autoregressive_decode`` on the same device and dtype, over several
   prompts. float32: every decode identical. bfloat16: the first divergence of each decode is classified
-  by :func:`properties.flips.classify_sequences`; a *numerical flip* (both tokens within the bfloat16
+  by :func:`specdec_properties.flips.classify_sequences`; a *numerical flip* (both tokens within the bfloat16
   tolerance of the float64 top logit: a near-tie that rounding may break either way) is reported as
   "N flips / M decodes"; any other divergence fails.
 
@@ -205,7 +205,7 @@ def bench_row(plan: Plan) -> Row:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         cmd = [
-            sys.executable, "-m", "bench", "verifier", "--device", plan.device, "--dtype", "float32",
+            sys.executable, "-m", "specdec_bench", "verifier", "--device", plan.device, "--dtype", "float32",
             "--batch", str(plan.bench_batch), "--k", str(plan.bench_k), "--vocab", str(plan.bench_vocab),
             "--mode", "sampling", "--no-validate", "--repeats", str(plan.bench_repeats),
             "--min-seconds", str(plan.bench_min_seconds), "--warmup-seconds", str(min(0.05, plan.bench_min_seconds)),
@@ -262,7 +262,7 @@ def compare_decoders(plan: Plan) -> list[Row]:
 
     import torch
 
-    from properties.flips import classify_sequences
+    from specdec_properties.flips import classify_sequences
     from specdec_ref.decode import autoregressive_decode, speculative_decode
 
     target, draft = tiny_pair(plan)

@@ -6,7 +6,7 @@ are Python ints tracked by the adapter and never read back from tensors, so the 
 adds no host/device synchronisation (the optional id range check is the one exception; see
 ``check_ids``).
 
-Numerical guarantee (tested in ``tests/test_cache.py`` and by ``properties.stateful_cache``):
+Numerical guarantee (tested in ``tests/test_cache.py`` and by ``specdec_properties.stateful_cache``):
 after any sequence of ``feed`` / ``trim`` / ``commit`` / ``reset``, every layer's cached keys and
 values, and the logits of the next ``feed``, equal those of a fresh prefill (one block forward
 with an empty cache) of the same token sequence within ``atol=1e-5, rtol=1e-4`` in float32.

@@ -89,7 +89,7 @@ class NotSupportedError(NotImplementedError):
 class KVCache(Protocol):
     """What ``make_cache(model)`` returns: one model's KV cache (modelled on :class:`specdec_ref.cache.ModelCache`).
 
-    Invariant: ``0 <= committed_length <= tentative_length``. The ``cache`` check (``properties.stateful_cache``)
+    Invariant: ``0 <= committed_length <= tentative_length``. The ``cache`` check (``specdec_properties.stateful_cache``)
     drives exactly these members with random feed / trim / commit / reset / logit-probe programs and, after every
     step, compares the lengths, every layer's K and V and the logits with a fresh prefill of the kept tokens
     (``atol=1e-5, rtol=1e-4`` in float32).
@@ -190,7 +190,7 @@ class Verifier(Backend, Protocol):
 
     ``bonus=False`` is the no-bonus variant of any scheme (exact too): a fully accepted block ends without a bonus.
     Each scheme is checked against *its own* exact per-block laws (accepted length, replacement at each stop, bonus;
-    float64, ``properties.exact``), every lossless one also against the target's sequence law over many rounds; a
+    float64, ``specdec_properties.exact``), every lossless one also against the target's sequence law over many rounds; a
     ``lossy`` one gets the total variation between its text law and the target's, with a 99% confidence interval.
     A backend that declares one scheme and runs another fails the per-block law checks of the one it declared.
 

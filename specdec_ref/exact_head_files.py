@@ -13,7 +13,7 @@ time, never committed: the bytes are a function of the tables (:func:`~specdec_r
   and add exactly zero (``o_proj`` and ``down_proj`` zero; layer 0 has no ``input_layernorm`` in vLLM's EAGLE-1),
   no ``embed_tokens`` and no ``lm_head`` (vLLM shares the target's; a checkpoint ``lm_head`` fails to load). So the
   drafter's hidden is ``alpha 4 e_x + C^T f`` and its logits ``hidden / 4 @ T``, as
-  :class:`properties.proposals.EagleLaw` states.
+  :class:`specdec_properties.proposals.EagleLaw` states.
 * ``medusa`` (``MedusaModel``): ``heads`` residual blocks of one zero layer (``x + SiLU(0) = x``) and lm_heads
   ``M_{i+2}^T / 4`` on dims 0..7 (:func:`~specdec_ref.exact_heads.medusa_table`); ``medusa_fc_bias`` off. vLLM builds
   exactly ``num_speculative_tokens`` heads, so ``heads`` must be at least the engine's k.
@@ -29,7 +29,7 @@ time, never committed: the bytes are a function of the tables (:func:`~specdec_r
   vocabulary ``EAGLE3_VOCAB`` = (0, 1, 2, 3, 5, 7) (row ``d`` = column ``vocab[d]`` of ``M_2^T / 4``,
   :func:`~specdec_ref.exact_heads.medusa_table` at offset 2) and ``d2t[d] = vocab[d] - d`` (int64): from the feature of
   ``y`` (the token before the pending one) it drafts the likeliest token two places after ``y`` within the vocabulary,
-  k times, as :class:`properties.proposals.Eagle3FeatureLaw` states. ``rms_norm_eps`` 2^-40: ``1 + 2^-40`` is 1 in
+  k times, as :class:`specdec_properties.proposals.Eagle3FeatureLaw` states. ``rms_norm_eps`` 2^-40: ``1 + 2^-40`` is 1 in
   float32, so the norms of mean-square-1 rows stay exact, and a zero row (padding) gives 0, not NaN.
 * ``eagle3-default-aux``: the same kind of head with a plain ``fc`` on the one-layer target, used only to record that
   a one-layer target cannot feed vLLM's default auxiliary layers (its error), not an exact law.

@@ -3,7 +3,7 @@
 The order-1 targets (:mod:`specdec_ref.exact_models`) have hidden size 16 and a final hidden state ``4 e_t`` at a
 position holding token ``t`` (before and after the final norm: its mean square is exactly 1), and their lm_head maps
 ``4 e_t`` to the table row ``T[t]``. A head built here reads those features through dyadic weights, so its float32
-logits are the table expressions below bit for bit (and :mod:`properties.proposals` computes them in float64 from
+logits are the table expressions below bit for bit (and :mod:`specdec_properties.proposals` computes them in float64 from
 the tables alone):
 
 * :func:`exact_eagle_head`: ``fc`` maps ``[4 e_x, f]`` to ``h = alpha 4 e_x + C^T f`` (``C`` = :func:`eagle_mix`: row
@@ -159,7 +159,7 @@ def exact_mtp_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, samp
                    layer: bool = True) -> MtpHead:
     """The exact MTP module on an order-1 target model: the EAGLE head's ``fc`` between the norms (weights one, eps
     0: the inputs ``4 e_x`` and ``4 e_y`` pass unchanged) and the zeroed layer, then the output norm, which rescales
-    the mixture to a mean square of 1 (not exact in float32: ``properties.proposals.MtpLaw`` states the law in float64
+    the mixture to a mean square of 1 (not exact in float32: ``specdec_properties.proposals.MtpLaw`` states the law in float64
     and its tie margin). The token embedding at position 0 is zeroed (the first draft of a two-token prompt reads the
     feature alone)."""
     _final_is_embedding(target)

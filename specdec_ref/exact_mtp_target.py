@@ -34,7 +34,7 @@ What is written (float32, config key ``num_nextn_predict_layers`` 1, ``model_typ
   (``o_proj``, ``down_proj`` = 0). So from the target's feature ``8 e_y`` (``y`` the token before the pending one)
   ``out = 8 e_(8+y)`` (mean square 1: every norm is exact) and the logits are ``R[y]`` exactly; the next step reads
   ``8 e_(8+y)`` and gives it again. Every draft of a round is ``argmax R[y]``, whatever the token: exactly
-  :class:`properties.proposals.Eagle3FeatureLaw` (proposer ``exact-eagle3``), the law of vLLM's EAGLE-3 head and of
+  :class:`specdec_properties.proposals.Eagle3FeatureLaw` (proposer ``exact-eagle3``), the law of vLLM's EAGLE-3 head and of
   llama.cpp's ``draft-mtp`` block. The tie of row ``y = 2`` (ids 2 and 7, equal floats) goes to id 2 in
   ``torch.argmax`` as in the law's first-index argmax.
 * ``read_token=True`` (a deliberately wrong layer, for the engine test): ``input_proj`` reads the token's embedding

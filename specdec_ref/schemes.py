@@ -11,7 +11,7 @@ block is judged; ``scheme`` names it, as a backend declares it in ``Capabilities
 * :class:`TypicalAcceptanceVerifier` (``lossy``): Medusa's typical acceptance; faster, not exact.
 
 Each takes ``bonus=False`` for its no-bonus variant. The suite's oracle for each scheme's laws is
-written independently, in float64 numpy (``properties.exact``).
+written independently, in float64 numpy (``specdec_properties.exact``).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ choice is their first-index argmax.
 
 Each step is a function (:func:`scale_temperature`, :func:`top_k_filter`, :func:`top_p_filter`,
 :func:`min_p_filter`; :func:`warp_logits` composes them, :func:`warp` is its softmax), so oracles that
-reason about the warped support (``properties.sequences``) call these very steps instead of
+reason about the warped support (``specdec_properties.sequences``) call these very steps instead of
 re-implementing them.
 
 History-dependent settings (``repetition_penalty``, ``presence_penalty``, ``frequency_penalty``,

@@ -66,7 +66,7 @@ def test_vllm_takes_the_words_as_text_and_a_path_without_their_text_refuses():
 
 
 def _records(n: int, sampling: SamplingConfig, seed: int):
-    from fixtures.engines import law_records
+    from specdec_fixtures.engines import law_records
 
     return law_records("order1-target", (2, 5), sampling, n, seed)
 

@@ -183,7 +183,7 @@ def test_mixed_settings_groups_differ_by_the_stated_tv_and_old_checks_cannot_see
     scale), while batch_sequence_law (one setting per batch) lets that mutant through."""
     from conformance.batch_checks import MIXED_TV_BETWEEN_GROUPS, mixed_group_law
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants.batch import SettingsFromNeighbourRow
+    from specdec_fixtures.mutants.batch import SettingsFromNeighbourRow
     from specdec_ref.backend import ReferenceBackend, reference_backend
 
     a, b = dict(mixed_group_law(0)), dict(mixed_group_law(1))
@@ -203,7 +203,7 @@ def test_only_the_filtered_efficiency_cases_see_a_batched_draft_that_filters_bef
     its own history) fails every case, while batch_acceptance_is_ideal (temperature 1: the order cannot matter) lets it
     through at the full ci sample."""
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants.batch import DraftFiltersBeforeTemperature
+    from specdec_fixtures.mutants.batch import DraftFiltersBeforeTemperature
     from specdec_ref.backend import ReferenceBackend
 
     mutant = ReferenceBackend(decoder=DraftFiltersBeforeTemperature())
@@ -221,7 +221,7 @@ def test_only_the_position_limit_case_sees_the_batched_position_limit_mutants(na
     """batch_position_limit_law's premise: every older batch law case and the greedy-equality check end far below the
     models' maximum positions, so a wrong fallback step or room taken from the first row goes unseen there (dev scale)."""
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants import MUTANTS
+    from specdec_fixtures.mutants import MUTANTS
 
     mutant = MUTANTS[name].backend()
     dev = CheckContext(profile="dev")

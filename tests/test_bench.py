@@ -15,8 +15,9 @@ import sys
 import pytest
 import torch
 
-from bench import cli
-from properties.scenarios import STAT_SCENARIOS
+from specdec_bench import cli
+from specdec_properties.scenarios import STAT_SCENARIOS
+from test_layout import PACKAGES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -120,7 +121,7 @@ def test_checks_rows_groups_and_json(tmp_path):
 
 def test_checks_top_lists_the_costliest_cases_first():
     """``checks --top N``: the N costliest cases by CPU seconds, largest first, with their share of the total."""
-    from bench.checks import top_rows
+    from specdec_bench.checks import top_rows
 
     rows = [dict(id=f"c{i}", status="passed", cpu_s=float(s), wall_s=float(s)) for i, s in enumerate((1, 5, 3, 1))]
     top = top_rows(rows, 2)
@@ -162,7 +163,7 @@ def test_checks_unloadable_backend_is_a_clear_error():
 
 
 def test_python_dash_m_bench_runs_the_command_line():
-    done = subprocess.run([sys.executable, "-m", "bench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "specdec_bench", "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "specdec-bench" in done.stdout and all(name in done.stdout for name in ("verifier", "checks", "decoder", "tree-verifier", "tree-decoder", "batch"))
 
@@ -265,7 +266,7 @@ def test_batch_exit_status_flags_a_greedy_mismatch():
 
 
 def test_leviathan_speedup_known_values():
-    from bench.batch import expected_tokens_per_round, leviathan_speedup, refined_speedup
+    from specdec_bench.batch import expected_tokens_per_round, leviathan_speedup, refined_speedup
 
     assert leviathan_speedup(0.0, 4, 0.25) == pytest.approx(1 / (4 * 0.25 + 1))  # alpha = 0: only the target's token
     assert leviathan_speedup(1.0, 3, 0.5) == pytest.approx(4 / 2.5)  # alpha = 1: (k + 1) / (k c + 1)
@@ -282,10 +283,10 @@ def test_leviathan_speedup_known_values():
 #: package -> the top-level packages it must never import (reference -> suite -> mutants -> tools): the mutants and
 #: the fake engine are backends the suite checks, so they may import the suite and the suite never imports them.
 FORBIDDEN_IMPORTS = {
-    "specdec_ref": {"properties", "conformance", "fixtures", "bench"},
-    "properties": {"conformance", "fixtures", "bench"},
-    "conformance": {"fixtures", "bench"},
-    "fixtures": {"bench"},
+    "specdec_ref": {"specdec_properties", "conformance", "specdec_fixtures", "specdec_bench"},
+    "specdec_properties": {"conformance", "specdec_fixtures", "specdec_bench"},
+    "conformance": {"specdec_fixtures", "specdec_bench"},
+    "specdec_fixtures": {"specdec_bench"},
 }
 
 
@@ -316,19 +317,19 @@ def imported_packages(path: pathlib.Path, package: str) -> set[tuple[int, str]]:
 def test_imports_run_one_way_reference_then_suite_then_tools():
     violations = []
     for package, forbidden in FORBIDDEN_IMPORTS.items():
-        files = sorted((ROOT / package).rglob("*.py"))
-        assert files, f"no Python files under {package}/"
+        files = sorted((ROOT / PACKAGES[package]).rglob("*.py"))
+        assert files, f"no Python files under {PACKAGES[package]}/"
         for path in files:
             for line, name in sorted(imported_packages(path, package)):
                 if name in forbidden:
                     violations.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
-    assert not violations, "imports must run specdec_ref -> properties/conformance/fixtures -> bench:\n" + "\n".join(violations)
+    assert not violations, "imports must run specdec_ref -> specdec_properties/conformance/specdec_fixtures -> specdec_bench:\n" + "\n".join(violations)
 
 
 def test_import_direction_checker_sees_function_level_and_relative_imports(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text("import os.path\nfrom . import sibling\ndef f():\n    from bench.kit import Column\n    importlib.import_module('conformance.registry')\n")
-    assert imported_packages(path, "specdec_ref") == {(1, "os"), (2, "specdec_ref"), (4, "bench"), (5, "conformance")}
+    path.write_text("import os.path\nfrom . import sibling\ndef f():\n    from specdec_bench.kit import Column\n    importlib.import_module('conformance.registry')\n")
+    assert imported_packages(path, "specdec_ref") == {(1, "os"), (2, "specdec_ref"), (4, "specdec_bench"), (5, "conformance")}
 
 
 def test_tree_verifier_rows_and_ratios(tmp_path):

@@ -7,7 +7,7 @@ import torch
 from hypothesis import Phase, settings
 from transformers import DynamicCache
 
-from fixtures.mutants.cache import (
+from specdec_fixtures.mutants.cache import (
     CACHE_CLASSES,
     CommitKeepsTentativeCache,
     CropZeroNoOpCache,
@@ -15,7 +15,7 @@ from fixtures.mutants.cache import (
     OneLayerNotTrimmedCache,
     StalePositionsCache,
 )
-from properties.stateful_cache import (
+from specdec_properties.stateful_cache import (
     DEFAULT_SETTINGS,
     CacheMismatch,
     compare_kv,

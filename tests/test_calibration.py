@@ -7,9 +7,9 @@ import pytest
 from scipy import stats
 
 from conformance.verifier_checks import required_blocks
-from properties.calibration import false_alarms, power_table, summarise_false_alarms
-from properties.scenarios import STAT_SCENARIOS
-from properties.stats import ALPHA
+from specdec_properties.calibration import false_alarms, power_table, summarise_false_alarms
+from specdec_properties.scenarios import STAT_SCENARIOS
+from specdec_properties.stats import ALPHA
 from specdec_ref.backend import reference_backend
 
 pytestmark = pytest.mark.slow
@@ -50,7 +50,7 @@ def test_the_early_pass_looks_keep_the_power_and_pass_the_exact_law_early():
     stated TV is always detected, and one at a third of it (below the stated TV, where the full look alone detects
     about 0.68) is detected about as often as without the looks."""
     from conformance.profiles import get_profile
-    from properties.calibration import early_pass_table
+    from specdec_properties.calibration import early_pass_table
 
     n = required_blocks(STAT_SCENARIOS["balanced"])
     rows = {row["tv"]: row for row in early_pass_table(n, get_profile("ci").early_pass_fractions, repeats=200)}

@@ -23,7 +23,7 @@ def test_the_shifted_order1_law_is_the_table_at_any_length_and_order2_has_none()
 
 
 def _records(n: int, prompt_len: int, new: int, seed: int):
-    from fixtures.engines import _next
+    from specdec_fixtures.engines import _next
 
     rng = np.random.default_rng(seed)
     prompt = tuple(int(t) for t in rng.integers(0, 7, prompt_len))

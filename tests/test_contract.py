@@ -5,7 +5,7 @@ import pytest
 
 import specdec_ref.contract as contract
 from examples.numpy_backend import factory as numpy_backend
-from fixtures.mutants import MUTANTS
+from specdec_fixtures.mutants import MUTANTS
 from specdec_ref.backend import reference_backend
 from specdec_ref.contract import (
     CAPABILITY_FLAGS,

@@ -14,8 +14,8 @@ import pytest
 from conformance import streams
 from conformance.profiles import get_profile
 from conformance.registry import Check, CheckCase, CheckContext, run_case
-from properties.early_pass import EARLY_PASS_BETA, reserve_scale
-from properties.stats import TARGET_POWER, assert_total, estimate_tv, goodness_of_fit, samples_for_power
+from specdec_properties.early_pass import EARLY_PASS_BETA, reserve_scale
+from specdec_properties.stats import TARGET_POWER, assert_total, estimate_tv, goodness_of_fit, samples_for_power
 
 P = np.full(8, 1 / 8)
 TV = 0.05
@@ -232,8 +232,8 @@ def test_the_futility_statistic_keeps_every_look_beta_under_alternatives(law_nam
     part is the stated TV less the futility pooling's mass (the most a law can hide in pooled cells) passes a look
     with probability <= beta (EARLY_PASS_BETA / looks), simulated at every ci look on two of the suite's many-cell
     laws: the Medusa trees' 64-cell law (TV 0.1) and the batch law with min_new_tokens (about 190 cells, TV 0.03)."""
-    from properties.early_pass import chi_square_futility_options
-    from properties.stats import FUTILITY_MIN_EXPECTED
+    from specdec_properties.early_pass import chi_square_futility_options
+    from specdec_properties.stats import FUTILITY_MIN_EXPECTED
 
     if law_name == "medusa_tree":
         from conformance.tree_proposer_checks import TREE_LAW_TV as tv, _tree_law as law_of

@@ -9,7 +9,7 @@ import pytest
 
 from conformance.engines import rounds as R
 from conformance.engines.matrix import Configuration
-from properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
+from specdec_properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
 from specdec_ref.exact_heads import EAGLE_ALPHA
 from specdec_ref.warp import SamplingConfig
 
@@ -346,8 +346,8 @@ def test_the_expectation_of_ngram_rounds_on_the_order2_target_keys_rounds_by_wha
     """Two n-gram rounds with the same pending token and the same drafts, from texts whose last two tokens or position
     parity differ: on the order-2 target their acceptance laws differ (0.31 against 0.79 expected accepted drafts), so
     the expectation cannot be cached under (pending token, drafts), as it once was (8.6 SE off on a correct engine)."""
-    from properties.exact import SchemeSpec
-    from properties.proposals import round_acceptance
+    from specdec_properties.exact import SchemeSpec
+    from specdec_properties.proposals import round_acceptance
     from specdec_ref.exact_models import exact_model
 
     law, config = NgramLaw(1, 2), SamplingConfig(temperature=0.7)

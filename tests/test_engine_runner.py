@@ -91,7 +91,7 @@ def test_speculative_config():
 
 
 def _brute_round_law(pair, start, k):
-    """P[m, y] of token-wise rejection sampling by direct recursion (independent of properties.exact)."""
+    """P[m, y] of token-wise rejection sampling by direct recursion (independent of specdec_properties.exact)."""
     p, q, V = pair.target, pair.draft, pair.vocab
     out = np.zeros((k + 1, V))
 
@@ -314,14 +314,14 @@ def test_export_runs_in_the_engines_own_interpreter(monkeypatch, capsys):
     import sys
 
     from conformance.engines import export
-    from fixtures.engines import FAKE
+    from specdec_fixtures.engines import FAKE
 
-    assert export.main(["fixtures.engines:FAKE"]) == 0 and "nothing to write" in capsys.readouterr().out
+    assert export.main(["specdec_fixtures.engines:FAKE"]) == 0 and "nothing to write" in capsys.readouterr().out
     calls = []
     monkeypatch.setattr(type(FAKE), "python", lambda self: "/some/venv/bin/python")
     monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
-    assert export.main(["fixtures.engines:FAKE", "--no-check"]) == 0
-    assert calls == [["/some/venv/bin/python", "-m", "conformance.engines", "export", "fixtures.engines:FAKE", "--no-check"]]
+    assert export.main(["specdec_fixtures.engines:FAKE", "--no-check"]) == 0
+    assert calls == [["/some/venv/bin/python", "-m", "conformance.engines", "export", "specdec_fixtures.engines:FAKE", "--no-check"]]
     assert sys.executable != "/some/venv/bin/python"
 
 

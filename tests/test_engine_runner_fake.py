@@ -1,4 +1,4 @@
-"""The shared engine runner end to end on a fake engine (fixtures.engines): every outcome an engine can cause is named.
+"""The shared engine runner end to end on a fake engine (specdec_fixtures.engines): every outcome an engine can cause is named.
 
 The fake engine samples each case's exact law with the request's seed, so its correct configurations must be
 CERTIFIED and identical per seed; each broken configuration is a bug class the runner must name (a silent
@@ -20,7 +20,7 @@ SCALE = "0.05"  # 1 000 completions per sampling case: CERTIFIED AT REDUCED POWE
 @pytest.fixture(scope="module")
 def fake_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("fake")
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(out), "--scale", SCALE,
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(out), "--scale", SCALE,
                       "--configs", "control,spec,spec-few,silent,biased,crash,refuse,global-rng"])
     return rc, json.loads((out / "verdicts.json").read_text()), out
 
@@ -119,7 +119,7 @@ def test_a_hang_is_a_timeout_and_the_worker_group_is_killed(tmp_path):
     import time
 
     t0 = time.time()
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--configs", "hang", "--timeout", "4",
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path), "--configs", "hang", "--timeout", "4",
                       "--scale", SCALE])
     results = json.loads((tmp_path / "verdicts.json").read_text())
     c = results["configs"]["hang"]["cases"]["temperature"]
@@ -131,7 +131,7 @@ def test_a_hang_under_a_relative_out_folder_is_a_timeout_too(tmp_path, monkeypat
     """Bug class: the harness crashing on an engine's failure (the worker's log path joined twice under a relative
     --out; the workers run in the repository, so a relative folder is the caller's)."""
     monkeypatch.chdir(tmp_path)
-    rc = runner.main(["fixtures.engines:FAKE", "--out", "rel", "--configs", "hang", "--timeout", "4", "--scale", SCALE])
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", "rel", "--configs", "hang", "--timeout", "4", "--scale", SCALE])
     c = json.loads((tmp_path / "rel" / "verdicts.json").read_text())["configs"]["hang"]["cases"]["temperature"]
     assert rc == 0 and c["level"] == "timeout" and "timed out after 4s" in c["headline"]
 
@@ -144,12 +144,12 @@ def test_check_expected_without_a_file_fails_and_unknown_engines_exit_2(tmp_path
 def test_an_undeclared_tie_rule_fails_with_the_line_naming_the_rule_it_fits(tmp_path):
     """The engine keeps exactly k through a top-k tie (lowest ids) while its adapter declares keep-all: NOT
     CERTIFIED on the ties case, with the explanation; the same engine declaring its rule is CERTIFIED there."""
-    assert runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path / "a"), "--configs", "exactly-k"]) == 0
+    assert runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path / "a"), "--configs", "exactly-k"]) == 0
     ties = json.loads((tmp_path / "a" / "verdicts.json").read_text())["configs"]["exactly-k"]["cases"]["ties"]
     assert ties["level"] == "not_certified", ties["headline"]
     assert "fits --top-k-ties lowest-ids" in ties["explained"] and "where top-k cuts a tie" in ties["explained"]
     assert "ties, explained: departs only where top-k cuts a tie" in (tmp_path / "a" / "verdicts.md").read_text()
-    assert runner.main(["fixtures.engines:FAKE_LOWEST_IDS", "--out", str(tmp_path / "b")]) == 0
+    assert runner.main(["specdec_fixtures.engines:FAKE_LOWEST_IDS", "--out", str(tmp_path / "b")]) == 0
     declared = json.loads((tmp_path / "b" / "verdicts.json").read_text())
     assert declared["conventions"]["top_k_ties"] == "lowest_ids"
     assert declared["configs"]["control"]["cases"]["ties"]["level"] == "certified"
@@ -174,7 +174,7 @@ def test_parallel_workers_give_the_same_verdicts(fake_run, tmp_path):
     the one the sequential run gave (the workers share nothing but the machine), and the crash is still named."""
     _, sequential, _ = fake_run
     configs = ["control", "spec", "crash"]
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--jobs", "2",
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--jobs", "2",
                       "--configs", ",".join(configs)])
     parallel = json.loads((tmp_path / "verdicts.json").read_text())
     assert rc == 0 and list(parallel["configs"]) == configs
@@ -195,7 +195,7 @@ def test_argmax_draft_rounds_are_rebuilt_from_the_completions_and_a_misaligned_d
     completions (CERTIFIED) and is named at its first differing request and round."""
     from conformance.engines.report import expectation_entries
 
-    assert runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE,
+    assert runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE,
                         "--configs", "eagle,eagle-early"]) == 0
     results = json.loads((tmp_path / "verdicts.json").read_text())
     good, early = results["configs"]["eagle"], results["configs"]["eagle-early"]
@@ -236,7 +236,7 @@ def test_after_a_crash_each_case_runs_alone_to_its_decision(tmp_path):
     """An engine that crashes on batches holding a top-k request: the first wave's batch crashes, the rerun takes
     one case at a time to its decision (the case without top-k first), so that case is judged on its whole planned
     looks, not left a partial sample, and only the top-k case is an engine error."""
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--configs", "crash-top-k"])
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--configs", "crash-top-k"])
     cases = json.loads((tmp_path / "verdicts.json").read_text())["configs"]["crash-top-k"]["cases"]
     assert rc == 0
     assert cases["warp"]["level"] == "engine_error" and cases["warp"]["engine"]["first_call"]["status"] == "engine_error"
@@ -250,7 +250,7 @@ def test_one_case_per_batch_from_the_start_gives_the_reruns_verdicts_with_one_wo
     to its decision, the top-k case an engine error: as test_after_a_crash_each_case_runs_alone_to_its_decision) and
     no second worker starts; an engine that dies before its first case (in the efficiency set: ``crash``) has its
     cases rerun, so its crash is still a case's."""
-    assert runner.main(["fixtures.engines:FAKE", "--scale", SCALE, "--configs", "crash-top-k-spec,crash", "--out",
+    assert runner.main(["specdec_fixtures.engines:FAKE", "--scale", SCALE, "--configs", "crash-top-k-spec,crash", "--out",
                         str(tmp_path), "--one-case-per-batch"]) == 0
     got = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     split = got["crash-top-k-spec"]["cases"]
@@ -267,7 +267,7 @@ def test_an_engine_that_drops_logit_bias_while_speculating_is_not_certified_nami
     """The request-feature case ``logit-bias``: the control applies the bias and is certified; the speculative
     configuration accepts it and drops it, and its verdict names the setting (not a bare chi-square), in the
     record and in the verdict table."""
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+    assert runner.main(["specdec_fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
                         "--cases", "logit-bias"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     control, dropped = configs["control"]["cases"]["logit-bias"], configs["ignores-bias"]["cases"]["logit-bias"]
@@ -283,7 +283,7 @@ def test_logprobs_left_unset_while_speculating_are_not_certified_with_their_posi
     """The request-feature case ``logprobs``: the control returns the exact log-probabilities (and the prompt's) and is
     certified with the check's count; a configuration whose drafted tokens come back with probability 1 (llama-server's
     speculative path) is NOT CERTIFIED although its law holds, the headline naming what and where, with a rerun command."""
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.1",
+    assert runner.main(["specdec_fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.1",
                         "--cases", "logprobs"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, unset = configs["control"]["cases"]["logprobs"], configs["logprobs-unset"]["cases"]["logprobs"]
@@ -300,7 +300,7 @@ def test_n_completions_per_request_are_lines_with_their_index_and_copies_are_nam
     """The request-feature case ``n-samples`` (n = 4 per request): each completion is a line with its request's seed
     and its ``index``; a control whose completions are independent is certified, one that returns n copies of a
     request's first completion is NOT CERTIFIED with the copies named (vLLM #4934's class: n > 1 sharing randomness)."""
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+    assert runner.main(["specdec_fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
                         "--cases", "n-samples"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, copies = configs["control"]["cases"]["n-samples"], configs["n-copies"]["cases"]["n-samples"]
@@ -318,7 +318,7 @@ def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path
     """A condition's cases run in their own engine load with its knobs; the evidence the engine reports decides
     whether it was reached: 0 preemptions under the preemption condition is NOT REACHED (a failure, the law's own level
     kept beside it), never a pass."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.05",
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.05",
                         "--conditions", "all"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, unreached = configs["control"]["cases"]["preemption.60-62"], configs["no-pressure"]["cases"]["preemption.60-62"]
@@ -342,7 +342,7 @@ def test_a_context_shift_is_judged_past_the_checkpoint_s_positions_and_a_stale_c
     context). The case generates past the checkpoints' 128 positions: the law is the order-1 table at any length
     (``order1-target+shift``), so every token, the ones after the shift included, is judged; the evidence is the
     engine's count of shifts."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--conditions", "context-shift",
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--conditions", "context-shift",
                         "--configs", "control,stale-shift"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, stale = configs["control"]["cases"]["context-shift.116-120"], configs["stale-shift"]["cases"]["context-shift.116-120"]
@@ -356,7 +356,7 @@ def test_a_context_shift_is_judged_past_the_checkpoint_s_positions_and_a_stale_c
 def test_a_constraint_read_off_the_state_a_block_began_in_gives_impossible_completions(tmp_path, case, planted, at_least):
     """Bug class: drafts checked against the grammar state, or the bad words, as they stood before the block (vLLM
     #34241's class): a token the constraint forbids is an impossible event, so the case is rejected at the first look."""
-    assert runner.main(["fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
+    assert runner.main(["specdec_fixtures.engines:FAKE_FEATURES", "--out", str(tmp_path), "--scale", "0.25",
                         "--cases", case, "--configs", f"control,{planted}"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, bad = configs["control"]["cases"][case], configs[planted]["cases"][case]
@@ -377,7 +377,7 @@ def test_a_long_context_s_marker_lost_or_swapped_under_a_condition_is_rejected(t
     whichever twin wrote it first (half the requests read the other marker, TV 0.45 on average); ``chunk-local`` loses
     the markers of the chunks before the last (TV 0.49). NOT CERTIFIED, while the control reaching the same condition
     is certified."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", scale,
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", scale,
                         "--conditions", condition, "--configs", f"control,{planted}"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, stale = configs["control"]["cases"][case], configs[planted]["cases"][case]
@@ -391,7 +391,7 @@ def test_distinct_prompts_are_certified_pooled_and_a_slot_keeping_the_previous_p
     condition's 6 000 distinct prompts share prefixes of random lengths and end in two table cells: the control is
     certified with the completions pooled by cell; the planted slot that keeps the previous prompt's cells up to the
     new prompt's last token is NOT CERTIFIED."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
                         "--conditions", "distinct-prompts", "--configs", "control,stale-slot"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok, stale = (configs[c]["cases"]["distinct-prompts.24-99"] for c in ("control", "stale-slot"))
@@ -409,7 +409,7 @@ def test_the_first_turn_fills_two_blocks_and_rejects_a_draft_at_their_last_posit
     from conformance.engines import rounds as R
     from conformance.engines.conditions import TURN1, TURN1_GREEDY, condition, random_prompt
     from conformance.engines.worker import batches
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
     from specdec_ref.warp import GREEDY
 
@@ -431,7 +431,7 @@ def test_a_next_turn_reading_a_rejected_draft_s_kv_is_rejected(tmp_path):
     the previous turn still holds a rejected draft's KV (counted computed, or cached with the block). The planted
     engine reads that cell as another token: the second turn is NOT CERTIFIED; the control reaching the same
     condition is certified on both turns."""
-    assert runner.main(["fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
                         "--conditions", "multi-turn", "--configs", "control,stale-turn"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     ok = configs["control"]["cases"]

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from properties.flips import (
+from specdec_properties.flips import (
     ALGORITHMIC_DIVERGENCE,
     NUMERICAL_FLIP,
     TOLERANCE,

@@ -19,7 +19,7 @@ import torch
 
 from conformance.plugin import device_case
 from conformance.registry import CheckContext, all_cases, run_case
-from properties.sampling import device_generator, on_device
+from specdec_properties.sampling import device_generator, on_device
 from specdec_ref.backend import ReferenceBackend
 
 ROOT = Path(__file__).resolve().parents[1]

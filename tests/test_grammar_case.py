@@ -41,7 +41,7 @@ def test_the_automaton_flag_round_trips_and_rejects_what_is_not_one():
 
 
 def _records(n: int, sampling: SamplingConfig, seed: int):
-    from fixtures.engines import law_records
+    from specdec_fixtures.engines import law_records
 
     return law_records("order1-target", (3,), sampling, n, seed)
 

@@ -6,7 +6,7 @@ import pathlib
 import pytest
 import torch
 
-from properties.stateful_cache import compare_kv, fresh_prefill
+from specdec_properties.stateful_cache import compare_kv, fresh_prefill
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.hf_backends import (
     ForwardProbe,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, assume, given, reject, settings
 from hypothesis import strategies as st
 
 from conformance.samples import split_ties
-from properties.history_law import history_logits, history_row
-from properties.sequences import boundary_margin, continuation_law, next_token_law, processed_logits64, row_margins
+from specdec_properties.history_law import history_logits, history_row
+from specdec_properties.sequences import boundary_margin, continuation_law, next_token_law, processed_logits64, row_margins
 from specdec_ref.automaton import automaton_of
 from specdec_ref.history import SamplingState, TokenAutomaton, process_logits, warp_rows
 from specdec_ref.warp import SamplingConfig, warp

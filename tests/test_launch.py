@@ -30,9 +30,9 @@ def test_forked_and_fresh_workers_give_the_same_verdicts_and_name_crashes_and_ha
         monkeypatch.setenv("SPECDEC_FRESH_WORKERS", "1")
     t0 = time.time()
     # the hang runs alone, under a timeout it cannot pass whatever the machine: the other workers do not wait for it
-    rc_hang = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path / "hang"), "--scale", SCALE,
+    rc_hang = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path / "hang"), "--scale", SCALE,
                            "--configs", "hang", "--timeout", "4"])
-    rc = runner.main(["fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--jobs", "2",
+    rc = runner.main(["specdec_fixtures.engines:FAKE", "--out", str(tmp_path), "--scale", SCALE, "--jobs", "2",
                       "--configs", "control,spec,biased,crash", "--timeout", "120"])
     printed = capsys.readouterr().out
     assert rc == rc_hang == 0 and "starting it fresh" not in printed, printed
@@ -40,7 +40,7 @@ def test_forked_and_fresh_workers_give_the_same_verdicts_and_name_crashes_and_ha
         assert "workers start fresh: SPECDEC_FRESH_WORKERS is set" in printed and not (tmp_path / "zygote.log").exists()
     else:
         assert "workers forked from a warm Fake engine interpreter" in printed, printed
-        assert "zygote fixtures.engines:FAKE: preloaded" in (tmp_path / "zygote.log").read_text()
+        assert "zygote specdec_fixtures.engines:FAKE: preloaded" in (tmp_path / "zygote.log").read_text()
     results = json.loads((tmp_path / "verdicts.json").read_text())
     for cfg in ("control", "spec"):
         assert set(_levels(results, cfg).values()) <= {"certified", "reduced"}, _levels(results, cfg)
@@ -54,7 +54,7 @@ def test_forked_and_fresh_workers_give_the_same_verdicts_and_name_crashes_and_ha
 
 
 def test_a_zygote_that_cannot_start_leaves_the_workers_fresh_and_says_why(tmp_path, capsys):
-    rc = runner.main(["fixtures.engines:FAKE_COLD", "--out", str(tmp_path), "--scale", SCALE, "--configs", "control"])
+    rc = runner.main(["specdec_fixtures.engines:FAKE_COLD", "--out", str(tmp_path), "--scale", SCALE, "--configs", "control"])
     printed = capsys.readouterr().out
     assert rc == 0 and "workers start fresh: the zygote exited" in printed and "no_such_module" in printed, printed
     results = json.loads((tmp_path / "verdicts.json").read_text())
@@ -71,11 +71,11 @@ def test_a_forked_worker_runs_in_its_own_process_group_with_its_own_arguments(tm
     from conformance.engines.launch import Zygote
     from conformance.engines.adapter import REPO
 
-    z = Zygote(sys.executable, "fixtures.engines:FAKE", REPO, tmp_path / "zygote.log")
+    z = Zygote(sys.executable, "specdec_fixtures.engines:FAKE", REPO, tmp_path / "zygote.log")
     try:
         assert z.wait_ready(120) is None
         log, t0 = open(tmp_path / "worker.log", "w"), time.time()
-        proc = z.spawn(["fixtures.engines:FAKE", "--config", "hang", "--raw", str(tmp_path / "raw"),
+        proc = z.spawn(["specdec_fixtures.engines:FAKE", "--config", "hang", "--raw", str(tmp_path / "raw"),
                         "--family", "order1", "--scale", SCALE], log_fd=log.fileno(), control=None, cpus=None)
         with pytest.raises(Exception) as e:
             proc.wait(timeout=3)
@@ -105,11 +105,11 @@ def test_a_forked_worker_has_the_intra_op_threads_of_its_cpu_share(tmp_path):
     cpus = sorted(os.sched_getaffinity(0))[:1]
     fresh = subprocess.run([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {cpus}); import torch; "
                             "print(torch.get_num_threads())"], capture_output=True, text=True, check=True)
-    z = Zygote(sys.executable, "fixtures.engines:FAKE_THREADS", REPO, tmp_path / "zygote.log")
+    z = Zygote(sys.executable, "specdec_fixtures.engines:FAKE_THREADS", REPO, tmp_path / "zygote.log")
     try:
         assert z.wait_ready(120) is None
         with open(tmp_path / "worker.log", "w") as log:
-            proc = z.spawn(["fixtures.engines:FAKE_THREADS", "--config", "threads", "--raw", str(tmp_path / "raw"),
+            proc = z.spawn(["specdec_fixtures.engines:FAKE_THREADS", "--config", "threads", "--raw", str(tmp_path / "raw"),
                             "--family", "order1", "--scale", SCALE], log_fd=log.fileno(), control=None, cpus=cpus)
             proc.wait(timeout=120)
     finally:

@@ -8,17 +8,28 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("specdec_ref", "conformance", "properties", "fixtures", "bench")
+
+
+def package_folders() -> dict[str, str]:
+    """Installed package name -> its folder: pyproject.toml's ``package-dir`` installs three folders under other
+    names (``properties/`` as ``specdec_properties``, ...); the others install as themselves."""
+    renamed = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return {"specdec_ref": "specdec_ref", "conformance": "conformance", **renamed}
+
+
+PACKAGES = package_folders()
 
 
 def modules() -> dict[str, Path]:
+    """Module name as imported (``specdec_fixtures.mutants.base``) -> its file (``fixtures/mutants/base.py``)."""
     out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for package, folder in PACKAGES.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            name = ".".join((package, *path.relative_to(ROOT / folder).with_suffix("").parts))
             out[name.removesuffix(".__init__")] = path
     return out
 

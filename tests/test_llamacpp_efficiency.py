@@ -34,7 +34,7 @@ def test_draft_path_is_the_argmax_chain_cut_by_p_min():
 
 def test_a_sample_and_match_round_is_one_hot_rejection_sampling():
     """Keeping argmax drafts while they equal the target's samples has the round law of rejection sampling with
-    one-hot drafts (accept d with p(d), replace from p without d): the oracle of properties.exact."""
+    one-hot drafts (accept d with p(d), replace from p without d): the oracle of specdec_properties.exact."""
     pair, raw_q = _rows()
     one_hot, oracle = eff.tables("order1-close", SamplingConfig(temperature=T), "one_hot")
     for start in range(8):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conformance.registry import CheckContext, all_cases, run_case
-from properties.markov import markov_pair, sequence_labels, sequence_law
+from specdec_properties.markov import markov_pair, sequence_labels, sequence_law
 from specdec_ref.contract import PAD_TOKEN, Capabilities, NotSupportedError
 
 

@@ -31,8 +31,8 @@ from conformance.decoder_checks import (
     sequence_samples,
 )
 from conformance.registry import CheckContext, all_cases, run_case
-from fixtures.mutants.cache import StalePositionsCache
-from fixtures.mutants.decoder import (
+from specdec_fixtures.mutants.cache import StalePositionsCache
+from specdec_fixtures.mutants.decoder import (
     DraftOnlyRollback,
     FeedsRejectedDraft,
     FirstRowUnwarpedAfterOneTokenPrompt,
@@ -41,8 +41,8 @@ from fixtures.mutants.decoder import (
     SamplesFromBf16Logits,
     TargetPositionOffByOne,
 )
-from fixtures.mutants.verifier import DraftTemperatureMismatch
-from properties.stats import ALPHA, TARGET_POWER, goodness_of_fit
+from specdec_fixtures.mutants.verifier import DraftTemperatureMismatch
+from specdec_properties.stats import ALPHA, TARGET_POWER, goodness_of_fit
 from specdec_ref.backend import ReferenceBackend, reference_backend
 from specdec_ref.decode import SpeculativeDecoder
 from specdec_ref.exact_models import exact_pair
@@ -189,7 +189,7 @@ def bug_law(case: str, bug: str) -> dict:
         return loop_law(P, Q, _rows(d, lambda z: torch.softmax(z, -1)), *args)
     if bug == "draft_other_settings":
         return loop_law(P, _rows(d, warp64(SamplingConfig(temperature=1.0, top_k=cfg.top_k, top_p=cfg.top_p))), Q, *args)
-    if bug == "draft_temperature_mismatch":  # fixtures.mutants.verifier.DraftTemperatureMismatch: q ** (1 / 0.7)
+    if bug == "draft_temperature_mismatch":  # specdec_fixtures.mutants.verifier.DraftTemperatureMismatch: q ** (1 / 0.7)
         return loop_law(P, Q, _rows(d, lambda z: _renormalised_power(warp(z, cfg, dtype=torch.float64), 1 / 0.7)), *args)
     if bug in ("eos_ignored", "eos_at_block_edge"):
         return loop_law(P, Q, Q, *args, eos_mode="ignored" if bug == "eos_ignored" else "block_edge")
@@ -210,7 +210,7 @@ def bug_law(case: str, bug: str) -> dict:
             return warp(torch.from_numpy(t.table[a, b, 1 - c].copy()), cfg, dtype=torch.float64).numpy()
 
         return loop_law(functools.lru_cache(maxsize=None)(flipped), Q, Q, *args)
-    if bug == "bf16_logits":  # fixtures.mutants.decoder.SamplesFromBf16Logits: both models' logits rounded to bf16
+    if bug == "bf16_logits":  # specdec_fixtures.mutants.decoder.SamplesFromBf16Logits: both models' logits rounded to bf16
         rounded = lambda z: warp(z.float().to(torch.bfloat16).double(), cfg, dtype=torch.float64)  # noqa: E731
         return loop_law(_rows(t, rounded), _rows(d, rounded), _rows(d, rounded), *args)
     raise KeyError(bug)
@@ -261,7 +261,7 @@ def test_what_the_case_comments_claim():
 
 @pytest.mark.parametrize("case", list(SEQUENCE_CASES))
 def test_sample_size_gives_the_stated_power(case):
-    """N is computed (properties.sample_size), not chosen: power 0.99 against SEQUENCE_TV at alpha 1e-6."""
+    """N is computed (specdec_properties.sample_size), not chosen: power 0.99 against SEQUENCE_TV at alpha 1e-6."""
     law = np.asarray(list(sequence_law(case).values()))
     n = sequence_samples(case)
     assert 5_000 < n < 12_000  # ~25-35 CPU-s of the reference decoder (it makes ~250-350 decodes per CPU-second)
@@ -305,7 +305,7 @@ class IgnoresEos(SpeculativeDecoder):
 
 
 class TargetStalePositions(SpeculativeDecoder):
-    """Target cache keeps counting position ids after a rollback (fixtures.mutants.cache.StalePositionsCache)."""
+    """Target cache keeps counting position ids after a rollback (specdec_fixtures.mutants.cache.StalePositionsCache)."""
 
     def __init__(self):
         super().__init__(make_cache=StalePositionsCache, make_draft_cache=fastest_cache)
@@ -419,10 +419,10 @@ def test_the_older_cases_let_the_bf16_logits_mutant_through():
         assert exact_pair(SEQUENCE_CASES[older].pair).target.logit_offset == 0
         record = run_case(_case(older), make(), CheckContext(profile="dev"))
         assert record.status == "passed", (name, older, record.status, record.message[:1500])
-    # the stated TV is that of the bf16-rounded table's own AR law (properties.sequences.continuation_law)
+    # the stated TV is that of the bf16-rounded table's own AR law (specdec_properties.sequences.continuation_law)
     import dataclasses
 
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_offset import bf16_table
 
     spec, target = SEQUENCE_CASES[case], exact_pair(SEQUENCE_CASES[case].pair).target
@@ -494,8 +494,8 @@ def test_the_stated_efficiency_shifts_are_exact_and_at_least_four_standard_error
     a uniform start token and along the decodes (the chain's occupancy over 64 tokens), and the shift along the
     decodes in standard errors of a total over 3 000 rounds (fewer than a case makes)."""
     from conformance.decoder_checks import EFFICIENCY_K, EFFICIENCY_NEW_TOKENS, EFFICIENCY_PAIR, FILTERED_EFFICIENCY
-    from properties.exact import TOKEN
-    from properties.markov import MarkovPair, accepted_moments
+    from specdec_properties.exact import TOKEN
+    from specdec_properties.markov import MarkovPair, accepted_moments
 
     cfg, stated = FILTERED_EFFICIENCY[case]
     pair = exact_pair(EFFICIENCY_PAIR)
@@ -518,7 +518,7 @@ def test_the_stated_efficiency_shifts_are_exact_and_at_least_four_standard_error
 def test_the_old_efficiency_case_lets_the_filter_order_mutant_through():
     """decoder_acceptance_is_ideal (temperature 0.7, no filter) passes the filters-before-temperature draft: only the
     filtered cases see it."""
-    from fixtures.mutants.decoder import DraftFiltersBeforeTemperature
+    from specdec_fixtures.mutants.decoder import DraftFiltersBeforeTemperature
 
     (case,) = [c for c in all_cases(["decoder_acceptance_is_ideal"])]
     record = run_case(case, ReferenceBackend(decoder=DraftFiltersBeforeTemperature()), CheckContext(profile="ci"))

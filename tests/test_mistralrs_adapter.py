@@ -108,7 +108,7 @@ def test_chat_request_fields():
 
 
 def test_tie_dependent_cases_are_exactly_those_whose_law_depends_on_the_rule():
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     dependent = []

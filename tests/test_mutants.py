@@ -8,9 +8,10 @@ import pytest
 
 from conformance.registry import CheckContext, all_cases, run_case
 from conformance.backends import load_backend
-from conformance.replay import FIXTURE_DIR, load_replay
-from fixtures.mutants import MUTANTS as ALL_MUTANTS
-from fixtures.mutants import batch, cache, decoder, proposer, sglang, tree, tree_decoder, verifier
+from conformance.replay import load_replay
+from specdec_fixtures.mutants import MUTANTS as ALL_MUTANTS
+from specdec_fixtures.mutants import batch, cache, decoder, proposer, sglang, tree, tree_decoder, verifier
+from specdec_fixtures.mutants.replays import FIXTURE_DIR
 from specdec_ref.backend import reference_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +31,7 @@ def test_registry_names_are_unique_and_every_kind_is_scored():
 @pytest.mark.parametrize("name", list(ALL_MUTANTS))
 def test_mutant_spec_loads_a_backend_of_that_name(name):
     mutant = ALL_MUTANTS[name]
-    assert mutant.spec == f"fixtures.mutants.{mutant.kind}:{name}"
+    assert mutant.spec == f"specdec_fixtures.mutants.{mutant.kind}:{name}"
     backend = load_backend(mutant.spec)  # runs specdec_ref.contract.check_backend
     assert backend.name == f"mutant.{name}"
 
@@ -101,7 +102,7 @@ def test_command_line_names_the_failed_check():
     """`pytest conformance/ --specdec-backend=<mutant>` exits non-zero, prints NOT CERTIFIED and the check."""
     cmd = [
         sys.executable, "-m", "pytest", "conformance/test_verifier.py", "-q", "-p", "no:randomly",
-        "--specdec-backend=fixtures.mutants.verifier:accept_after_rejection", "-k", "accepted_length_law and balanced",
+        "--specdec-backend=specdec_fixtures.mutants.verifier:accept_after_rejection", "-k", "accepted_length_law and balanced",
         "--hypothesis-profile=dev",  # a tenth of the ci sample still rejects this mutant; the CLI path is what is tested
     ]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTEST_XDIST_WORKER": ""})

@@ -131,7 +131,7 @@ def test_heap_top_k_gives_the_lowest_ids_law_on_every_row_the_matrix_reaches():
     top-p) has the law of the reference warp with ``top_k_ties="lowest_ids"``, and the heap keeps exactly the lowest
     ids. On rows the matrix does not reach neither holds (row 0 of order1 under the warp settings: top-p keeps one of
     three tied tokens and the heap's order picks id 2), nor does it in general (the counter-example at the end)."""
-    from properties.sequences import next_token_law
+    from specdec_properties.sequences import next_token_law
 
     kinds = Counter()
     for c in CASES:
@@ -167,7 +167,7 @@ def _tv(a: dict, b: dict) -> float:
 
 
 def _exact(model: str, c, length: int) -> dict:
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
 
     em = exact_model(model)
     s = ovad.ADAPTER.conventions.sampling(c.sampling)

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from conformance import report as rep
-from properties.scenarios import STAT_SCENARIOS
+from specdec_properties.scenarios import STAT_SCENARIOS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = "structure or seeded"
-MUTANT = "fixtures.mutants.verifier:bonus_missing"
+MUTANT = "specdec_fixtures.mutants.verifier:bonus_missing"
 
 
 def run_suite(tmp_path: Path, *args: str, name: str = "cert.json", files=("conformance/test_verifier.py",)):

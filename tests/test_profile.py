@@ -2,7 +2,7 @@
 overheads, the phase check, the batch tail and the verdict come out as the injected costs say.
 
 The fakes' forwards and host work advance a virtual clock by known amounts, and the tool reads the same clock
-(``bench.profile_timing.CLOCK``), so every figure is exact and no result depends on how loaded the machine is
+(``specdec_bench.profile_timing.CLOCK``), so every figure is exact and no result depends on how loaded the machine is
 (busy-waits on a shared 2-core machine overshoot by a scheduler slice whenever the deadline falls while the process
 is descheduled). The real clock is exercised end to end by tests/test_profile_cli.py. Nothing here asserts how
 fast real decoding is.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bench.profile_timing
-from bench.profile import profile
-from bench.profile_model import Costs, breakeven_alpha, verdict
-from bench.profile_stats import bootstrap_median, paired_ratio
+import specdec_bench.profile_timing
+from specdec_bench.profile import profile
+from specdec_bench.profile_model import Costs, breakeven_alpha, verdict
+from specdec_bench.profile_stats import bootstrap_median, paired_ratio
 from specdec_ref.contract import Capabilities, DecodeResult, RoundRecord
 from specdec_ref.models import tiny_lm
 
@@ -36,7 +36,7 @@ CLOCK = VirtualClock()
 @pytest.fixture(scope="module", autouse=True)
 def virtual_time():
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench.profile_timing, "CLOCK", CLOCK)
+        mp.setattr(specdec_bench.profile_timing, "CLOCK", CLOCK)
         yield
 
 
@@ -357,7 +357,7 @@ def test_a_backend_without_on_round_is_timed_as_whole_calls():
 
 def test_negative_host_work_is_noted_not_reported_as_host_work():
     """A fitted host term below zero (forwards timed apart dearer than in the decodes) gets a note naming it."""
-    from bench.profile_report import _negative_host_work
+    from specdec_bench.profile_report import _negative_host_work
 
     assert _negative_host_work({"o_ar": 1e-4, "o_d": 0.0, "o_0": 2e-4, "o_verify": None}) == []
     (note,) = _negative_host_work({"o_ar": -1.173e-3, "o_d": 1e-4, "o_0": -3.3e-5, "o_verify": -2.2e-4})

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from bench.cli import main
-from bench.profile_plots import PlotsUnavailable, write_plots
+from specdec_bench.cli import main
+from specdec_bench.profile_plots import PlotsUnavailable, write_plots
 
 ARGS = ["profile", "--k", "1,2", "--prompts", "2", "--repeats", "1", "--new-tokens", "8", "--prompt-length", "8",
         "--contexts", "8,16,1000", "--context-repeats", "1", "--cost-seconds", "0.003"]

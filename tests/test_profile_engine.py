@@ -11,11 +11,11 @@ from types import SimpleNamespace
 
 import pytest
 
-import bench.profile_engine as pe
-import bench.profile_timing
-from bench.cli import main
-from bench.profile_report import markdown_report, text_report
-from bench import vllm_profile
+import specdec_bench.profile_engine as pe
+import specdec_bench.profile_timing
+from specdec_bench.cli import main
+from specdec_bench.profile_report import markdown_report, text_report
+from specdec_bench import vllm_profile
 
 MS = 1e-3
 PREFILL = 30 * MS
@@ -60,7 +60,7 @@ class FakeEngine:
 @pytest.fixture
 def clock(monkeypatch):
     c = VirtualClock()
-    monkeypatch.setattr(bench.profile_timing, "CLOCK", c)
+    monkeypatch.setattr(specdec_bench.profile_timing, "CLOCK", c)
     return c
 
 
@@ -201,10 +201,10 @@ def test_exact_pair_and_head_size_fallback(tmp_path, monkeypatch):
     chosen = vllm_profile.prepare_pair("exact:order1-close", tmp_path, prompts=3, length=5, seed=1)
     assert len(chosen["prompts"]) == 3 and all(len(p) == 5 and max(p) < 8 for p in chosen["prompts"])
     assert chosen["efficiency_pair"] == "order1-close" and chosen["positions"] == 128
-    import bench.profile
+    import specdec_bench.profile
 
     fake = SimpleNamespace(config=SimpleNamespace(head_dim=48, max_position_embeddings=4096))
-    monkeypatch.setattr(bench.profile, "load_pair", lambda name: (fake, fake, None, "wide", None))
+    monkeypatch.setattr(specdec_bench.profile, "load_pair", lambda name: (fake, fake, None, "wide", None))
     monkeypatch.setattr(vllm_profile, "_cpu_head_sizes", lambda: [32, 64])
     fell = vllm_profile.prepare_pair("wide-exact", tmp_path, prompts=2, length=4, seed=0)
     assert fell["target"] == chosen["target"] and "head sizes {'target': 48, 'draft': 48}" in fell["reason"]
@@ -218,7 +218,7 @@ def test_importing_the_profile_and_the_runner_never_imports_vllm():
     import sys
     from pathlib import Path
 
-    code = "import sys, bench.cli, bench.profile_engine, bench.vllm_profile; sys.exit(1 if 'vllm' in sys.modules else 0)"
+    code = "import sys, specdec_bench.cli, specdec_bench.profile_engine, specdec_bench.vllm_profile; sys.exit(1 if 'vllm' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
@@ -227,16 +227,16 @@ def test_importing_the_profile_and_the_runner_never_imports_vllm():
 def test_the_profile_takes_any_adapter_the_same_way():
     """``profile-engine --engine NAME --configs control,...``: the adapter's configurations are the variants, through
     the engine-neutral sessions (here the fake engine of fixtures/engines.py, whose sampler reports drafts)."""
-    from bench.adapter_profile import profile_adapter
+    from specdec_bench.adapter_profile import profile_adapter
 
-    report = profile_adapter(engine="fixtures.engines:FAKE", configs=["spec", "control"], prompts=2, repeats=2,
+    report = profile_adapter(engine="specdec_fixtures.engines:FAKE", configs=["spec", "control"], prompts=2, repeats=2,
                              prompt_length=4, new_tokens=6, mode="sampling", log=None)
     (row,) = report["rows"]
     assert row["variant"] == "spec k=3" and row["calls"] == 4 and report["settings"]["configs"] == ["control", "spec"]
     assert row["acceptance"]["alpha"] == 0.5 and row["acceptance"]["tokens_per_round"] is None  # totals only
     assert report["verdict"].startswith(("PAYS", "DOES NOT PAY"))
     with pytest.raises(ValueError, match="exactly one configuration without speculation"):
-        profile_adapter(engine="fixtures.engines:FAKE", configs=["spec", "silent"], log=None)
+        profile_adapter(engine="specdec_fixtures.engines:FAKE", configs=["spec", "silent"], log=None)
     with pytest.raises(ValueError, match="exceeds"):
-        profile_adapter(engine="fixtures.engines:FAKE", configs=["control", "spec"], prompt_length=100, new_tokens=40,
+        profile_adapter(engine="specdec_fixtures.engines:FAKE", configs=["control", "spec"], prompt_length=100, new_tokens=40,
                         log=None)

@@ -53,7 +53,7 @@ def test_the_exact_eagle_head_is_exact_on_a_wide_target():
     proposes by the same float64 law as on the order-1 checkpoint, bit for bit, first step and chained."""
     import numpy as np
 
-    from properties.proposals import law_of
+    from specdec_properties.proposals import law_of
     from specdec_ref.exact_heads import exact_eagle_head
 
     target = build_wide_exact("order1-target", SMALL)
@@ -72,7 +72,7 @@ def test_the_exact_eagle_head_is_exact_on_a_wide_target():
 def test_profile_with_a_proposer_without_a_draft_model(proposer):
     """``specdec-bench profile --proposer``: prompt lookup costs no draft forward (C_D = 0), the EAGLE head one decoder
     layer of the target's width; neither feeds anything in the repair (no f_k C_D term); greedy equals AR."""
-    from bench.profile import profile
+    from specdec_bench.profile import profile
 
     wide = dict(layers=1, hidden=128, intermediate=128)
     report = profile(None, pair="wide-exact", proposer=proposer, ks=(1, 2), prompts=1, prompt_length=8, new_tokens=12,

@@ -1,11 +1,11 @@
 """The proposer seam (specdec_ref.proposers, specdec_ref.heads), the exactly-known heads (specdec_ref.exact_heads) and
-their float64 laws (properties.proposals): exactness of the heads, the effect each proposer bug has, the contract."""
+their float64 laws (specdec_properties.proposals): exactness of the heads, the effect each proposer bug has, the contract."""
 import numpy as np
 import pytest
 import torch
 
-from properties.exact import TOKEN
-from properties.proposals import Eagle3Law, EagleLaw, MtpLaw, NgramLaw, greedy_round, law_of, round_acceptance
+from specdec_properties.exact import TOKEN
+from specdec_properties.proposals import Eagle3Law, EagleLaw, MtpLaw, NgramLaw, greedy_round, law_of, round_acceptance
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
 from specdec_ref.exact_deep import deep_channel, deep_target
@@ -370,8 +370,8 @@ def test_bad_eagle3_and_mtp_specs_are_named_errors(target):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3", "mtp"])
 def test_batched_sampled_head_caches_are_a_fresh_read_after_every_round(target, kind):
     """decode_batch, sampled drafts, rows of 1 to 4 prompt tokens: after every round each row's head cache equals a
-    fresh read of its committed pairs (properties.stateful_cache.fresh_head_kv), within the round's bounds."""
-    from properties.stateful_cache import compare_kv, fresh_head_kv
+    fresh read of its committed pairs (specdec_properties.stateful_cache.fresh_head_kv), within the round's bounds."""
+    from specdec_properties.stateful_cache import compare_kv, fresh_head_kv
 
     model, spec = _target_and_spec(target, kind, True)
     reqs = [Request(prompt=[1, 2, 1, 2][: 1 + s % 4], max_new_tokens=10, sampling=SamplingConfig(temperature=1.0),

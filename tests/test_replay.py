@@ -8,16 +8,15 @@ import pytest
 
 from conformance.profiles import DEFAULT_SEED
 from conformance.replay import (
-    FIXTURE_DIR,
     SCHEMA,
     load_replay,
     main,
     run_replay,
     save_replay,
 )
-from fixtures.mutants import MUTANTS as ALL_MUTANTS
-from fixtures.mutants.replays import fixture_for
-from properties.scenarios import STAT_SCENARIOS
+from specdec_fixtures.mutants import MUTANTS as ALL_MUTANTS
+from specdec_fixtures.mutants.replays import FIXTURE_DIR, fixture_for
+from specdec_properties.scenarios import STAT_SCENARIOS
 from specdec_ref.backend import reference_backend
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -50,7 +49,7 @@ def test_fixture_loads_and_is_what_the_generator_writes(name):
     assert (replay.scenario is not None) == (stat_verifier and "scenario" in replay.params)
     expected = json.dumps(fixture_for(mutant, replay.case), indent=2) + "\n"
     with open(fixture_path(name), encoding="utf-8") as fh:
-        assert fh.read() == expected, "hand-edited? rebuild with python -m fixtures.mutants --regenerate-replays"
+        assert fh.read() == expected, "hand-edited? rebuild with python -m specdec_fixtures.mutants --regenerate-replays"
 
 
 @pytest.mark.parametrize("name", CHEAP + [STATISTICAL])
@@ -153,7 +152,7 @@ def test_save_validates_and_writes_atomically(tmp_path):
 
 def test_command_exit_status(capsys):
     path = fixture_path("bonus_missing")
-    assert main([path, "--backend", "fixtures.mutants.verifier:bonus_missing"]) == 1
+    assert main([path, "--backend", "specdec_fixtures.mutants.verifier:bonus_missing"]) == 1
     out = capsys.readouterr().out
     assert "structure_sampling" in out and "FAILED" in out and "not in [0, " in out
     assert main([path, "--backend", "specdec_ref.backend:reference_backend"]) == 0
@@ -173,7 +172,7 @@ def _pytest(*args):
 
 def test_pytest_option_end_to_end():
     fixture = "--specdec-replay=fixtures/replays/bonus_missing.json"
-    out = _pytest(fixture, "--specdec-backend=fixtures.mutants.verifier:bonus_missing")
+    out = _pytest(fixture, "--specdec-backend=specdec_fixtures.mutants.verifier:bonus_missing")
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "test_replay[bonus_missing-structure_sampling]" in out.stdout and "NOT CERTIFIED" in out.stdout
     assert "1 failed" in out.stdout

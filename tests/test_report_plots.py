@@ -9,7 +9,7 @@ import pytest
 
 from conformance.registry import CheckContext, all_cases, run_case
 from conformance.report import certificate_for_records, write_certificate
-from fixtures.mutants import MUTANTS
+from specdec_fixtures.mutants import MUTANTS
 from specdec_ref.backend import reference_backend, typical_backend
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -8,9 +8,9 @@ import torch
 
 from conformance.registry import CheckContext, all_cases, run_case
 from conformance.tree_proposer_checks import tree_drafter
-from fixtures.mutants import MUTANTS
-from properties.proposals import greedy_round, law_of
-from properties.tree_proposals import greedy_tree, sampled_tree_verdict
+from specdec_fixtures.mutants import MUTANTS
+from specdec_properties.proposals import greedy_round, law_of
+from specdec_properties.tree_proposals import greedy_tree, sampled_tree_verdict
 from specdec_ref.backend import ReferenceBackend
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder
@@ -79,7 +79,7 @@ def test_tree_records_carry_the_exact_tree(kind):
 def test_a_tree_that_breaks_the_rule_is_named():
     """The sampled tree rule names the node: a wrong parent, a token of probability 0, a wrong reported probability,
     a tree of the wrong size."""
-    from properties.proposals import MedusaLaw
+    from specdec_properties.proposals import MedusaLaw
 
     law, config = MedusaLaw(TARGET, 3), SamplingConfig(temperature=1.0)
     text = [1, 2, 1]

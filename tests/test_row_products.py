@@ -56,7 +56,7 @@ def test_a_batch_invariance_failure_names_row_dependent_products(monkeypatch):
     import conformance.check_helpers as helpers
     import specdec_ref.row_products as products
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants import MUTANTS
+    from specdec_fixtures.mutants import MUTANTS
 
     (case,) = all_cases(["batch_seeded_requests_reproduce_alone"])
     mutant = MUTANTS["decoder_one_stream_for_all_rows"].backend()

@@ -22,7 +22,7 @@ from conformance.samples import (
     split_ties,
     write_jsonl,
 )
-from properties.sequences import continuation_law
+from specdec_properties.sequences import continuation_law
 from specdec_ref.exact_models import exact_model
 from specdec_ref.warp import GREEDY, SamplingConfig
 
@@ -89,7 +89,7 @@ def chain_sampler(model, prompt, n, first: SamplingConfig, later: SamplingConfig
     With ``later`` another law, this is an engine whose prefill sampling is right and whose drafted positions are
     not: exactly what a test of the first token alone cannot see.
     """
-    from properties.sequences import next_token_law
+    from specdec_properties.sequences import next_token_law
 
     rng = np.random.default_rng(seed)
     rows = {t: next_token_law(model, [t], [()], later).numpy()[0] for t in range(model.vocab)}
@@ -294,7 +294,7 @@ def test_a_greedy_bug_is_located_and_classified(model, tmp_path):
 
 
 def test_a_greedy_near_tie_is_a_numerical_flip_only_within_the_tolerance(model):
-    """The classification is properties.flips': within the tolerance of the row maximum is a flip, reported, and the
+    """The classification is specdec_properties.flips': within the tolerance of the row maximum is a flip, reported, and the
     rest of the completion is checked along the engine's path; beyond it, a bug. The exact models' float32 and
     bfloat16 forwards return the table logits bit for bit and every row's maximum is unique, so with the dtype
     tolerances any divergence from them is a bug; an explicit tolerance shows the flip branch."""

@@ -13,7 +13,7 @@ import pytest
 from conformance.samples import certify_samples, main, write_jsonl
 from conformance.samples.conventions import IGNORABLE, ignored_alternatives
 from conformance.samples.law import parse_logit_bias
-from properties.sequences import continuation_law
+from specdec_properties.sequences import continuation_law
 from specdec_ref.exact_models import exact_model
 from specdec_ref.warp import SamplingConfig
 

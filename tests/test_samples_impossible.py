@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from conformance.samples import CERTIFIED, NOT_CERTIFIED, SamplesInputError, certify_samples, main, write_jsonl
-from properties.sequences import continuation_law, processed_logits64
-from properties.transitions import AFTER_IMPOSSIBLE, first_impossible, tie_split_mask
+from specdec_properties.sequences import continuation_law, processed_logits64
+from specdec_properties.transitions import AFTER_IMPOSSIBLE, first_impossible, tie_split_mask
 from specdec_ref.exact_models import exact_model
 from specdec_ref.warp import GREEDY, SamplingConfig, warp
 

@@ -16,7 +16,7 @@ from conformance.engines.calibration import draw_lines
 from conformance.samples.cli import main as cli
 from conformance.samples.looks import Looks, run_looks
 from conformance.samples.growing import GrowingFile
-from properties.early_pass import reserve_scale
+from specdec_properties.early_pass import reserve_scale
 
 WARP = case("warp")
 
@@ -110,7 +110,7 @@ def test_a_growing_file_gets_the_whole_files_verdict_and_runs_each_look_once(tmp
 def test_greedy_files_get_one_look_and_a_divergence_on_part_of_them_rejects():
     g = case("greedy")
     looks = Looks.whole(g.n)
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     em = exact_model(g.model)

@@ -1,6 +1,6 @@
 """Verification schemes: the oracle's exact laws, the reference implementations, and their certification.
 
-The oracle (``properties.exact``) is checked against the schemes' definitions independently of the
+The oracle (``specdec_properties.exact``) is checked against the schemes' definitions independently of the
 implementations: token-wise enumeration equals the closed form, every lossless scheme's multi-round
 law equals the target's, and block verification reproduces the paper's example and never accepts
 fewer drafts than token-wise verification. The implementations (``specdec_ref.schemes``) are then
@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 
 from conformance.registry import CheckContext, all_cases, load_check_modules, run_case, run_checks
 from conformance.report import LOSSY, certificate_for_records
-from properties import exact
-from properties.markov import MarkovPair, markov_pair, scheme_sequence_law, sequence_law, simulate
-from properties.sampling import BackendOutputError, check_block_output
-from properties.scenarios import STAT_SCENARIOS, for_scheme, to_float32_rows
-from properties.stats import estimate_tv
-from properties.strategies import distribution_pairs
+from specdec_properties import exact
+from specdec_properties.markov import MarkovPair, markov_pair, scheme_sequence_law, sequence_law, simulate
+from specdec_properties.sampling import BackendOutputError, check_block_output
+from specdec_properties.scenarios import STAT_SCENARIOS, for_scheme, to_float32_rows
+from specdec_properties.stats import estimate_tv
+from specdec_properties.strategies import distribution_pairs
 from specdec_ref.backend import block_backend, no_bonus_backend, one_hot_draft_backend, reference_backend, typical_backend
 from specdec_ref.contract import PAD_TOKEN, SCHEMES, Capabilities
 from specdec_ref.schemes import BlockwiseVerifier
@@ -54,9 +54,9 @@ def test_paper_example_block_verification_accepts_11_9_against_10_9():
 
 def test_paper_example_reproduced_by_the_reference_implementation():
     """The same example through BlockwiseVerifier: its accepted-length law fits the exact one."""
-    from properties.stats import assert_fits
+    from specdec_properties.stats import assert_fits
 
-    from properties.sample_size import required_samples, with_margin
+    from specdec_properties.sample_size import required_samples, with_margin
 
     gen = torch.Generator().manual_seed(5)
     q = torch.tensor([[2 / 3, 1 / 3]] * 2)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from properties.sequences import (
+from specdec_properties.sequences import (
     IMPOSSIBLE_LABEL,
     OTHER_LABEL,
     boundary_margin,
@@ -13,7 +13,7 @@ from properties.sequences import (
     law_to_cells,
     sequence_label,
 )
-from properties.stats import goodness_of_fit
+from specdec_properties.stats import goodness_of_fit
 from specdec_ref.models import next_token_logits, tiny_lm
 from specdec_ref.warp import SamplingConfig, warp
 

@@ -5,7 +5,7 @@
 * the layout conversion round-trips chains, stars, k-ary and random trees, padded rows in one batch;
 * greedy through the adapter equals :class:`DeterministicTreeVerifier` exactly; sampling at thresholds (1, 1)
   follows the deterministic scheme's exact law of (accepted path, final token) (chi-square, N and alpha stated
-  by ``properties.stats``), the reference on the same trees too;
+  by ``specdec_properties.stats``), the reference on the same trees too;
 * thresholds below 1 accept more (numbers in the test); every mutant is caught here at unit level;
 * bad input raises ValueError.
 """
@@ -21,10 +21,10 @@ import torch
 from hypothesis import given, note
 
 from conformance.backends import load_backend
-from fixtures.mutants import MUTANTS as ALL_MUTANTS
-from fixtures.mutants import sglang as sglang_mutants
-from properties.stats import assert_fits, goodness_of_fit
-from properties.strategies import tree_blocks
+from specdec_fixtures.mutants import MUTANTS as ALL_MUTANTS
+from specdec_fixtures.mutants import sglang as sglang_mutants
+from specdec_properties.stats import assert_fits, goodness_of_fit
+from specdec_properties.strategies import tree_blocks
 from specdec_ref.contract import check_backend
 from specdec_ref.sglang import (
     LOSSY_THRESHOLDS,
@@ -512,7 +512,7 @@ def test_every_sglang_mutant_is_caught_at_unit_level(name):
 
 
 def test_law_fit_helper_reports_n_alpha_and_power():
-    """The law checks above go through properties.stats (N, alpha, power stated)."""
+    """The law checks above go through specdec_properties.stats (N, alpha, power stated)."""
     parents, vocab = LAW_TREES["star3"]
     tokens, parents_t, target = padded_batch([parents], vocab, seed=5)
     result = law_fit(sglang_port_backend(), tokens[0], parents_t[0], target[0], rows=40_000, seed=1, what="star3")

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from properties.stateful_cache import compare_kv, fresh_prefill, run_cache_machine
+from specdec_properties.stateful_cache import compare_kv, fresh_prefill, run_cache_machine
 from specdec_ref.cache import ATOL, RTOL, ModelCache
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
 from specdec_ref.models import next_token_logits, tiny_lm

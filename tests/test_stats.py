@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from properties import exact
-from properties.sample_size import required_blocks
-from properties.scenarios import STAT_SCENARIOS, balanced_scenario, mix_for_acceptance
-from properties.stats import (
+from specdec_properties import exact
+from specdec_properties.sample_size import required_blocks
+from specdec_properties.scenarios import STAT_SCENARIOS, balanced_scenario, mix_for_acceptance
+from specdec_properties.stats import (
     assert_total,
     ALPHA,
     TARGET_POWER,
@@ -172,7 +172,7 @@ def _chain(rng, table, start, n, steps):
 def test_transition_test_holds_its_level_on_a_chain_and_states_its_power():
     """Visit counts are random, each step a fresh draw given the past: the pooled statistic is chi-square under the
     null (false alarms near alpha over 400 chains), and a chain 0.05 off in every row is caught as stated."""
-    from properties.stats import conditional_goodness_of_fit
+    from specdec_properties.stats import conditional_goodness_of_fit
 
     rng = np.random.default_rng(0)
     table = rng.dirichlet(np.ones(4) * 3, size=4)
@@ -201,8 +201,8 @@ def test_transition_test_holds_its_level_on_a_chain_and_states_its_power():
 def test_reserve_scale_raises_the_power_by_beta_at_every_df():
     """Sizing the full look up by reserve_scale() gives power >= TARGET + beta for any df (the union bound then keeps
     the procedure's power >= TARGET): checked where the ratio is largest (df 1) and far out."""
-    from properties.early_pass import EARLY_PASS_BETA, reserve_scale
-    from properties.stats import ALPHA, TARGET_POWER, _noncentrality_for_power
+    from specdec_properties.early_pass import EARLY_PASS_BETA, reserve_scale
+    from specdec_properties.stats import ALPHA, TARGET_POWER, _noncentrality_for_power
 
     scale = reserve_scale()
     assert 1.0 < scale < 1.1
@@ -212,7 +212,7 @@ def test_reserve_scale_raises_the_power_by_beta_at_every_df():
 
 
 def _fit(observed, expected, tv=0.05):
-    from properties.stats import goodness_of_fit
+    from specdec_properties.stats import goodness_of_fit
 
     return goodness_of_fit(observed, expected, what="t", labels=[str(i) for i in range(len(expected))], tv=tv)
 
@@ -220,7 +220,7 @@ def _fit(observed, expected, tv=0.05):
 def test_futility_bound_is_exceeded_by_a_law_at_the_stated_tv_with_probability_one_minus_beta():
     """Simulated: samples from a law at TV 0.05 (the stated TV) fall at or below the early-pass bound in at most
     about beta of the draws; samples from the exact law fall there in most draws (the saving)."""
-    from properties.early_pass import EARLY_PASS_BETA, futility_bound
+    from specdec_properties.early_pass import EARLY_PASS_BETA, futility_bound
 
     rng = np.random.default_rng(7)
     p = np.full(8, 1 / 8)
@@ -239,7 +239,7 @@ def test_futility_bound_is_exceeded_by_a_law_at_the_stated_tv_with_probability_o
 
 
 def test_early_pass_decisions():
-    from properties.early_pass import early_pass, futility_bound
+    from specdec_properties.early_pass import early_pass, futility_bound
 
     p = np.full(8, 1 / 8)
     calm = _fit(np.full(8, 750), p).as_record()
@@ -262,8 +262,8 @@ def test_early_pass_decisions():
 def test_early_pass_power_is_the_full_looks_net_of_beta():
     """A case that passed early states the power of the full look it replaced (pooling recomputed at that N) minus
     beta; a full look after a probe states its own power minus beta."""
-    from properties.early_pass import EARLY_PASS_BETA, spend_early_pass_power
-    from properties.stats import power_against_tv
+    from specdec_properties.early_pass import EARLY_PASS_BETA, spend_early_pass_power
+    from specdec_properties.stats import power_against_tv
 
     p = np.r_[np.full(6, 0.16), 0.03, 0.01]
     fit = _fit(np.round(p * 400).astype(int), p)
@@ -282,7 +282,7 @@ def test_early_pass_power_is_the_full_looks_net_of_beta():
 def test_a_total_passes_early_only_when_its_z_is_small():
     """A total test's early-pass bound on |z|: a shift of the full look's detectable shift per trial exceeds it with
     probability >= 1 - beta at the probe (normal approximation), and the exact mean lies well inside it."""
-    from properties.early_pass import EARLY_PASS_BETA, early_pass, futility_bound, planned_shift, spend_early_pass_power
+    from specdec_properties.early_pass import EARLY_PASS_BETA, early_pass, futility_bound, planned_shift, spend_early_pass_power
     from scipy import stats as st
 
     rng = np.random.default_rng(3)

@@ -14,8 +14,8 @@ from conformance.engines.features import text_note, twin_check
 from conformance.engines.matrix import case
 from conformance.samples import certify_samples
 from conformance.samples.command import replay_command
-from properties.sequences import continuation_law
-from properties.stops import StopStrings
+from specdec_properties.sequences import continuation_law
+from specdec_properties.stops import StopStrings
 from specdec_ref.exact_models import exact_model
 from specdec_ref.warp import SamplingConfig
 
@@ -58,7 +58,7 @@ def test_the_stopped_law_is_the_free_law_cut_at_each_stop():
 
 def _records(n: int, seed: int, mutate=None):
     """Exact completions of the stop-strings case (prompt [0], T 1, max 5, EOS on) with their text."""
-    from fixtures.engines import _next
+    from specdec_fixtures.engines import _next
 
     rng = np.random.default_rng(seed)
     out = []
@@ -131,7 +131,7 @@ def test_each_stop_string_bug_is_not_certified_with_its_line(mutate, says):
 
 def test_an_engine_that_ignores_stop_strings_is_not_certified():
     """Without the rule applied by the engine every completion runs to EOS or max_tokens: tokens after the stop."""
-    from fixtures.engines import _next
+    from specdec_fixtures.engines import _next
 
     rng = np.random.default_rng(3)
     recs = []
@@ -181,7 +181,7 @@ def test_the_text_note_names_held_back_text_and_the_twin_check_compares_seeds(tm
 def test_the_runner_names_each_planted_stop_string_bug(tmp_path):
     """FAKE_TEXT (fixtures/engines.py): the exact control is certified and its stream per seed identical to its
     non-streamed twin; each planted public bug is NOT CERTIFIED with its line or its explanation."""
-    assert runner.main(["fixtures.engines:FAKE_TEXT", "--out", str(tmp_path), "--scale", "0.25"]) == 0
+    assert runner.main(["specdec_fixtures.engines:FAKE_TEXT", "--out", str(tmp_path), "--scale", "0.25"]) == 0
     configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
     control = configs["control"]["cases"]
     assert control["stop-strings"]["level"] in ("certified", "reduced"), control["stop-strings"]["headline"]

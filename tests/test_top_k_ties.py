@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conformance.samples import split_ties
-from properties.sequences import continuation_law, next_token_law
+from specdec_properties.sequences import continuation_law, next_token_law
 from specdec_ref.contract import NotSupportedError
 from specdec_ref.exact_models import exact_model
 from specdec_ref.hf_backends import hf_sampling_options
@@ -112,7 +112,7 @@ def _order1_law(prompt, n, temperature, k, ties, eos):
 
 @pytest.mark.parametrize("ties", TOP_K_TIES)
 def test_the_exact_laws_apply_the_declared_rule(ties):
-    """properties.sequences (what the black-box tool tests against) equals an independent enumerator under either rule,
+    """specdec_properties.sequences (what the black-box tool tests against) equals an independent enumerator under either rule,
     and the two rules differ exactly at the table rows where top-k 2 cuts a tie (rows 0 and 5 of order1-target)."""
     model = exact_model("order1-target")
     cfg = SamplingConfig(temperature=1.5, top_k=2, top_k_ties=ties)

@@ -8,11 +8,11 @@ from hypothesis import given, settings
 
 from conformance.registry import CheckContext, all_cases, run_checks
 from conformance.report import certificate_for_records
-from properties import tree_exact
-from properties.markov import markov_pair
-from properties.sampling import BackendOutputError
-from properties.strategies import tree_blocks
-from properties.tree_sampling import check_tree_output, draw_markov_trees, sibling_index
+from specdec_properties import tree_exact
+from specdec_properties.markov import markov_pair
+from specdec_properties.sampling import BackendOutputError
+from specdec_properties.strategies import tree_blocks
+from specdec_properties.tree_sampling import check_tree_output, draw_markov_trees, sibling_index
 from specdec_ref.backend import deterministic_tree_backend, recursive_tree_backend, reference_backend
 from specdec_ref.contract import Capabilities, check_backend
 from specdec_ref.schemes import OneHotDraftVerifier

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from conformance.decoder_checks import _cache_hook, model_pair, prompts
-from properties.stateful_cache import compare_kv, fresh_prefill
+from specdec_properties.stateful_cache import compare_kv, fresh_prefill
 from specdec_ref.backend import ReferenceBackend, reference_backend
 from specdec_ref.cache import ModelCache, tree_layout
 from specdec_ref.contract import check_backend
@@ -346,7 +346,7 @@ def test_reference_backend_claims_and_delegates_decode_tree():
 
 
 def test_tree_decoder_benchmark_rows(capsys):
-    from bench.tree_decoder import SUBCOMMAND, shape_list
+    from specdec_bench.tree_decoder import SUBCOMMAND, shape_list
 
     import argparse
 
@@ -379,8 +379,8 @@ def test_the_stated_tree_efficiency_shifts_are_exact(case, stated):
 
     from conformance.decoder_checks import EFFICIENCY_NEW_TOKENS, EFFICIENCY_PAIR, FILTERED_EFFICIENCY
     from conformance.tree_decoder_checks import TREE_EFFICIENCY_DECODES, TREE_EFFICIENCY_DEPTH, TREE_EFFICIENCY_WIDTH
-    from properties.markov import MarkovPair
-    from properties.tree_exact import kary, tree_accepted_moments
+    from specdec_properties.markov import MarkovPair
+    from specdec_properties.tree_exact import kary, tree_accepted_moments
     from specdec_ref.exact_models import exact_pair
     from specdec_ref.warp import min_p_filter, scale_temperature, top_k_filter, top_p_filter, warp
 
@@ -409,7 +409,7 @@ def test_the_tree_law_check_lets_the_tree_filter_order_mutant_through():
     """Drawing children filtered before the temperature (q honest) is exact: tree_decoder_sequence_law passes it (dev
     scale); only the acceptance check sees it."""
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants import MUTANTS
+    from specdec_fixtures.mutants import MUTANTS
 
     mutant = MUTANTS["tree_draft_filters_before_temperature"].backend()
     for case in all_cases(["tree_decoder_sequence_law"]):
@@ -425,8 +425,8 @@ def test_the_stated_tree_position_limit_shift_is_exact():
 
     from conformance.decoder_checks import SEQUENCE_CASES, sequence_eos, sequence_law, sequence_models
     from conformance.tree_decoder_checks import LAW_WIDTH, TREE_SEQUENCE_CASES
-    from fixtures.mutants.tree_decoder import TreeGreedyFallbackAtPositionLimit
-    from properties.stats import ALPHA, goodness_of_fit
+    from specdec_fixtures.mutants.tree_decoder import TreeGreedyFallbackAtPositionLimit
+    from specdec_properties.stats import ALPHA, goodness_of_fit
 
     case = "position_limit"
     spec, eos = SEQUENCE_CASES[case], sequence_eos(case)
@@ -467,7 +467,7 @@ def test_the_older_tree_case_lets_the_tree_position_limit_mutant_through():
     """The position case ends far below the models' maximum positions: a wrong plain target step passes it (dev scale);
     only the position_limit case sees it (tests/test_mutants.py)."""
     from conformance.registry import CheckContext, all_cases, run_case
-    from fixtures.mutants import MUTANTS
+    from specdec_fixtures.mutants import MUTANTS
 
     mutant = MUTANTS["tree_greedy_fallback_at_position_limit"].backend()
     (case,) = [c for c in all_cases(["tree_decoder_sequence_law"]) if c.case_id == "position"]

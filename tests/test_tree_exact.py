@@ -1,16 +1,16 @@
-"""The tree oracle (``properties.tree_exact``) against the contract's definitions, independently of
+"""The tree oracle (``specdec_properties.tree_exact``) against the contract's definitions, independently of
 ``specdec_ref``: every exact scheme, drafted by its own protocol, is lossless on every tree shape
 (round after round its text law is the target's); a mismatched protocol is not; chains reduce to the
-chain schemes of ``properties.exact``; greedy follows the argmax path; hand-computed examples."""
+chain schemes of ``specdec_properties.exact``; greedy follows the argmax path; hand-computed examples."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from properties import exact
-from properties import markov
-from properties import tree_exact as te
-from properties.markov import MarkovPair, markov_pair, sequence_law
+from specdec_properties import exact
+from specdec_properties import markov
+from specdec_properties import tree_exact as te
+from specdec_properties.markov import MarkovPair, markov_pair, sequence_law
 
 EXACT = ("specinfer", "recursive", "deterministic")
 
@@ -152,7 +152,7 @@ def test_a_chain_is_the_chain_verifier(tree_scheme, chain_scheme, seed):
 
 @pytest.mark.parametrize("tree_scheme, chain_scheme", [("specinfer", "token"), ("deterministic", "one_hot_draft")])
 def test_chain_efficiency_is_the_chain_schemes(tree_scheme, chain_scheme):
-    """``specinfer`` chains: the token-wise moments of ``properties.markov``; ``deterministic`` chains are
+    """``specinfer`` chains: the token-wise moments of ``specdec_properties.markov``; ``deterministic`` chains are
     drafted as the draft's argmax chain, each draft accepted w.p. its target probability."""
     pair = markov_pair(vocab=5)
     mean, var = te.tree_accepted_moments(tree_scheme, te.chain(3), pair)

@@ -1,12 +1,12 @@
 """The tree decoder drafting with heads (specdec_ref.tree_heads: Medusa, EAGLE, EAGLE-3, MTP) and the exact greedy
-tree of a round (properties.tree_proposals.greedy_tree_round)."""
+tree of a round (specdec_properties.tree_proposals.greedy_tree_round)."""
 import pytest
 import torch
 
-from fixtures.mutants.tree_decoder import (TreeHeadFeaturesOfBlockEnd, TreeMedusaFeatureOfLastNode,
+from specdec_fixtures.mutants.tree_decoder import (TreeHeadFeaturesOfBlockEnd, TreeMedusaFeatureOfLastNode,
                                            TreeNodeFedFirstNodesFeature)
-from properties.proposals import law_of
-from properties.tree_proposals import greedy_tree_round
+from specdec_properties.proposals import law_of
+from specdec_properties.tree_proposals import greedy_tree_round
 from specdec_ref.contract import NotSupportedError
 from specdec_ref.decode import autoregressive_decode
 from specdec_ref.exact_deep import deep_target

@@ -3,7 +3,7 @@ import pytest
 import torch
 from hypothesis import given, note
 
-from properties.strategies import greedy_blocks, sampling_blocks
+from specdec_properties.strategies import greedy_blocks, sampling_blocks
 from specdec_ref.schemes import BlockwiseVerifier, OneHotDraftVerifier, TypicalAcceptanceVerifier
 from specdec_ref.verify import BlockVerifier, sample_from_weights, verify_block
 

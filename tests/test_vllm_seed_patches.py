@@ -65,7 +65,7 @@ def test_fix_d_keeps_the_draft_law():
     """The seeded draws are still samples of softmax(logits / T): 4 000 seeds (seeds 0..3999, deterministic) against
     the exact row, the suite's chi-square at alpha 1e-6 with its power stated against TV 0.1 (a draw from the wrong
     row, e.g. untempered, departs by TV 0.02 here: this guards the plumbing, not the temperature)."""
-    from properties.stats import assert_fits
+    from specdec_properties.stats import assert_fits
 
     logits = torch.tensor([[1.0, 0.2, -0.5, 0.8]])
     fixed = _make_seeded_draft_sample(_unseeded_original, _PROPOSER, _OPS)

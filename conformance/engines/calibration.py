@@ -13,8 +13,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
-from properties.calibration import worst_direction
-from properties.sequences import continuation_law
+from specdec_properties.calibration import worst_direction
+from specdec_properties.sequences import continuation_law
 from specdec_ref.exact_models import exact_model
 
 __all__ = ["case_law", "draw_lines", "certify_file", "calibrate", "main"]
@@ -32,7 +32,7 @@ def case_law(case) -> tuple[list[tuple[int, ...]], np.ndarray]:
 
 def draw_lines(case, n: int, seed: int, tv: float = 0.0) -> list[dict]:
     """``n`` lines of a case in request order: the exact law, or (``tv`` > 0) the law at TV ``tv`` from it that the
-    chi-square test sees least (:func:`properties.calibration.worst_direction`, over whole continuations)."""
+    chi-square test sees least (:func:`specdec_properties.calibration.worst_direction`, over whole continuations)."""
     keys, p = case_law(case)
     law = worst_direction(p, tv) if tv > 0 else p
     picks = np.random.default_rng(seed).choice(len(keys), size=n, p=law / law.sum())

@@ -6,7 +6,7 @@ The engine reports, summed over every round of every request: ``drafts`` (rounds
 order-1 pair the decode is a Markov process whose state at a round start is (last committed token,
 tokens still to emit), so the per-request totals have an exact mean and covariance, computed by a
 dynamic programme over that state from the scheme's exact round-outcome law
-(``properties.markov._round_outcomes`` / ``properties.exact.outcome_given_drafts``). vLLM emits the
+(``specdec_properties.markov._round_outcomes`` / ``specdec_properties.exact.outcome_given_drafts``). vLLM emits the
 first token at prefill (a plain target sample) and then runs rounds of exactly ``k`` drafts until
 ``max_new_tokens`` are emitted (counters count accepted drafts before the cut); the reference decoder
 (``specdec_ref``) runs rounds from the prompt (``prefill=False``); an adapter declares which
@@ -47,14 +47,14 @@ TOLERANCE_SE = 5.0
 
 
 def tables(pair_name: str, sampling, scheme: str):
-    """The pair as a :class:`properties.markov.MarkovPair` of the rows the engine's scheme uses, and the oracle scheme.
+    """The pair as a :class:`specdec_properties.markov.MarkovPair` of the rows the engine's scheme uses, and the oracle scheme.
 
     ``token`` / ``block``: draft rows ``softmax(draft / T)`` (vLLM's drafter applies the temperature only; with
     no top-k / top-p this is our warp); ``one_hot``: the draft's argmax, one-hot (greedy drafting)."""
     import torch
 
-    from properties.exact import SchemeSpec
-    from properties.markov import MarkovPair
+    from specdec_properties.exact import SchemeSpec
+    from specdec_properties.markov import MarkovPair
     from specdec_ref.exact_models import exact_pair
     from specdec_ref.warp import SamplingConfig, warp
 
@@ -76,7 +76,7 @@ def tables(pair_name: str, sampling, scheme: str):
 
 def round_law(pair, oracle, start: int, k: int) -> np.ndarray:
     """``P[m, y]``: one round from last token ``start`` accepts ``m`` drafts and its last emitted token is ``y``."""
-    from properties.markov import _round_outcomes
+    from specdec_properties.markov import _round_outcomes
 
     drafts, weight, stop, final = _round_outcomes(pair, oracle, start, k)
     return np.einsum("d,dj,djy->jy", weight, stop, final)

@@ -31,7 +31,7 @@ def grammar_text(automaton, eos_id: int) -> str:
     return "\n".join(rules) + "\n"
 
 
-#: How a returned text departs from its tokens' rendering (:meth:`properties.stops.StopStrings.departure`), named where
+#: How a returned text departs from its tokens' rendering (:meth:`specdec_properties.stops.StopStrings.departure`), named where
 #: one pattern explains every departure.
 TEXT_PATTERNS = {
     "held_back": "the text of the last token(s), the start of a stop string, is missing: held back in case the stop "
@@ -106,7 +106,7 @@ def copies_note(case, path: Path) -> Check:
     share the exact law gives independent completions (``sum_x P(x)^n``). Descriptive (``passed`` None): the verdict
     is the law's; where the law failed and copies are several times too frequent, the runner names them as the
     departure's explanation."""
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     groups: dict = {}

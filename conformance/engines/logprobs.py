@@ -42,7 +42,7 @@ def exact_rows(model, prompt, prefixes, sampling, convention: str, eos_id=None) 
     """float64 ``[len(prefixes), V]`` log-probabilities after ``prompt + prefix`` under ``convention``."""
     import torch
 
-    from properties.sequences import next_logits64, next_token_law
+    from specdec_properties.sequences import next_logits64, next_token_law
 
     if convention not in CONVENTIONS:
         raise ValueError(f"logprob convention must be one of {CONVENTIONS}, got {convention!r}")
@@ -223,7 +223,7 @@ def bug_effects(case, convention: str = "raw") -> dict[str, dict]:
     ``share``, the probability that a completion has a token whose value the bug moves by more than ten times
     :data:`TOLERANCE` (one such completion fails the check), and ``median``, the median move over its tokens (nats).
     Bugs: 0 returned, the previous position's value of the same token, the other convention's value."""
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     model = exact_model(case.model)

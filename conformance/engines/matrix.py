@@ -68,13 +68,13 @@ class Case:
 
     def stop_rule(self):
         """The case's stop strings on its model's vocabulary under the engine's token prefix
-        (:class:`properties.stops.StopStrings`; None when the case asks for no text)."""
+        (:class:`specdec_properties.stops.StopStrings`; None when the case asks for no text)."""
         if not self.texts:
             return None
         if self.token_prefix is None:
             raise ValueError(f"case {self.name!r}: its stop strings are a template until an engine's token prefix is "
                              "set (Conventions.under)")
-        from properties.stops import StopStrings
+        from specdec_properties.stops import StopStrings
         from specdec_ref.exact_models import exact_model
 
         return StopStrings.for_model(exact_model(self.model), self.stops, self.token_prefix)
@@ -314,7 +314,7 @@ def law_depends_on_tie_rule(c: Case) -> bool:
         return False
     from dataclasses import replace
 
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     em = exact_model(c.model)

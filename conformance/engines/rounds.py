@@ -5,7 +5,7 @@ a round's drafts are a function of its text, and a draft is accepted exactly whe
 completion (a rejected one-hot draft is never the token emitted in its place: the residual ``p - q`` has no mass on
 it, and greedy emits the target's argmax, which then differs from it). So from a completion alone every round can
 be rebuilt (:func:`reconstruct`): from the text ``h`` (pending token last) the proposer's exact law
-(:mod:`properties.proposals`) gives the drafts ``D``; the round accepts the leading drafts that equal the next
+(:mod:`specdec_properties.proposals`) gives the drafts ``D``; the round accepts the leading drafts that equal the next
 tokens and emits one token more. An engine whose drafter reads the wrong feature, the wrong position or a stale
 cache proposes other drafts, and its counters then differ from the reconstruction: :func:`check_rounds` compares
 them, in total (``drafts``, ``draft_tokens``, ``accepted_per_pos``) and, where the engine reports each request's
@@ -27,7 +27,7 @@ expectation needs (:func:`sampled_rounds_of`, a configuration's ``sampled_propos
 
 :func:`conditional_acceptance` is the statistical half: given every reconstructed round's text, the engine's
 ``accepted_per_pos[i]`` has the exact mean ``sum_rounds P(m >= i | text)``
-(:func:`properties.proposals.round_acceptance` under the declared scheme) and, the rounds being a martingale
+(:func:`specdec_properties.proposals.round_acceptance` under the declared scheme) and, the rounds being a martingale
 sequence, the variance ``sum P (1 - P)``; a position more than :data:`TOLERANCE_SE` standard errors away (either way:
 given the texts the law is exact) fails.
 
@@ -109,7 +109,7 @@ def proposal_law(spec: str, pair_name: str):
     on the pair's order-1 target, argmax, :mod:`specdec_ref.exact_heads`), ``exact-eagle3`` (the EAGLE-3 head of
     :mod:`specdec_ref.exact_head_files` on the deep target of the same table, whose logits are the target's),
     ``ngram:MIN:MAX`` (prompt lookup)."""
-    from properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
+    from specdec_properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
     from specdec_ref.exact_heads import EAGLE3_VOCAB, EAGLE_ALPHA
     from specdec_ref.exact_models import exact_pair
 
@@ -365,12 +365,12 @@ def conditional_acceptance(target_name: str, law, records: Sequence[dict], round
                            observed_per_pos: Sequence[int] | None, *, scheme=None,
                            tolerance: float = TOLERANCE_SE) -> dict:
     """Per position ``i``: the exact ``E = sum_rounds P(m >= i | text)`` over the reconstructed rounds (the law of one
-    round, :func:`properties.proposals.round_acceptance`, under ``config`` and ``scheme``, default token-wise rejection
+    round, :func:`specdec_properties.proposals.round_acceptance`, under ``config`` and ``scheme``, default token-wise rejection
     with the one-hot draft), the standard error ``sqrt(sum P (1 - P))``, the engine's count and z. In the layout of
     :func:`conformance.engines.efficiency.compare` (``positions``, ``passed``, ``verdict``)."""
-    from properties.exact import SchemeSpec
-    from properties.history_law import history_settings_on
-    from properties.proposals import round_acceptance, round_key
+    from specdec_properties.exact import SchemeSpec
+    from specdec_properties.history_law import history_settings_on
+    from specdec_properties.proposals import round_acceptance, round_key
     from specdec_ref.exact_models import exact_model
 
     target = exact_model(target_name)

@@ -314,7 +314,7 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
     condition case whose rounds differ)."""
     from scipy.stats import chi2
 
-    from properties.sequences import continuation_law
+    from specdec_properties.sequences import continuation_law
     from specdec_ref.exact_models import exact_model
 
     rounds_failed = c.rounds is not None and c.rounds.passed is False

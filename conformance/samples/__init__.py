@@ -44,8 +44,8 @@ nothing follows an EOS, no completion is longer than ``max_new_tokens``, and ``f
 
 *Sampling* (the default): per distinct prompt, the law of the first ``L`` generated tokens
 (shorter tuples ending in EOS with ``--eos``) is tested against the exact law from the tables
-(:func:`properties.sequences.continuation_law`) with :func:`properties.stats.goodness_of_fit`:
-it states N, alpha (:data:`properties.stats.ALPHA` family-wise, split evenly over the prompts),
+(:func:`specdec_properties.sequences.continuation_law`) with :func:`specdec_properties.stats.goodness_of_fit`:
+it states N, alpha (:data:`specdec_properties.stats.ALPHA` family-wise, split evenly over the prompts),
 the alternative (every law at TV >= :data:`SAMPLES_TV` from the exact one), the power against it,
 and the smallest TV it detects with power 0.99; on failure, the cells observed vs expected. ``L``
 is the largest length (at most ``max_new_tokens`` and :data:`MAX_CELLS` continuations) at which
@@ -57,14 +57,14 @@ exit 2): which tied token survives is implementation-defined, so no law would be
 
 *Greedy* (``--greedy``): every completion must be the target's greedy continuation token for
 token. A position where the engine chose another token is classified as
-:mod:`properties.flips` does: a *numerical flip* when the chosen token's float64 table logit is
-within the dtype tolerance (:func:`properties.flips.tolerance_for` at the row's logit scale over the
+:mod:`specdec_properties.flips` does: a *numerical flip* when the chosen token's float64 table logit is
+within the dtype tolerance (:func:`specdec_properties.flips.tolerance_for` at the row's logit scale over the
 tokens of positive probability, ``--dtype``, default float32; or ``--tolerance``, absolute) of the
 row maximum -- an exact tie included -- (reported, and the rest of the completion is
 checked along the engine's path), else an *algorithmic divergence* (a bug: prompt, position,
 expected vs got are printed).
 
-The verdict (same words as the suite's, via :func:`properties.stats.judge_power`):
+The verdict (same words as the suite's, via :func:`specdec_properties.stats.judge_power`):
 ``CERTIFIED``; ``CERTIFIED AT REDUCED POWER: detects TV >= x`` (every test passed, some below
 power 0.99 against :data:`SAMPLES_TV`); ``NOT CERTIFIED`` (a test failed or an invariant was
 broken); ``INCONCLUSIVE`` (a prompt's samples cannot detect even TV 0.5: too few samples). The

@@ -118,7 +118,7 @@ def _certify_main(argv: list[str]) -> int:
         sampling = _sampling_from_args(args)
         stop = None
         if args.stop is not None or args.token_prefix:
-            from properties.stops import StopStrings
+            from specdec_properties.stops import StopStrings
 
             from .read import _resolve_model
 

@@ -19,7 +19,7 @@ __all__ = ["replay_command"]
 def replay_command(model_name: str, sampling: SamplingConfig, *, max_new_tokens: int, eos: bool, length: int | None,
                    source: str, dtype: str | None = None, tv: float = SAMPLES_TV, tolerance: float | None = None,
                    looks: Looks | None = None, stop=None, pool_prompts: bool = False) -> str:
-    """The command line that reproduces a verdict (``stop``: its :class:`properties.stops.StopStrings`)."""
+    """The command line that reproduces a verdict (``stop``: its :class:`specdec_properties.stops.StopStrings`)."""
     args = ["python", "-m", "conformance.samples", "--model", model_name]
     for flag, name, value in extra_settings_on(sampling):
         args += [flag, setting_text(value, name)]

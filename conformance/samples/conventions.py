@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from properties.sequences import next_token_law
+from specdec_properties.sequences import next_token_law
 from specdec_ref.warp import TOP_K_TIES, SamplingConfig
 
 from .law import _EXTRA_SETTINGS, extra_settings_on, setting_text

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from properties.sequences import continuation_law
-from properties.stats import ALPHA, MIN_EXPECTED, TARGET_POWER, power_against_tv
+from specdec_properties.sequences import continuation_law
+from specdec_properties.stats import ALPHA, MIN_EXPECTED, TARGET_POWER, power_against_tv
 from specdec_ref.warp import SamplingConfig
 from ..report import show_ids
 
@@ -120,7 +120,7 @@ def _settings_label(sampling: SamplingConfig, eos_id: int | None, stop=None) -> 
 
 
 def _law(model, prompt, n: int, sampling: SamplingConfig, eos_id: int | None, stop=None):
-    """The law of the first ``n`` tokens (``stop``: a :class:`properties.stops.StopStrings`, a leaf like EOS)."""
+    """The law of the first ``n`` tokens (``stop``: a :class:`specdec_properties.stops.StopStrings`, a leaf like EOS)."""
     return continuation_law(model, list(prompt), n, sampling, eos_id=eos_id, stop=stop)
 
 
@@ -173,14 +173,14 @@ def split_ties(model, prompt, n: int, sampling: SamplingConfig, *, eos_id: int |
     Which tied tokens top-k keeps is declared (``sampling.top_k_ties``), but a top-p cut can fall inside a tie
     group: then *which* tied tokens survive depends on how the sampler sorts equal values (``torch.sort``
     descending keeps the lowest ids, transformers' ascending ``TopPLogitsWarper`` the highest), so the law is
-    not determined by the settings (:func:`properties.transitions.tie_split_mask`). Ties are judged on each prefix's processed logits (history-dependent
-    settings applied on its own history, :func:`properties.sequences.processed_logits64`), the logits the
+    not determined by the settings (:func:`specdec_properties.transitions.tie_split_mask`). Ties are judged on each prefix's processed logits (history-dependent
+    settings applied on its own history, :func:`specdec_properties.sequences.processed_logits64`), the logits the
     cut actually sees. One line per such prefix (generated tokens so far, kept and cut tokens).
     """
     if sampling.greedy:
         return []
-    from properties.sequences import processed_logits64
-    from properties.transitions import tie_split_mask
+    from specdec_properties.sequences import processed_logits64
+    from specdec_properties.transitions import tie_split_mask
     from specdec_ref.warp import warp
 
     law = _law(model, prompt, n, sampling, eos_id, stop)

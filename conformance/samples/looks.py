@@ -7,7 +7,7 @@ each on a longer prefix (:class:`Looks`, its :meth:`~Looks.schedule`):
   a rejection there is final;
 * the **early-pass looks** on each of ``EARLY_PASS_FRACTIONS`` of the nominal N: a look rejects as the interim look
   does (a p-value below alpha x ``INTERIM_ALPHA_SCALE``, a token of probability 0, a broken invariant) and passes
-  when every test's statistic is at or below its futility bound (:func:`properties.early_pass.early_pass`, against
+  when every test's statistic is at or below its futility bound (:func:`specdec_properties.early_pass.early_pass`, against
   what the full look detects); a test that fails at alpha but not at the interim alpha sends the file to the full
   look;
 * the **full look** on ``reserve_scale()`` x the nominal N at alpha, every test stating its power net of the
@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
+from specdec_properties.early_pass import EARLY_PASS_BETA, early_pass, reserve_scale, spend_early_pass_power
 
 from ..profiles import EARLY_PASS_FRACTIONS, INTERIM_ALPHA_SCALE, get_profile
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
-from properties.sequences import law_to_cells, processed_logits64
-from properties.stats import FitResult, goodness_of_fit
+from specdec_properties.flips import ALGORITHMIC_DIVERGENCE, NUMERICAL_FLIP, FlipVerdict, tolerance_for
+from specdec_properties.sequences import law_to_cells, processed_logits64
+from specdec_properties.stats import FitResult, goodness_of_fit
 
 from .law import AmbiguousLawError, _law, _settings_label, choose_length, split_ties
 from .read import SampleRecord
@@ -118,7 +118,7 @@ def _sampling_test(model, prompt, group: list[SampleRecord], sampling, *, max_ne
 
 
 def _classify(model, prefix: list[int], got: int | None, z: torch.Tensor, dtype, position: int, tolerance: float | None = None) -> FlipVerdict:
-    """properties.flips' verdict for the engine's ``got`` against the greedy choice, from table logits ``z``."""
+    """specdec_properties.flips' verdict for the engine's ``got`` against the greedy choice, from table logits ``z``."""
     order = torch.argsort(-z, stable=True)
     ranks = torch.empty_like(order)
     ranks[order] = torch.arange(z.shape[-1])

@@ -234,7 +234,7 @@ def write_jsonl(path, records: Iterable[dict]) -> str:
 def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int, eos_id: int | None, source: str,
                          stop=None) -> list[str]:
     """Deterministic invariants (:mod:`conformance.samples` docstring), one message per violating line. ``stop``: the
-    stop strings (:class:`properties.stops.StopStrings`) a completion also ends at, and the text it must return."""
+    stop strings (:class:`specdec_properties.stops.StopStrings`) a completion also ends at, and the text it must return."""
     problems = []
     for r in records:
         where = _where(source, r.line)
@@ -280,7 +280,7 @@ def invariant_violations(records: Sequence[SampleRecord], *, max_new_tokens: int
 
 
 def _text_hint(kind: str, got: str, want: str) -> str:
-    """The words for a wrong returned text (:meth:`properties.stops.StopStrings.departure`)."""
+    """The words for a wrong returned text (:meth:`specdec_properties.stops.StopStrings.departure`)."""
     if kind == "not_cut":
         return " (the stop string was not cut from the text)"
     if kind in ("held_back", "missing_end"):

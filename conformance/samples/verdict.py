@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from properties.flips import FlipVerdict
-from properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
-from properties.transitions import FIRST_TESTED_POSITION, count_transitions, first_impossible, transition_test
+from specdec_properties.flips import FlipVerdict
+from specdec_properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
+from specdec_properties.transitions import FIRST_TESTED_POSITION, count_transitions, first_impossible, transition_test
 from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
@@ -88,7 +88,7 @@ class SamplesVerdict:
     explained_by: dict | None = None
     sequential: Sequential | None = None  # planned looks (:mod:`.looks`): the looks taken and what decided
     family_alpha: float | None = None  # planned looks: the alpha of every look together
-    stop: object = None  # the stop strings (properties.stops.StopStrings) completions end at, besides EOS
+    stop: object = None  # the stop strings (specdec_properties.stops.StopStrings) completions end at, besides EOS
 
     @property
     def impossible_requests(self) -> int:
@@ -160,7 +160,7 @@ class SamplesVerdict:
         else:
             lines.append(
                 "greedy: every completion compared token for token with the target's greedy continuation "
-                "(deterministic: no alpha, no power; divergences classified as in properties.flips)"
+                "(deterministic: no alpha, no power; divergences classified as in specdec_properties.flips)"
             )
         for p in self.prompts:
             if p.fit is not None:
@@ -334,12 +334,12 @@ def certify_samples(
     ``path_or_records``: a JSONL path or an iterable of dicts (:mod:`conformance.samples` docstring). ``eos_id``: the EOS
     the engine stopped at (``True``: the model's own; ``None``: no EOS stop). ``length``: the L of the
     sequence law (default: :func:`choose_length` per prompt). ``dtype``: what the engine computed in
-    (greedy: the flip tolerance is :func:`properties.flips.tolerance_for` of it at the row's logit scale);
+    (greedy: the flip tolerance is :func:`specdec_properties.flips.tolerance_for` of it at the row's logit scale);
     ``tolerance``: an absolute logit tolerance instead. Raises :class:`SamplesInputError` for malformed input; a
     token the law gives probability 0 is no input error but the engine's failure (``verdict.impossible``). Conventions
     are read from ``sampling`` (``top_k_ties``); when the file is ``NOT CERTIFIED`` and fits another known one
     (:data:`conformance.samples.conventions.CONVENTIONS`), ``verdict.explained`` says so in one line. ``stop``: stop
-    strings (a :class:`properties.stops.StopStrings`, or a sequence of strings on an exact model's vocabulary with no
+    strings (a :class:`specdec_properties.stops.StopStrings`, or a sequence of strings on an exact model's vocabulary with no
     token prefix): a completion also ends at the token that completes one (a leaf of the law like EOS), and a
     record's ``text`` must be its tokens' rendering cut before the stop string.
 
@@ -361,7 +361,7 @@ def certify_samples(
         raise ValueError(f"length must be an int in [1, max_new_tokens={max_new_tokens}], got {length!r}")
     dtype = getattr(torch, dtype.removeprefix("torch.")) if isinstance(dtype, str) else dtype
     if stop is not None and not hasattr(stop, "end"):
-        from properties.stops import StopStrings
+        from specdec_properties.stops import StopStrings
 
         try:
             stop = StopStrings.for_model(exact, tuple(stop))
@@ -429,7 +429,7 @@ def _word_looks(verdict: SamplesVerdict, seq: Sequential, looks: Looks, tv: floa
 
 def power_level(records: list[dict], tv: float) -> tuple[str, str, str]:
     """``(level, headline, note)`` of tests that all passed, from the power they state (records of
-    :meth:`properties.stats.FitResult.as_record`, or a planned look's, stating the whole procedure's power)."""
+    :meth:`specdec_properties.stats.FitResult.as_record`, or a planned look's, stating the whole procedure's power)."""
     power, why = judge_power(records)
     if power == "inconclusive":
         return "inconclusive", f"{INCONCLUSIVE}: too few samples", why
@@ -453,7 +453,7 @@ def _request(r: SampleRecord):
 
 def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingConfig, eos_id, max_new_tokens: int,
                         stop=None):
-    """``(first_impossible per record, the report's entries)`` (:func:`properties.transitions.first_impossible`)."""
+    """``(first_impossible per record, the report's entries)`` (:func:`specdec_properties.transitions.first_impossible`)."""
     found = first_impossible(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id,
                              max_position=max_new_tokens, stop=stop)
     names = exact.token_names() if callable(getattr(exact, "token_names", None)) else None

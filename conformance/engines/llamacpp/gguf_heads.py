@@ -6,7 +6,7 @@ and of the order-1 target with an exactly-known MTP block, for its ``draft-mtp``
 Rules: the head is :mod:`specdec_ref.exact_head_files`'s ``eagle3`` written by the rules of llama.cpp's own converter
 (``Eagle3LlamaForCausalLM``, which refuses our tokenizer): ``eagle3.target_layers`` [0, 1, 2] read as the residual
 streams entering those layers, its decoder layer adding exactly zero, ``d2t`` the absolute ids of its draft
-vocabulary; so in llama.cpp it proposes exactly what :class:`properties.proposals.Eagle3FeatureLaw` states. The MTP
+vocabulary; so in llama.cpp it proposes exactly what :class:`specdec_properties.proposals.Eagle3FeatureLaw` states. The MTP
 target is the order-1 table as a dense ``qwen35`` whose last block is an MTP block proposing the same law. Files are
 named by this writer's version and rewritten when their source bytes change. Every metadata key and tensor written,
 and why: docs/llamacpp-verdict.md, "The exactly-known heads in GGUF".

@@ -26,7 +26,7 @@ ENV_INCOMPLETE="a venv is incomplete"
 source "$REPO/scripts/env_lib.sh"
 
 command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
-"$SYS_PY" -c 'import specdec_ref, conformance, numpy' 2>/dev/null \
+"$SYS_PY" -c 'import specdec_ref, specdec_properties, conformance, numpy' 2>/dev/null \
     || die "the project's python ($SYS_PY) does not import specdec_ref: run the README's install command first"
 PYV="$("$SYS_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 
@@ -39,7 +39,7 @@ got = md.version("mistralrs")
 if got != want:
     sys.exit(f"mistralrs {got} is not {want}")
 import mistralrs  # noqa: F401
-import specdec_ref, conformance  # noqa: E401,F401
+import specdec_ref, specdec_properties, conformance  # noqa: E401,F401
 print(f"env.sh mistralrs: mistralrs {got} in {sys.prefix}")
 EOF
 }

@@ -37,7 +37,7 @@ source "$REPO/scripts/env_lib.sh"
 command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
 TF_VERSION="$("$SYS_PY" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null)" \
     || die "the project's python ($SYS_PY) has no transformers: run the README's install command first"
-"$SYS_PY" -c 'import specdec_ref, conformance' 2>/dev/null \
+"$SYS_PY" -c 'import specdec_ref, specdec_properties, conformance' 2>/dev/null \
     || die "the project's python ($SYS_PY) does not import specdec_ref: run 'pip install -e .' first"
 WANT="onnxruntime-genai=$ORTG_VERSION onnxruntime=$ORT_VERSION onnx=$ONNX_VERSION onnx_ir=$ONNX_IR_VERSION torch=$TORCH_VERSION transformers=$TF_VERSION python=$("$SYS_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
 PY="$VENV/bin/python"
@@ -48,7 +48,7 @@ import importlib.metadata as md
 import sys
 want_ortg, want_torch = sys.argv[1], sys.argv[2]
 import onnxruntime_genai as og, onnx, onnx_ir, torch, transformers  # noqa: E401
-import specdec_ref, conformance  # noqa: E401,F401
+import specdec_ref, specdec_properties, conformance  # noqa: E401,F401
 v = {n: md.version(n) for n in ("onnxruntime-genai", "onnxruntime", "onnx", "onnx_ir", "torch", "transformers")}
 print("env.sh onnxgenai:", " | ".join(f"{k} {x}" for k, x in v.items()))
 if v["onnxruntime-genai"] != want_ortg:

