@@ -111,7 +111,7 @@ def profile_adapter(*, engine: str, configs: list[str], family: str = "order1", 
                     seed: int = 0, log=log_stderr) -> dict:
     """The report dict (JSON-able) of an adapter's speculative configurations against its control."""
     from conformance.engines.adapter import adapter
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.warp import GREEDY, SamplingConfig
 
     ad = adapter(engine)

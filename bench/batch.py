@@ -33,7 +33,7 @@ from transformers import GenerationConfig
 
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder, batched_autoregressive_decode
-from specdec_ref.hf_backends import pinned_draft_length
+from specdec_ref.adapters.hf_backends import pinned_draft_length
 from specdec_ref.pretrained import CONTEXT_LENGTH, load_trained_pair, sample_prompts
 from specdec_ref.row_cache import RowCaches
 from specdec_ref.static_cache import fastest_cache

@@ -5,7 +5,7 @@ assisted generation (pinned to the same k) on the shipped trained pair, greedy a
 variants interleaved over the repeats; acceptance, calls per token, phase shares, token-for-token
 equality with AR (greedy) and with transformers at the same seed, and the ">= 2x transformers'
 assisted generation" goal verdict. transformers' rounds are recovered with
-:class:`specdec_ref.hf_backends.ForwardProbe` and :func:`specdec_ref.hf_backends.hf_assisted_drafts`.
+:class:`specdec_ref.adapters.hf_backends.ForwardProbe` and :func:`specdec_ref.adapters.hf_backends.hf_assisted_drafts`.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
-from specdec_ref.hf_backends import ForwardProbe, hf_assisted_drafts, hf_sampling_options, pinned_draft_length
+from specdec_ref.adapters.hf_backends import ForwardProbe, hf_assisted_drafts, hf_sampling_options, pinned_draft_length
 from specdec_ref.pretrained import CONTEXT_LENGTH, load_trained_pair, sample_prompts
 from specdec_ref.static_cache import fastest_cache
 from specdec_ref.warp import GREEDY, SamplingConfig

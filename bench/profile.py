@@ -14,10 +14,10 @@ For a backend claiming ``decoder`` (B = 1) or ``batched_decoder`` (B > 1), the r
 5. JSON, Markdown and plots (:mod:`specdec_bench.profile_report`, :mod:`specdec_bench.profile_plots`).
 
 Pairs: ``trained`` (the shipped byte-level pair, 256 positions) and ``wide-exact``
-(:mod:`specdec_ref.wide_exact`: an exact order-1 table in a wide 8-layer target against a one-layer draft).
+(:mod:`specdec_ref.exact.wide`: an exact order-1 table in a wide 8-layer target against a one-layer draft).
 
 Proposers (``--proposer``): the pair's draft model (default), prompt lookup (``ngram``: ``Ngram(1, 3)``, either pair)
-or the exactly-known EAGLE head (``eagle``: :func:`specdec_ref.exact_heads.exact_eagle_head` on the wide-exact target,
+or the exactly-known EAGLE head (``eagle``: :func:`specdec_ref.exact.heads.exact_eagle_head` on the wide-exact target,
 one decoder layer of the target's width; argmax drafts, vLLM's default). The backend must claim ``proposer:NAME``.
 The cost model's terms for them: :mod:`specdec_bench.profile_model`.
 """
@@ -61,7 +61,7 @@ def proposer_draft(name: str, pair: str, target, draft):
     if name == "eagle":
         if pair != "wide-exact":
             raise ValueError("the exactly-known EAGLE head reads the wide-exact target's features: use --pair wide-exact")
-        from specdec_ref.exact_heads import exact_eagle_head
+        from specdec_ref.exact.heads import exact_eagle_head
 
         return exact_eagle_head(target, "order1-target", sample=False)
     raise ValueError(f"unknown proposer {name!r}; known: {', '.join(PROPOSERS)}")
@@ -78,7 +78,7 @@ def load_pair(name: str, **wide) -> tuple:
             f"trained pair (target Llama 2x128, draft Qwen2 1x64, V=256, trained at {CONTEXT_LENGTH} tokens; byte prompts from "
             "held-out text)"), CONTEXT_LENGTH
     if name == "wide-exact":
-        from specdec_ref.wide_exact import NARROW_DRAFT, WIDE_TARGET, WideSpec, wide_exact_pair
+        from specdec_ref.exact.wide import NARROW_DRAFT, WIDE_TARGET, WideSpec, wide_exact_pair
 
         spec = WideSpec(**{**WIDE_TARGET.__dict__, **{k: v for k, v in wide.items() if v is not None}})
         target, draft = wide_exact_pair(spec, NARROW_DRAFT)

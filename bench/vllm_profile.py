@@ -20,7 +20,7 @@ move exactly as the per-request metrics say (``counter_check`` in the report). E
 has run its numba ``parallel=True`` proposer (numba's OpenMP layer, all cores) every instance of the process slows
 down unless ``NUMBA_NUM_THREADS`` is set as well (measured: docs/profile.md, "Threads").
 
-Pair: ``wide-exact`` (default) is :mod:`specdec_ref.wide_exact`'s pair (an 8 x 512 Llama realising
+Pair: ``wide-exact`` (default) is :mod:`specdec_ref.exact.wide`'s pair (an 8 x 512 Llama realising
 ``order1-target`` against a 1 x 64 ``order1-draft-close``), written as checkpoints to a temporary folder with the
 order1 tokenizer files; vLLM's CPU attention must accept both head sizes (64 and 32 by default; checked against
 ``CPUAttentionBackend.get_supported_head_sizes()``, else the run falls back to ``exact:order1-close`` and says
@@ -91,7 +91,7 @@ def prepare_pair(pair: str, folder: Path, *, prompts: int, length: int, seed: in
     """The checkpoints vLLM loads and the prompts: ``{"target", "draft", "prompts", "description", "reason",
     "positions", "efficiency_pair"}`` (``efficiency_pair``: the exact pair whose tables the models realise, when
     the exact acceptance expectation applies, else None)."""
-    from specdec_ref.exact_models import exact_model, exact_pair
+    from specdec_ref.exact import exact_model, exact_pair
 
     if pair == "wide-exact":
         from specdec_bench.profile import load_pair

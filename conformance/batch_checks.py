@@ -218,7 +218,7 @@ class HistoryCase:
     more_eos: tuple[int, ...] = field(default=())
 
     def eos_ids(self) -> tuple[int, ...]:
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         return (exact_pair(self.pair).target.eos_id,) + self.more_eos
 
@@ -266,7 +266,7 @@ HISTORY_CASES: dict[str, HistoryCase] = {
         "the settings are combined",
     ),
     # not history-dependent: decoder_sequence_law's bf16_rounding case on batched rows. order1-close + 80 on every
-    # logit (specdec_ref.exact_offset: the same law, logits bf16 rounds by up to 1/4), temperature 0.25: a batched
+    # logit (specdec_ref.exact.offset: the same law, logits bf16 rounds by up to 1/4), temperature 0.25: a batched
     # path that samples from bf16-rounded logits has TV 0.181 here; every other case's logits are exact in bf16.
     "bf16_rounding": HistoryCase(
         pair="order1-close-offset", prompt=(3,), sampling=SamplingConfig(temperature=0.25), length=3, k=2,
@@ -279,7 +279,7 @@ HISTORY_CASES: dict[str, HistoryCase] = {
 @functools.lru_cache(maxsize=None)
 def history_law(case: str):
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     spec = HISTORY_CASES[case]
     table = exact_pair(spec.pair).target
@@ -308,7 +308,7 @@ def check_batch_sequence_law(backend, ctx: CheckContext, case: str):
     history); N rows decoded in batches of mixed seeded (one seed per row) and unseeded rows; power 0.99 against
     TV >= BATCH_SEQUENCE_TV."""
     from specdec_properties.sequences import boundary_margin, law_to_cells
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     spec = HISTORY_CASES[case]
     unclaimed = [f for f in spec.needs if not backend.capabilities.has(f)]
@@ -348,7 +348,7 @@ MIXED_TV_BETWEEN_GROUPS = 0.613
 @functools.lru_cache(maxsize=None)
 def mixed_group_law(group: int):
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     table = exact_pair(MIXED_PAIR).target
     return continuation_law(table, list(MIXED_PROMPT), MIXED_LENGTH, MIXED_GROUPS[group], eos_id=table.eos_id)
@@ -367,7 +367,7 @@ def check_batch_mixed_settings_law(backend, ctx: CheckContext):
     TV >= BATCH_SEQUENCE_TV per group). A row sampled with its neighbour's settings has TV 0.613 from its law;
     every other batch check runs one setting per batch, where such a mix-up is invisible."""
     from specdec_properties.sequences import boundary_margin, law_to_cells
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     table = exact_pair(MIXED_PAIR).target
     for config in MIXED_GROUPS:
@@ -420,7 +420,7 @@ LIMIT_FLOOR = 1_200
 
 def limit_prompt(distance: int) -> list[int]:
     """The prompt ending ``distance`` positions below the models' maximum: ``<bos>`` then an order-2 token pattern."""
-    from specdec_ref.exact_models import MAX_POSITIONS, exact_pair
+    from specdec_ref.exact import MAX_POSITIONS, exact_pair
 
     bos = exact_pair(LIMIT_PAIR).target.bos_id
     return [bos] + [(5 * i + 1) % 6 for i in range(MAX_POSITIONS - distance - 1)]
@@ -429,7 +429,7 @@ def limit_prompt(distance: int) -> list[int]:
 @functools.lru_cache(maxsize=None)
 def limit_law(distance: int):
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     table = exact_pair(LIMIT_PAIR).target
     return continuation_law(table, limit_prompt(distance), LIMIT_LENGTH, LIMIT_SAMPLING, eos_id=table.eos_id)
@@ -455,7 +455,7 @@ def check_batch_position_limit_law(backend, ctx: CheckContext):
 
     from specdec_properties.sample_size import required_samples
     from specdec_properties.sequences import boundary_margin, law_to_cells
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     table = exact_pair(LIMIT_PAIR).target
     eos = table.eos_id

@@ -95,7 +95,7 @@ def check_batch_greedy_acceptance_is_exact(backend, ctx: CheckContext):
     accepts exactly the drafts an ideal draft would (the leading positions where the draft's argmax on the same
     history, settings applied, equals the emitted greedy token; ``specdec_properties.acceptance.greedy_accepted``)."""
     from specdec_properties.acceptance import greedy_accepted
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     pair = exact_pair(ACCEPTANCE_PAIR)
     target, draft = sequence_models(ACCEPTANCE_PAIR)
@@ -131,7 +131,7 @@ def check_batch_acceptance_is_ideal(backend, ctx: CheckContext):
     round with drafts, power stated against the smallest detectable shift of the mean per round."""
     from specdec_properties.acceptance import round_acceptance_moments
     from specdec_properties.stats import assert_total
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")
     pair = exact_pair(ACCEPTANCE_PAIR)

@@ -179,8 +179,8 @@ def _cache_hook(target, draft, full_tokens: list[int], where: str):
 
 @functools.lru_cache(maxsize=None)
 def sequence_models(pair_name: str):
-    """The float32 checkpoints of an exact pair (``specdec_ref.exact_models``; cached, treat as read-only)."""
-    from specdec_ref.exact_models import exact_pair
+    """The float32 checkpoints of an exact pair (``specdec_ref.exact``; cached, treat as read-only)."""
+    from specdec_ref.exact import exact_pair
 
     pair = exact_pair(pair_name)
     return pair.target.load(torch.float32), pair.draft.load(torch.float32)
@@ -232,7 +232,7 @@ EFFICIENCY_NEW_TOKENS = 64
 def efficiency_tables(pair_name: str, sampling: SamplingConfig):
     """The pair's warped tables as a :class:`specdec_properties.markov.MarkovPair` (row ``a``: after token ``a``)."""
     from specdec_properties.markov import MarkovPair
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     pair = exact_pair(pair_name)
     contexts = [[a] for a in range(pair.target.vocab)]
@@ -264,7 +264,7 @@ def efficiency_scheme(backend):
 def efficiency_prompts(ctx: CheckContext, seed_key: str) -> tuple[torch.Tensor, int]:
     """The efficiency checks' prompts: ``(prompts, rows)``, :func:`look_prompts` of a fixed count under every profile
     (``EFFICIENCY_DECODES``); a look decodes its share of it, the first ``rows``."""
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     return look_prompts(ctx, f"{seed_key}-prompts", EFFICIENCY_DECODES, exact_pair(EFFICIENCY_PAIR).target.vocab)
 

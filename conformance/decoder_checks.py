@@ -152,7 +152,7 @@ def check_decoder_eos_anywhere_in_block(backend, ctx: CheckContext):
     eos_case()
 
 
-#: The decoder-level sequence law runs on the exactly-known checkpoints of ``specdec_ref.exact_models``
+#: The decoder-level sequence law runs on the exactly-known checkpoints of ``specdec_ref.exact``
 #: (real transformers Llama checkpoints whose float32 forward returns their table logits bit for bit):
 #: the backend decodes with ``pair.target.load()`` / ``pair.draft.load()`` and the law of the whole
 #: continuation (``length`` tokens, shorter when it ends in EOS) is compared with the exact law from the
@@ -269,7 +269,7 @@ SEQUENCE_CASES: dict[str, SequenceCase] = {
             ("draft_temperature_mismatch", 0.089),
         ),
     ),
-    # (f) sampling precision: order1-close with every logit + 80 (specdec_ref.exact_offset: the same law, logits in
+    # (f) sampling precision: order1-close with every logit + 80 (specdec_ref.exact.offset: the same law, logits in
     # [72, 88] exact in float32 that bf16 rounds to multiples of 1/2, by up to 1/4); temperature 0.25 multiplies the
     # rounding by 4. Every other case's logits are exact in bf16, so a decoder sampling from bf16 logits passes them.
     "bf16_rounding": SequenceCase(
@@ -286,7 +286,7 @@ SEQUENCE_CASES: dict[str, SequenceCase] = {
 
 
 def sequence_eos(case: str) -> int | None:
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     spec = SEQUENCE_CASES[case]
     return exact_pair(spec.pair).target.eos_id if spec.eos else None
@@ -296,7 +296,7 @@ def sequence_eos(case: str) -> int | None:
 def sequence_law(case: str):
     """The exact law of a case's continuation, from the target's tables."""
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     spec = SEQUENCE_CASES[case]
     return continuation_law(exact_pair(spec.pair).target, list(spec.prompt), spec.length, spec.sampling, eos_id=sequence_eos(case))
@@ -330,7 +330,7 @@ def _assert_law_is_unambiguous(case: str) -> None:
     from .samples import split_ties
 
     from specdec_properties.sequences import boundary_margin
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     spec = SEQUENCE_CASES[case]
     table = exact_pair(spec.pair).target
@@ -368,7 +368,7 @@ def check_decoder_sequence_law(backend, ctx: CheckContext, case: str, tv: float 
     """Whole continuations decoded on an exactly-known checkpoint pair follow the exact law from its tables.
 
     ``backend.decode(target, draft, prompt, ...)`` runs on the shipped float32 checkpoints of the case's pair
-    (``specdec_ref.exact_models``); the continuation (``max_new_tokens`` tokens, or fewer ending in EOS) is
+    (``specdec_ref.exact``); the continuation (``max_new_tokens`` tokens, or fewer ending in EOS) is
     counted per sequence and tested against ``continuation_law`` of the target's tables: N decodes with
     power 0.99 against every law at TV >= ``tv`` (SEQUENCE_TV for every chain case) at alpha 1e-6.
     ``SEQUENCE_CASES`` says which bug classes each case is sized for and the exact TV a representative bug

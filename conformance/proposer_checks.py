@@ -3,7 +3,7 @@
 The proposers (``specdec_ref.contract.Decoder``, "Proposers"): prompt lookup (``ngram``), EAGLE heads (``eagle``),
 EAGLE-3 heads (``eagle3``), MTP modules (``mtp``) and Medusa heads (``medusa``), passed as ``draft`` to ``decode`` /
 ``decode_batch``. On the exactly-known order-1 pair ``order1-close`` with the exactly-known heads
-(``specdec_ref.exact_heads``; EAGLE-3 on the three-layer target of the same table, ``specdec_ref.exact_deep``, whose
+(``specdec_ref.exact.heads``; EAGLE-3 on the three-layer target of the same table, ``specdec_ref.exact.deep``, whose
 layers' hidden states differ) every proposal is a table of what the proposer reads (its pending token, the feature
 of the position before it, its earlier drafts, the text), so:
 
@@ -58,9 +58,9 @@ GREEDY_NEW_TOKENS = 24
 
 def proposer_target(kind: str):
     """The target model ``kind`` drafts for: :data:`PROPOSER_PAIR`'s float32 target, or for EAGLE-3 (which fuses
-    several layers) the deep target of the same table (``specdec_ref.exact_deep``: the same law, layers that differ)."""
+    several layers) the deep target of the same table (``specdec_ref.exact.deep``: the same law, layers that differ)."""
     if kind == "eagle3":
-        from specdec_ref.exact_deep import deep_target
+        from specdec_ref.exact.deep import deep_target
 
         return deep_target(PROPOSER_TARGET, layers=3)
     return sequence_models(PROPOSER_PAIR)[0]
@@ -69,7 +69,7 @@ def proposer_target(kind: str):
 @functools.lru_cache(maxsize=None)
 def proposer_spec(kind: str, sample: bool):
     """The exactly-known spec of ``kind`` on :func:`proposer_target` (cached; read-only)."""
-    from specdec_ref.exact_heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
+    from specdec_ref.exact.heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
     from specdec_ref.proposers import Ngram
 
     target = proposer_target(kind)
@@ -88,7 +88,7 @@ def proposer_spec(kind: str, sample: bool):
 
 def _table_greedy(prompt, n: int) -> list[int]:
     """The target's greedy continuation of ``prompt`` from its table (first-index argmax)."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     m = exact_model(PROPOSER_TARGET)
     out, last = [], prompt[-1]
@@ -149,7 +149,7 @@ def check_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, kind: 
     (rounds with a tied row are skipped, counted), at least :data:`MIN_GREEDY_ROUNDS` of them after a partial
     acceptance and as many after a full one."""
     from specdec_properties.proposals import greedy_round, law_of
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     _require(backend, kind)
     target = proposer_target(kind)
@@ -241,7 +241,7 @@ ROW_CHUNK = 256
 @functools.lru_cache(maxsize=None)
 def _law(length: int):
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), length, PROPOSER_SAMPLING)
 
@@ -350,7 +350,7 @@ def check_proposer_acceptance_is_exact(backend, ctx: CheckContext, kind: str, sa
     round that differs named."""
     from specdec_properties.proposals import law_of, round_acceptance, round_key
     from specdec_properties.stats import assert_total
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     _require(backend, kind)
     scheme = exact_scheme(backend, "a lossy scheme declares no exact acceptance law")

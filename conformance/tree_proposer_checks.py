@@ -5,7 +5,7 @@
 draft (``specdec_ref.contract.Decoder``, "Proposers"; the reference: :mod:`specdec_ref.tree_heads`): level ``l``'s
 children come from head ``l - 1``'s row (the same for every node of the level) by the declared tree scheme, the next
 round's feature is the target's at the last accepted node. On ``order1-close``'s target with the exactly-known heads
-(``specdec_ref.exact_heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
+(``specdec_ref.exact.heads``: head ``i``'s row is the log of the ``i + 2``-step law in eighths, read from the feature
 of the token before the pending one), and with its order-1 draft model, every greedy tree is a function of the round's
 text (``specdec_properties.tree_proposals.greedy_tree``), so:
 
@@ -83,7 +83,7 @@ def tree_drafter(kind: str, sample: bool):
     head, or :data:`TREE_DRAFT_PAIR`'s order-1 draft model (its law: the draft table's row after a node)."""
     from specdec_properties.proposals import law_of
     from specdec_properties.tree_proposals import DraftModelLaw
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     if kind == "draft_model":
         target, draft = sequence_models(TREE_DRAFT_PAIR)
@@ -100,7 +100,7 @@ def _require_tree_proposer(backend, kind: str) -> None:
 @functools.lru_cache(maxsize=None)
 def _tree_law():
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     return continuation_law(exact_pair(PROPOSER_PAIR).target, list(LAW_PROMPT), LAW_LENGTH, TREE_LAW_SAMPLING)
 
@@ -164,7 +164,7 @@ def check_tree_proposer_greedy_acceptance_is_exact(backend, ctx: CheckContext, k
     node by node (token, parent, probability where reported) for a backend claiming ``round_drafts``, by (node count,
     accepted) otherwise; at least :data:`MIN_TREE_ROUNDS` rounds after a partial and as many after a full acceptance."""
     from specdec_properties.tree_proposals import greedy_tree
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     _require_tree_proposer(backend, kind)
     target, spec, law = tree_drafter(kind, False)

@@ -86,7 +86,7 @@ def _reachable(case, sampling):
     """Every context the case's completions can reach before their last token (the support under either tie rule)."""
     import torch
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
     from specdec_ref.warp import warp
 
     m = exact_model(case.model)
@@ -146,7 +146,7 @@ def test_finding_top_k_ties_are_not_the_lowest_ids_in_general(paths):
     """Logits made with a logit bias on row 0: llama.cpp's top-k keeps exactly k, and which tied tokens survive is
     decided by std::partial_sort's heap, not by their ids: [5, 1, 5, 5, 9, ...] at k 2 keeps ids {2, 4}, where
     the lowest-ids rule keeps {0, 4} and the keep-all-ties rule {0, 2, 3, 4}."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     z0 = np.asarray(exact_model("order1-target").next_logits([[0]]), dtype=float)[0]
     v = np.array([5, 1, 5, 5, 9, -9, -9, -9], dtype=float)
@@ -219,7 +219,7 @@ def test_every_spec_type_is_identical_per_seed_on_long_requests():
     context tokens; ngram-mod learns in chunks of 32), so their per-seed identity is checked here on 300 seeded
     requests of 16 tokens (order1, T 0.7, EOS ordinary): every configuration returns control's completions request
     by request, and the ones that can draft on 18 tokens of context did draft."""
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.warp import SamplingConfig
 
     from conformance.engines.adapter import Request
@@ -276,7 +276,7 @@ def _eagle3_rounds(prompt, completion, k=3, max_new=10):
 
 def _table_check(srv):
     """The server's probabilities at every last token (3 generated positions each) against the order-1 table."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     table = exact_model("order1-target")
     for a in range(8):

@@ -28,7 +28,7 @@ import pytest
 
 from conformance.engines.mistralrs import adapter as ad
 from conformance.engines.adapter import REPO, this_cpu_flags
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 
 VOCAB2 = {"<bos>": 6, "<eos>": 7, **{f"t{i}": i for i in range(6)}}
 

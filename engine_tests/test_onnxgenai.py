@@ -30,7 +30,7 @@ import pytest
 from conformance.engines.onnxgenai import adapter as ad
 from conformance.engines.adapter import Request
 from conformance.engines.matrix import case
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from conformance.engines.openvino import model as M  # noqa: E402
 from conformance.engines.adapter import Request  # noqa: E402
 from conformance.engines.matrix import Configuration, case  # noqa: E402
 from conformance.engines.openvino.export import MODELS, check_logits, ir_dir  # noqa: E402
-from specdec_ref.exact_models import exact_model  # noqa: E402
+from specdec_ref.exact import exact_model  # noqa: E402
 from specdec_ref.warp import SamplingConfig  # noqa: E402
 
 EOS = 7

@@ -40,7 +40,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
 
-from specdec_ref.exact_models import BOS_LOGIT, EXACT_MODELS, MAX_POSITIONS, ExactModel  # noqa: E402
+from specdec_ref.exact import BOS_LOGIT, EXACT_MODELS, MAX_POSITIONS, ExactModel  # noqa: E402
 
 from .vllm_engines import Engines  # noqa: E402
 
@@ -97,10 +97,10 @@ def _as_vector(logprobs: dict) -> torch.Tensor:
 
 def _table(m: ExactModel, contexts, dtype: str) -> torch.Tensor:
     """The logits the checkpoint computes: the table, rounded to bf16 for a bf16 run of an offset model (the
-    offset models exist to be inexact in bf16: ``specdec_ref.exact_offset``, bound ``m.bf16_logit_bound``)."""
+    offset models exist to be inexact in bf16: ``specdec_ref.exact.offset``, bound ``m.bf16_logit_bound``)."""
     z = m.next_logits(contexts)
     if dtype == "bfloat16" and getattr(m, "logit_offset", 0):
-        from specdec_ref.exact_offset import bf16_table
+        from specdec_ref.exact.offset import bf16_table
 
         rounded = torch.from_numpy(bf16_table(z.numpy()))
         assert float((rounded - z).abs().max()) <= m.bf16_logit_bound

@@ -2,7 +2,7 @@
 their laws say.
 
 Run in the vLLM stage only (``.venv-vllm/bin/python -m pytest engine_tests/test_vllm_heads.py``). The heads are
-written at run time (:mod:`specdec_ref.exact_head_files`, under a temporary cache) and loaded as vLLM's
+written at run time (:mod:`specdec_ref.exact.head_files`, under a temporary cache) and loaded as vLLM's
 ``speculative_config["model"]`` on the order-1 target (EAGLE-3: on the 3-layer deep target of the same table, whose
 raw logits are first checked to be the table's bit for bit), float32, k = 3, argmax drafts (vLLM's default):
 
@@ -14,7 +14,7 @@ raw logits are first checked to be the table's bit for bit), float32, k = 3, arg
 * the check has the power to see a drafter reading the wrong thing: the EAGLE-3 head told to read the aux layers
   ``[0, 1, 3]`` keeps the greedy outputs but its rounds differ from the law's, named at the first request;
 * MTP (``method="mtp"``): the order-1 table as a MiMo checkpoint with one exactly-known MTP layer
-  (:mod:`specdec_ref.exact_mtp_target`): its raw logits are the table's, its drafts ``Eagle3FeatureLaw``'s (the
+  (:mod:`specdec_ref.exact.mtp_target`): its raw logits are the table's, its drafts ``Eagle3FeatureLaw``'s (the
   rounds equal the counters request by request), and the same layer reading the token is named by the rounds check.
 """
 from __future__ import annotations
@@ -30,8 +30,8 @@ from vllm import LLM, SamplingParams  # noqa: E402  (a missing engine fails the 
 
 from conformance.engines import rounds as R  # noqa: E402
 from conformance.engines.vllm.adapter import ENGINE_ARGS, spec_counters  # noqa: E402
-from specdec_ref.exact_heads import order1_table  # noqa: E402
-from specdec_ref.exact_models import exact_model  # noqa: E402
+from specdec_ref.exact.heads import order1_table  # noqa: E402
+from specdec_ref.exact import exact_model  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("vllm_heads")
 K, MAX_TOKENS = 3, 12
@@ -42,14 +42,14 @@ DEEP = {"eagle3": 3}
 
 
 def _target(name, root):
-    from specdec_ref.exact_head_files import deep_target_folder
+    from specdec_ref.exact.head_files import deep_target_folder
 
     return str(deep_target_folder(TARGET, DEEP[name], root=root)) if name in DEEP else str(exact_model(TARGET).path)
 
 
 @pytest.fixture(scope="module", params=sorted(HEADS))
 def engine(request, tmp_path_factory):
-    from specdec_ref.exact_head_files import head_folder
+    from specdec_ref.exact.head_files import head_folder
 
     root = tmp_path_factory.mktemp("heads")
     folder = head_folder(request.param, TARGET, heads=K, root=root)
@@ -144,7 +144,7 @@ def test_an_eagle3_head_reading_a_wrong_layer_is_named_by_the_rounds_check(tmp_p
     (drafts never change the text), but the drafts are not the law's, and the rounds check names the first request."""
     import json
 
-    from specdec_ref.exact_head_files import head_files
+    from specdec_ref.exact.head_files import head_files
 
     head = tmp_path / "eagle3-aux013"
     head.mkdir()
@@ -169,12 +169,12 @@ def test_an_eagle3_head_reading_a_wrong_layer_is_named_by_the_rounds_check(tmp_p
 
 
 # --- MTP (issue 29): the order-1 table as a MiMo checkpoint with one exactly-known MTP layer ----------------------
-#: The MTP layer of :mod:`specdec_ref.exact_mtp_target` proposes what the EAGLE-3 head does (``Eagle3FeatureLaw``).
+#: The MTP layer of :mod:`specdec_ref.exact.mtp_target` proposes what the EAGLE-3 head does (``Eagle3FeatureLaw``).
 MTP_LAW = "exact-eagle3"
 
 
 def _mtp_llm(root, *, read_token=False, **extra):
-    from specdec_ref.exact_mtp_target import mtp_target_folder
+    from specdec_ref.exact.mtp_target import mtp_target_folder
 
     folder = mtp_target_folder(TARGET, read_token=read_token, root=root)
     return LLM(model=str(folder), per_request_spec_decode_metrics="detailed",

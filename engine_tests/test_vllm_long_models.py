@@ -27,8 +27,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from vllm import SamplingParams  # noqa: E402  (a missing engine fails the stage, never skips)
 
-from specdec_ref.exact_long import LONG_BOS, LONG_MARKERS, LONG_MAX_POSITIONS, LONG_REAL  # noqa: E402
-from specdec_ref.exact_models import BOS_LOGIT, ExactModel, exact_model  # noqa: E402
+from specdec_ref.exact.long import LONG_BOS, LONG_MARKERS, LONG_MAX_POSITIONS, LONG_REAL  # noqa: E402
+from specdec_ref.exact import BOS_LOGIT, ExactModel, exact_model  # noqa: E402
 
 from .vllm_engines import Engines  # noqa: E402
 

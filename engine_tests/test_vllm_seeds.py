@@ -31,8 +31,8 @@ from conformance.engines.vllm.patch import apply
 apply(*sys.argv[3].split(","))
 from vllm import LLM, SamplingParams
 from conformance.engines.vllm.adapter import ENGINE_ARGS
-from specdec_ref.exact_head_files import head_folder
-from specdec_ref.exact_registry import exact_pair
+from specdec_ref.exact.head_files import head_folder
+from specdec_ref.exact.registry import exact_pair
 
 method, root = sys.argv[1], sys.argv[2]
 pair = exact_pair("order1-close")

@@ -7,7 +7,7 @@ import gc
 
 from vllm import LLM
 
-from specdec_ref.exact_models import ExactModel
+from specdec_ref.exact import ExactModel
 
 
 class Engines:

@@ -11,7 +11,7 @@ generated tokens ``G`` at the start of a round,
   is the number of leading positions where the draft's argmax equals ``y_i``, capped at ``k``
   (:func:`greedy_accepted`).
 
-Everything is float64 numpy on the tables of :mod:`specdec_ref.exact_models`, independent of the decoder.
+Everything is float64 numpy on the tables of :mod:`specdec_ref.exact`, independent of the decoder.
 """
 from __future__ import annotations
 

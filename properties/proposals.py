@@ -1,8 +1,8 @@
 """Exact proposal laws of the exactly-known proposers, and the exact acceptance of a round that uses them.
 
 Independent of the reference's proposers (:mod:`specdec_ref.proposers`, :mod:`specdec_ref.heads`): everything is
-float64 numpy on the order-1 tables (:mod:`specdec_ref.exact_models`) and the heads' table descriptions
-(:mod:`specdec_ref.exact_heads`), never their weights or code.
+float64 numpy on the order-1 tables (:mod:`specdec_ref.exact`) and the heads' table descriptions
+(:mod:`specdec_ref.exact.heads`), never their weights or code.
 
 A proposal law answers: at a round that starts from the text ``h`` (prompt and committed tokens, the pending token
 last), after drafts ``d_1 .. d_i-1``, what is the law of ``d_i``? The raw logits come from the tables, the row's
@@ -13,7 +13,7 @@ proposers: the law is a point mass) or a sample of the warped law.
 * :class:`EagleLaw`: the head's hidden ``h_1 = alpha 4 e_x + 4 C[y]`` (``x`` the pending token, ``y`` the token
   before it, ``C`` the head's mixing table), ``h_i = alpha 4 e_d_i-1 + C^T h_i-1``, logits ``h_i / 4 @ T``;
 * :class:`MedusaLaw`: draft ``i`` (0-based) is head ``i``'s row ``M_i+2[y]``, whatever the earlier drafts;
-* :class:`Eagle3FeatureLaw`: the EAGLE-3 head written for engines (``specdec_ref.exact_head_files``, kind ``eagle3``):
+* :class:`Eagle3FeatureLaw`: the EAGLE-3 head written for engines (``specdec_ref.exact.head_files``, kind ``eagle3``):
   every draft is the row ``M_2[y]`` restricted to the draft vocabulary (its drafts read the fused feature only, so
   they repeat one token);
 * :class:`NgramLaw`: the tokens after the first earlier occurrence of the longest suffix of ``h`` of length in
@@ -39,7 +39,7 @@ __all__ = ["EagleLaw", "Eagle3Law", "Eagle3FeatureLaw", "MtpLaw", "MedusaLaw", "
 
 @functools.lru_cache(maxsize=None)
 def _target_rows(target_name: str) -> np.ndarray:
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     m = exact_model(target_name)
     if m.family != "order1":
@@ -62,7 +62,7 @@ class EagleLaw:
     def raw(self, text: Sequence[int], drafts: Sequence[int]) -> np.ndarray:
         """``h / 4 @ T`` for the head's hidden ``h`` (in units of ``e_t``): ``h_1 = alpha 4 e_x + 4 C[y]``, then
         ``h_i = alpha 4 e_d + C^T h_i-1``."""
-        from specdec_ref.exact_heads import eagle_mix
+        from specdec_ref.exact.heads import eagle_mix
 
         t, c = _target_rows(self.target), eagle_mix(self.target)
         h = self.alpha * 4 * np.eye(len(t))[text[-1]] + 4 * c[text[-1 - self.feature_back]]
@@ -84,7 +84,7 @@ class Eagle3Law(EagleLaw):
     wrong: tuple = (0, 0.0)
 
     def raw(self, text, drafts):
-        from specdec_ref.exact_heads import eagle_mix
+        from specdec_ref.exact.heads import eagle_mix
 
         t, c = _target_rows(self.target), eagle_mix(self.target)
         y = text[-1 - self.feature_back]
@@ -99,10 +99,10 @@ class Eagle3Law(EagleLaw):
 
 @dataclass(frozen=True)
 class Eagle3FeatureLaw:
-    """The EAGLE-3 head of the engine head files (``specdec_ref.exact_head_files``, kind ``eagle3``, on the deep
+    """The EAGLE-3 head of the engine head files (``specdec_ref.exact.head_files``, kind ``eagle3``, on the deep
     target): its fused feature is ``4 e_y`` (``y`` the token before the pending one, whose auxiliary layers the first
     draft reads) and its decoder layer adds exactly zero, so every draft step reads the same feature and the token plays
-    no part: draft ``i`` has the logits ``M_offset[y]`` (:func:`specdec_ref.exact_heads.medusa_table`, the log of the
+    no part: draft ``i`` has the logits ``M_offset[y]`` (:func:`specdec_ref.exact.heads.medusa_table`, the log of the
     target's ``offset``-step law in eighths) on the draft vocabulary ``vocab`` (target ids) and ``-inf`` elsewhere,
     whatever the earlier drafts."""
 
@@ -114,7 +114,7 @@ class Eagle3FeatureLaw:
     context = 2
 
     def raw(self, text, drafts):
-        from specdec_ref.exact_heads import medusa_table
+        from specdec_ref.exact.heads import medusa_table
 
         row = medusa_table(self.target, self.offset)[text[-2]]
         out = np.full(len(row), -np.inf)
@@ -144,7 +144,7 @@ class MtpLaw:
     recycle_pre_norm: bool = False
 
     def raw(self, text, drafts):
-        from specdec_ref.exact_heads import eagle_mix
+        from specdec_ref.exact.heads import eagle_mix
 
         t, c = _target_rows(self.target), eagle_mix(self.target)
         eye = np.eye(len(t))
@@ -172,7 +172,7 @@ class MedusaLaw:
     context = 2
 
     def raw(self, text, drafts):
-        from specdec_ref.exact_heads import medusa_table
+        from specdec_ref.exact.heads import medusa_table
 
         return medusa_table(self.target, len(drafts) + 2)[text[-2]]
 
@@ -203,13 +203,13 @@ class NgramLaw:
 
 
 def law_of(spec, target_name: str):
-    """The proposal law of a reference proposer spec built by :mod:`specdec_ref.exact_heads` (or an ``Ngram``)."""
+    """The proposal law of a reference proposer spec built by :mod:`specdec_ref.exact.heads` (or an ``Ngram``)."""
     kind = getattr(spec, "proposer_kind", None)
     if kind == "ngram":
         return NgramLaw(spec.min_n, spec.max_n)
     table = getattr(spec, "table_spec", None)
     if table is None:
-        raise ValueError(f"{type(spec).__name__} has no exact proposal law (not built by specdec_ref.exact_heads)")
+        raise ValueError(f"{type(spec).__name__} has no exact proposal law (not built by specdec_ref.exact.heads)")
     if table[0] == "eagle":
         return EagleLaw(table[1], table[2], spec.sample)
     if table[0] == "eagle3":

@@ -9,7 +9,7 @@ that law can be written down leaf by leaf::
 
 where ``z64`` are the target's next-token logits from a float64 copy of the model
 (:func:`specdec_ref.forward.reference_logits`: full forward, no cache; for an exactly-known model,
-``specdec_ref.exact_models.ExactModel``, its table logits ``next_logits``) and
+``specdec_ref.exact.ExactModel``, its table logits ``next_logits``) and
 :func:`specdec_ref.warp.warp` applies temperature / top-k / top-p in float64 (the decoder's own
 steps; :func:`boundary_margin` uses them too, so the law cannot drift from the decoder).
 :func:`continuation_law` computes it level by level: all live prefixes of one length go through
@@ -115,7 +115,7 @@ def next_logits64(model, contexts) -> torch.Tensor:
     """float64 next-token logits ``[len(contexts), V]`` after each context (any lengths, any order).
 
     ``model`` is a transformers model (float64 forward, contexts of one length per batch) or an
-    exactly-known model (``specdec_ref.exact_models.ExactModel``, anything with
+    exactly-known model (``specdec_ref.exact.ExactModel``, anything with
     ``next_logits(contexts)`` that is not an ``nn.Module``), whose table logits are used instead of
     running a checkpoint.
     """
@@ -188,7 +188,7 @@ def continuation_law(
     """Exact law of the next ``n`` tokens after ``prompt`` under AR sampling with ``config``.
 
     ``target_model``: a transformers model (its float64 copy is run) or an
-    ``specdec_ref.exact_models.ExactModel`` (its table logits are used; no forward).
+    ``specdec_ref.exact.ExactModel`` (its table logits are used; no forward).
     ``prompt``: ``LongTensor[1, t]`` / ``[t]`` or a list of ids. Keys are tuples of generated
     tokens (length n, or shorter ending in ``eos_id`` or in the token that completes a stop string of ``stop``, a
     :class:`specdec_properties.stops.StopStrings`: a deterministic stopping rule like EOS); only continuations of positive

@@ -44,7 +44,7 @@ PROB_ATOL = 1e-6
 
 @dataclass(frozen=True)
 class DraftModelLaw:
-    """A draft model that is an order-1 exactly-known table (``specdec_ref.exact_models``, e.g. ``order1-draft-close``):
+    """A draft model that is an order-1 exactly-known table (``specdec_ref.exact``, e.g. ``order1-draft-close``):
     its row after a path is the table's row of the path's last token (the pending token for the root)."""
 
     draft: str

@@ -19,7 +19,7 @@ Rows (``check | device | dtype | result | seconds | detail``), each PASS or FAIL
   "N flips / M decodes"; any other divergence fails.
 
 * ``proposers`` (float32 and bfloat16): the exactly-known order-1 pair's target on the device with each proposer
-  (prompt lookup, the exact EAGLE head, the exact Medusa heads; :mod:`specdec_ref.exact_heads`): greedy decoding
+  (prompt lookup, the exact EAGLE head, the exact Medusa heads; :mod:`specdec_ref.exact.heads`): greedy decoding
   equals AR (the tables are exact in both dtypes, so no flip is tolerated), and sampled rows (seeded, prompts of 1
   to 4 tokens, heads drawing their drafts) decode bit for bit the same alone and in one batch. The detail gives the
   greedy acceptance per proposer.
@@ -325,9 +325,9 @@ def compare_proposers(plan: Plan) -> list[Row]:
 
     from specdec_ref.contract import Request
     from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
-    from specdec_ref.exact_deep import deep_target
-    from specdec_ref.exact_heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact.deep import deep_target
+    from specdec_ref.exact.heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
+    from specdec_ref.exact import exact_model
     from specdec_ref.proposers import Ngram
     from specdec_ref.warp import SamplingConfig
 

@@ -319,7 +319,7 @@ class Decoder(Backend, Protocol):
     A spec whose ``sample`` is False drafts its argmax (one-hot: judged against ``q = one_hot(d)``, exact under every
     scheme); otherwise ``q`` is exactly what the drafts were drawn from (processed like a draft model's). The output
     law and greedy equality of :meth:`decode` hold whatever the proposer; acceptance is checked against its exact
-    expectation on exactly-known heads (:mod:`specdec_ref.exact_heads`). A row whose prompt is one token has no
+    expectation on exactly-known heads (:mod:`specdec_ref.exact.heads`). A row whose prompt is one token has no
     feature before the target's first forward: its first round proposes nothing (a plain target step), so its draws
     never depend on its batch. With ``cache`` claimed, ``on_round``'s ``draft_cache`` for a head with decoder layers
     (EAGLE, EAGLE-3, MTP) shows their K/V (``layer_kv``): every position it holds is a fresh read of a committed pair

@@ -7,7 +7,7 @@ import pytest
 
 from conformance.engines import rounds as R
 from conformance.samples import SamplesInputError, certify_samples
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import SamplingConfig
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from conformance.engines.logprobs import TOLERANCE, bug_effects, exact_rows, logprob_check
 from conformance.engines.matrix import case
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 
 CASE = case("logprobs")
 MODEL = exact_model(CASE.model)

@@ -1,5 +1,5 @@
 """Argmax-draft rounds rebuilt from completions (conformance.engines.rounds) and the head folders engines load
-(specdec_ref.exact_head_files). No engine: the vLLM side is engine_tests/test_vllm_heads.py and the matrix."""
+(specdec_ref.exact.head_files). No engine: the vLLM side is engine_tests/test_vllm_heads.py and the matrix."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from conformance.engines import rounds as R
 from conformance.engines.matrix import Configuration
 from specdec_properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
-from specdec_ref.exact_heads import EAGLE_ALPHA
+from specdec_ref.exact.heads import EAGLE_ALPHA
 from specdec_ref.warp import SamplingConfig
 
 EAGLE = EagleLaw("order1-target", EAGLE_ALPHA, False)
@@ -57,7 +57,7 @@ def _simulate(law, engine_law, n, seed=0, k=3, max_new=8, temperature=0.7, to_en
     """A vLLM-like engine: the first token at prefill, rounds of argmax drafts from ``engine_law``, a draft accepted
     when the target's sample equals it, acceptance counted past the cut. ``to_end``: llama.cpp-like instead, rounds
     of ``min(k, r - 1)`` drafts with ``r`` tokens still to emit, each request reporting its totals only."""
-    from specdec_ref.exact_heads import order1_table
+    from specdec_ref.exact.heads import order1_table
 
     t = order1_table("order1-target") / temperature
     p = np.exp(t - t.max(1, keepdims=True))
@@ -160,8 +160,8 @@ def _read_safetensors(blob: bytes) -> dict[str, np.ndarray]:
 
 
 def test_head_files_are_deterministic_and_compute_the_laws_they_stand_for(tmp_path):
-    from specdec_ref import exact_head_files as F
-    from specdec_ref.exact_heads import order1_table
+    from specdec_ref.exact import head_files as F
+    from specdec_ref.exact.heads import order1_table
 
     a, b = F.head_folder("eagle", root=tmp_path), F.head_folder("eagle", root=tmp_path / "again")
     assert a.name == b.name and (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
@@ -194,7 +194,7 @@ def _eagle3_drafter(w: dict, eps: float, aux_order=(0, 1, 2)):
     ``y`` on the deep target: ``g = fc(cat(aux streams in aux_order))``; the midlayer adds ``o_proj(..)`` and
     ``down_proj(..)``, both zero, so ``pre = g``; logits ``lm_head(norm(pre))`` spread to target ids by ``d2t`` (-inf
     elsewhere); the next step reads ``pre`` without ``fc``. Returns the logits of k = 3 steps."""
-    from specdec_ref.exact_deep import deep_channel
+    from specdec_ref.exact.deep import deep_channel
 
     assert not w["midlayer.self_attn.o_proj.weight"].any() and not w["midlayer.mlp.down_proj.weight"].any()
 
@@ -212,8 +212,7 @@ def _eagle3_drafter(w: dict, eps: float, aux_order=(0, 1, 2)):
 
 
 def test_eagle3_head_files_are_deterministic_dyadic_and_compute_the_law_from_the_aux_layers(tmp_path):
-    from specdec_ref import exact_head_files as F
-
+    from specdec_ref.exact import head_files as F
     a, b = F.head_folder("eagle3", root=tmp_path), F.head_folder("eagle3", root=tmp_path / "again")
     assert a.name == b.name
     assert all((a / n).read_bytes() == (b / n).read_bytes() for n in ("config.json", "model.safetensors"))
@@ -242,9 +241,9 @@ def test_eagle3_head_files_are_deterministic_dyadic_and_compute_the_law_from_the
 def test_deep_target_folder_holds_the_deep_targets_weights(tmp_path):
     import torch
 
-    from specdec_ref import exact_head_files as F
-    from specdec_ref.exact_deep import deep_target
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import head_files as F
+    from specdec_ref.exact.deep import deep_target
+    from specdec_ref.exact import exact_model
 
     folder = F.deep_target_folder("order1-target", 3, root=tmp_path)
     again = F.deep_target_folder("order1-target", 3, root=tmp_path / "again")
@@ -263,7 +262,7 @@ def test_deep_target_folder_holds_the_deep_targets_weights(tmp_path):
 
 
 def test_the_eagle3_law_repeats_the_feature_row_on_the_draft_vocabulary():
-    from specdec_ref.exact_heads import medusa_table
+    from specdec_ref.exact.heads import medusa_table
 
     assert R.proposal_law("exact-eagle3", "order1-close") == EAGLE3
     m2 = medusa_table("order1-target", 2)
@@ -348,7 +347,7 @@ def test_the_expectation_of_ngram_rounds_on_the_order2_target_keys_rounds_by_wha
     the expectation cannot be cached under (pending token, drafts), as it once was (8.6 SE off on a correct engine)."""
     from specdec_properties.exact import SchemeSpec
     from specdec_properties.proposals import round_acceptance
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     law, config = NgramLaw(1, 2), SamplingConfig(temperature=0.7)
     texts = [[6, 0, 0], [6, 0, 0, 0], [6, 0, 0], [6, 1, 0, 0]]
@@ -396,7 +395,7 @@ def test_a_draft_that_reads_the_whole_context_is_read_over_it():
     None), so two prompts that differ only in their marker get different drafts; the order-1 reading (the row of the
     last token), right for order1 drafts and order2-draft, would give both the same."""
     from conformance.engines.conditions import LONG_MARKER_AT as at, condition
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     assert R.DraftArgmaxLaw("order2-draft").context == 1 and R.DraftArgmaxLaw("order1-draft-close").context == 1
     law = R.DraftArgmaxLaw("long-draft")

@@ -32,7 +32,7 @@ def test_importing_the_runner_does_not_import_vllm():
 
 def test_matrix_cases_are_well_defined():
     from conformance.samples import split_ties
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     names = [c.name for c in matrix.CASES + matrix.FEATURE_CASES]
     assert len(names) == len(set(names))
@@ -141,7 +141,7 @@ def test_expectation_agrees_with_the_reference_decoder():
     """The dynamic programme (prefill=False) against specdec_ref's own decode loop on the same checkpoints."""
     from specdec_ref.backend import reference_backend
     from specdec_ref.contract import Request
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     sampling, k, m = SamplingConfig(temperature=0.7), 3, 8
     pair, oracle = eff.tables("order1-close", sampling, "token")

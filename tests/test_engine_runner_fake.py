@@ -410,7 +410,7 @@ def test_the_first_turn_fills_two_blocks_and_rejects_a_draft_at_their_last_posit
     from conformance.engines.conditions import TURN1, TURN1_GREEDY, condition, random_prompt
     from conformance.engines.worker import batches
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
     from specdec_ref.warp import GREEDY
 
     prompt = random_prompt(*TURN1)

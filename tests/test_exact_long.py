@@ -1,4 +1,4 @@
-"""The long-context exactly-known family (specdec_ref.exact_long): exact over 4 096 positions, and a law that a lost,
+"""The long-context exactly-known family (specdec_ref.exact.long): exact over 4 096 positions, and a law that a lost,
 stale or moved KV entry at the marker, at the previous position or at <bos> changes by a stated total variation.
 
 Bug classes guarded (for the engine checks that use these models): KV blocks lost, stale or taken from another request
@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from specdec_ref.exact_long import (
+from specdec_ref.exact.long import (
     LONG_BOS,
     LONG_MARKERS,
     LONG_MAX_POSITIONS,
@@ -24,7 +24,7 @@ from specdec_ref.exact_long import (
     NO_MARKER,
     long_prev_scores,
 )
-from specdec_ref.exact_models import MIN_SCORE_GAP, exact_model, exact_pair
+from specdec_ref.exact import MIN_SCORE_GAP, exact_model, exact_pair
 from specdec_ref.forward import cache_arg
 
 NAMES = list(LONG_SHAPES)

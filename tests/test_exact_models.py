@@ -1,4 +1,4 @@
-"""Exactly-known models shipped as transformers checkpoints (specdec_ref.exact_models).
+"""Exactly-known models shipped as transformers checkpoints (specdec_ref.exact).
 
 The checkpoints must reproduce their tables bit for bit in float32 (full forward and incremental
 forward over a DynamicCache), stay within the stated bound in bfloat16, load with the plain
@@ -19,7 +19,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, GenerationConfig
 
-from specdec_ref.exact_models import (
+from specdec_ref.exact import (
     ASSET_ROOT,
     BF16_LOGIT_BOUND,
     BF16_PROB_BOUND,
@@ -36,8 +36,8 @@ from specdec_ref.exact_models import (
     exact_pair,
     prev_head_scores,
 )
-from specdec_ref.exact_long import LONG_MARKERS, LONG_MAX_POSITIONS, LONG_SHAPES
-from specdec_ref.exact_offset import LOGIT_OFFSET, OFFSET_MODELS, bf16_table
+from specdec_ref.exact.long import LONG_MARKERS, LONG_MAX_POSITIONS, LONG_SHAPES
+from specdec_ref.exact.offset import LOGIT_OFFSET, OFFSET_MODELS, bf16_table
 from specdec_ref.forward import cache_arg, reference_logits
 from specdec_ref.warp import scale_temperature, top_k_filter, top_p_filter
 
@@ -194,7 +194,7 @@ def test_check_passes_and_detects_a_changed_file(tmp_path, capsys):
 
 def test_check_command_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "specdec_ref.exact_models", "check"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "specdec_ref.exact", "check"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert "order1-draft-close" in proc.stdout and "0.8987" in proc.stdout

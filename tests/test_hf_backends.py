@@ -1,4 +1,4 @@
-"""The transformers adapters (specdec_ref.hf_backends) run and map outputs to our contract; the verdict exists."""
+"""The transformers adapters (specdec_ref.adapters.hf_backends) run and map outputs to our contract; the verdict exists."""
 from __future__ import annotations
 
 import pathlib
@@ -8,7 +8,7 @@ import torch
 
 from specdec_properties.stateful_cache import compare_kv, fresh_prefill
 from specdec_ref.decode import autoregressive_decode
-from specdec_ref.hf_backends import (
+from specdec_ref.adapters.hf_backends import (
     ForwardProbe,
     HFDynamicCache,
     _logits,

@@ -135,6 +135,18 @@ def test_no_import_circle_between_packages_or_their_parts():
     assert circles(collapsed({"a.x": {"b.y"}, "b.z": {"a.w"}, "a.w": set(), "b.y": set()}, 1)) == [["a", "b"]]
 
 
+def test_the_reference_algorithm_imports_neither_its_exact_models_nor_its_adapters():
+    """``specdec_ref``'s own modules are the algorithm; ``specdec_ref.exact`` (models whose law is a table) and
+    ``specdec_ref.adapters`` (other libraries behind the contract) sit on it. Guards the algorithm reaching into a
+    test model or a third-party adapter (a dependency the reference must not have)."""
+    graph = import_graph()
+    apart = ("specdec_ref.exact", "specdec_ref.adapters")
+    algorithm = [m for m in graph if m.startswith("specdec_ref") and not m.startswith(apart)]
+    assert len(algorithm) > 20 and any(m.startswith(apart[0]) for m in graph) and any(m.startswith(apart[1]) for m in graph)
+    wrong = sorted((m, t) for m in algorithm for t in graph[m] if t.startswith(apart))
+    assert not wrong, "the algorithm imports the exact models or the adapters:\n" + "\n".join(f"  {m} -> {t}" for m, t in wrong)
+
+
 def test_the_graph_sees_function_level_and_relative_imports():
     graph = import_graph()
     assert "conformance.registry" in graph["conformance.decoder_checks"]  # from .registry import ... (top level)

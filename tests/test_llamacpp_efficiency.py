@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conformance.engines import efficiency as eff
-from specdec_ref.exact_models import exact_pair
+from specdec_ref.exact import exact_pair
 from specdec_ref.warp import SamplingConfig
 
 T = 0.7

@@ -45,7 +45,7 @@ from specdec_fixtures.mutants.verifier import DraftTemperatureMismatch
 from specdec_properties.stats import ALPHA, TARGET_POWER, goodness_of_fit
 from specdec_ref.backend import ReferenceBackend, reference_backend
 from specdec_ref.decode import SpeculativeDecoder
-from specdec_ref.exact_models import exact_pair
+from specdec_ref.exact import exact_pair
 from specdec_ref.static_cache import fastest_cache
 from specdec_ref.warp import SamplingConfig, scale_temperature, top_k_filter, top_p_filter, warp
 
@@ -423,7 +423,7 @@ def test_the_older_cases_let_the_bf16_logits_mutant_through():
     import dataclasses
 
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_offset import bf16_table
+    from specdec_ref.exact.offset import bf16_table
 
     spec, target = SEQUENCE_CASES[case], exact_pair(SEQUENCE_CASES[case].pair).target
     rounded = dataclasses.replace(target, table=bf16_table(target.table), _cache={})

@@ -109,7 +109,7 @@ def test_chat_request_fields():
 
 def test_tie_dependent_cases_are_exactly_those_whose_law_depends_on_the_rule():
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     dependent = []
     for c in CASES:
@@ -170,7 +170,7 @@ def test_session_streams_appends_eos_and_bounds_what_is_in_flight(monkeypatch):
     fake.ChatCompletionRequest = lambda **kw: types.SimpleNamespace(kw=kw)
     monkeypatch.setitem(sys.modules, "mistralrs", fake)
     monkeypatch.setattr(mrs, "IN_FLIGHT", 2)
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     s = mrs.ADAPTER.open(mrs.ADAPTER.config("control"), "order1")
     try:
@@ -192,7 +192,7 @@ def test_penalty_order_model_tells_the_two_orders_apart(tmp_path):
 
     c = case("penalty")
     s, prompt = c.sampling, list(c.prompt)
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     rows = np.asarray(exact_model(c.model).next_logits([[a] for a in range(8)]), dtype=np.float64)
     rng = np.random.default_rng(0)

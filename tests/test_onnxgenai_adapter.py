@@ -99,7 +99,7 @@ def test_conventions():
 def test_partial_sort_model_of_the_engines_top_k():
     """libstdc++'s heap selection: the lowest ids on every row at k = 2 (the ties case), other ids on five tied
     (row, k) pairs of order1-target (the engine test checks the same sets against the engine)."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     L = np.asarray(exact_model("order1-target").next_logits([[a] for a in range(8)]), dtype=np.float64)
     lowest = lambda row, k: set(sorted(range(8), key=lambda i: (-row[i], i))[:k])  # noqa: E731

@@ -18,7 +18,7 @@ from conformance.engines.openvino import adapter as ovad
 from conformance.engines.openvino import model as M
 from conformance.engines.adapter import Request
 from conformance.engines.matrix import CASES, case
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import SamplingConfig
 
 RECORDED = Path(__file__).parent / "data" / "openvino_recorded.json"

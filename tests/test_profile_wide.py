@@ -1,13 +1,13 @@
-"""The wide exact pair (specdec_ref.wide_exact): its logits are the order1 tables bit for bit, at any width and depth,
+"""The wide exact pair (specdec_ref.exact.wide): its logits are the order1 tables bit for bit, at any width and depth,
 through the transformers forward and the lean static-cache forward, at any position."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdec_ref.exact_models import EXACT_MODELS
+from specdec_ref.exact import EXACT_MODELS
 from specdec_ref.static_cache import fastest_cache
-from specdec_ref.wide_exact import WideSpec, build_wide_exact, wide_exact_pair
+from specdec_ref.exact.wide import WideSpec, build_wide_exact, wide_exact_pair
 
 SMALL = WideSpec(hidden=128, intermediate=256, layers=3, heads=4, max_positions=512)  # 128 = 2 x 8^2: two dims per token
 
@@ -54,7 +54,7 @@ def test_the_exact_eagle_head_is_exact_on_a_wide_target():
     import numpy as np
 
     from specdec_properties.proposals import law_of
-    from specdec_ref.exact_heads import exact_eagle_head
+    from specdec_ref.exact.heads import exact_eagle_head
 
     target = build_wide_exact("order1-target", SMALL)
     spec = exact_eagle_head(target, "order1-target", layer=False)

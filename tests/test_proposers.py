@@ -1,4 +1,4 @@
-"""The proposer seam (specdec_ref.proposers, specdec_ref.heads), the exactly-known heads (specdec_ref.exact_heads) and
+"""The proposer seam (specdec_ref.proposers, specdec_ref.heads), the exactly-known heads (specdec_ref.exact.heads) and
 their float64 laws (specdec_properties.proposals): exactness of the heads, the effect each proposer bug has, the contract."""
 import numpy as np
 import pytest
@@ -8,10 +8,10 @@ from specdec_properties.exact import TOKEN
 from specdec_properties.proposals import Eagle3Law, EagleLaw, MtpLaw, NgramLaw, greedy_round, law_of, round_acceptance
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder, autoregressive_decode
-from specdec_ref.exact_deep import deep_channel, deep_target
-from specdec_ref.exact_heads import (EAGLE3_VOCAB, eagle_mix, exact_eagle3_head, exact_eagle_head, exact_medusa_heads,
+from specdec_ref.exact.deep import deep_channel, deep_target
+from specdec_ref.exact.heads import (EAGLE3_VOCAB, eagle_mix, exact_eagle3_head, exact_eagle_head, exact_medusa_heads,
                                      exact_mtp_head, medusa_table, order1_table)
-from specdec_ref.exact_models import exact_model, exact_pair
+from specdec_ref.exact import exact_model, exact_pair
 from specdec_ref.proposers import Ngram
 from specdec_ref.static_cache import FINAL
 from specdec_ref.warp import SamplingConfig

@@ -14,8 +14,8 @@ from specdec_properties.tree_proposals import greedy_tree, sampled_tree_verdict
 from specdec_ref.backend import ReferenceBackend
 from specdec_ref.contract import Request
 from specdec_ref.decode import SpeculativeDecoder
-from specdec_ref.exact_heads import exact_eagle_head
-from specdec_ref.exact_models import exact_model, exact_pair
+from specdec_ref.exact.heads import exact_eagle_head
+from specdec_ref.exact import exact_model, exact_pair
 from specdec_ref.proposers import Ngram
 from specdec_ref.tree_decode import TreeSpeculativeDecoder
 from specdec_ref.warp import SamplingConfig

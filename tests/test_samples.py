@@ -23,7 +23,7 @@ from conformance.samples import (
     write_jsonl,
 )
 from specdec_properties.sequences import continuation_law
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import GREEDY, SamplingConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

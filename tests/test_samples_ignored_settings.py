@@ -14,7 +14,7 @@ from conformance.samples import certify_samples, main, write_jsonl
 from conformance.samples.conventions import IGNORABLE, ignored_alternatives
 from conformance.samples.law import parse_logit_bias
 from specdec_properties.sequences import continuation_law
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import SamplingConfig
 
 MODEL, PROMPT, MAX_NEW, N = "order1-target", (2, 5), 3, 20_000

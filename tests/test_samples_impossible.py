@@ -13,7 +13,7 @@ import torch
 from conformance.samples import CERTIFIED, NOT_CERTIFIED, SamplesInputError, certify_samples, main, write_jsonl
 from specdec_properties.sequences import continuation_law, processed_logits64
 from specdec_properties.transitions import AFTER_IMPOSSIBLE, first_impossible, tie_split_mask
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import GREEDY, SamplingConfig, warp
 
 MODEL = "order2-target"

@@ -111,7 +111,7 @@ def test_greedy_files_get_one_look_and_a_divergence_on_part_of_them_rejects():
     g = case("greedy")
     looks = Looks.whole(g.n)
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     em = exact_model(g.model)
     (path,) = continuation_law(em, list(g.prompt), g.max_new_tokens, g.sampling, eos_id=int(em.eos_id)).keys()

@@ -13,7 +13,7 @@ import pytest
 
 from conformance.samples import CERTIFIED, NOT_CERTIFIED, certify_samples, main, write_jsonl
 from conformance.samples.conventions import CONVENTIONS, alternatives, judged_contexts, law_differs
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import GREEDY, SamplingConfig
 
 MODEL = "order1-target"
@@ -128,7 +128,7 @@ def test_the_reference_speculative_decoder_samples_the_declared_rule():
     file the tool certifies under --top-k-ties lowest-ids and explains under the default rule (fewer completions than
     above, so at reduced power: 3 000 decodes take a few seconds here)."""
     from specdec_ref.decode import batched_speculative_decode
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.records import Request
 
     pair = exact_pair("order1-close")

@@ -198,7 +198,7 @@ def test_law_agrees_with_monte_carlo_ar_sampling(model, n, config, eos):
 
 
 def _exact(name):
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     return exact_model(name)
 

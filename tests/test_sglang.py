@@ -1,4 +1,4 @@
-"""SGLang's tree kernels (pure-PyTorch ports), the layout adapter and the SGLang mutants (specdec_ref/sglang.py).
+"""SGLang's tree kernels (pure-PyTorch ports), the layout adapter and the SGLang mutants (specdec_ref/adapters/sglang.py).
 
 * the ports reproduce sgl-kernel's own unit tests (``sgl-kernel/tests/speculative/test_speculative_sampling.py``,
   ``test_eagle_utils.py``) bit for bit;
@@ -26,7 +26,7 @@ from specdec_fixtures.mutants import sglang as sglang_mutants
 from specdec_properties.stats import assert_fits, goodness_of_fit
 from specdec_properties.strategies import tree_blocks
 from specdec_ref.contract import check_backend
-from specdec_ref.sglang import (
+from specdec_ref.adapters.sglang import (
     LOSSY_THRESHOLDS,
     SGLangTreeBackend,
     TreeSpeculativeSamplingTargetOnly,
@@ -414,7 +414,7 @@ def test_docs_factory_example_runs():
     text = (ROOT / "docs" / "sglang.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
     namespace: dict = {}
-    exec(compile(code.replace("from sgl_kernel import", "from specdec_ref.sglang import"), "docs/sglang.md", "exec"), namespace)
+    exec(compile(code.replace("from sgl_kernel import", "from specdec_ref.adapters.sglang import"), "docs/sglang.md", "exec"), namespace)
     backend = namespace["sgl_kernel_backend"]()
     check_backend(backend)
     assert backend.capabilities.tree_scheme == "deterministic" and backend.capabilities.devices == ("cuda",)
@@ -433,7 +433,7 @@ def test_declared_capabilities():
     assert SGLangTreeBackend(threshold_acc=0.9).capabilities.tree_scheme == "lossy"
     assert not SGLangTreeBackend(batched=False).capabilities.batched
     assert lossy.name != port.name and "0.5" in lossy.name
-    assert load_backend("specdec_ref.sglang:sglang_port_backend").capabilities.tree_scheme == "deterministic"
+    assert load_backend("specdec_ref.adapters.sglang:sglang_port_backend").capabilities.tree_scheme == "deterministic"
 
 
 # ----------------------------------------------------------------------------- bad input

@@ -10,8 +10,8 @@ import pytest
 from conformance.engines import rounds as R
 from conformance.engines.conditions import condition
 from conformance.engines.vllm.adapter import ADAPTER
-from specdec_ref.exact_head_files import short_positions_folder
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact.head_files import short_positions_folder
+from specdec_ref.exact import exact_model
 
 
 def test_the_short_copy_states_fewer_positions_and_keeps_the_weights(tmp_path):

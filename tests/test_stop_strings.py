@@ -16,7 +16,7 @@ from conformance.samples import certify_samples
 from conformance.samples.command import replay_command
 from specdec_properties.sequences import continuation_law
 from specdec_properties.stops import StopStrings
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 from specdec_ref.warp import SamplingConfig
 
 pytestmark = pytest.mark.xdist_group("fake_engine")

@@ -8,8 +8,8 @@ import torch
 from conformance.samples import split_ties
 from specdec_properties.sequences import continuation_law, next_token_law
 from specdec_ref.contract import NotSupportedError
-from specdec_ref.exact_models import exact_model
-from specdec_ref.hf_backends import hf_sampling_options
+from specdec_ref.exact import exact_model
+from specdec_ref.adapters.hf_backends import hf_sampling_options
 from specdec_ref.history import warp_rows
 from specdec_ref.warp import TOP_K_TIES, SamplingConfig, top_k_filter, warp, warp_logits
 

@@ -103,8 +103,8 @@ def test_bad_input_is_a_clear_error():
         decoder.decode_tree_batch(target, draft, ok, depth=0, width=2)
     with pytest.raises(ValueError, match="request 0: max_new_tokens"):
         decoder.decode_tree_batch(target, draft, [Request(prompt=[1], max_new_tokens=-1, sampling=GREEDY)], depth=2, width=2)
-    from specdec_ref.exact_heads import exact_eagle_head
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact.heads import exact_eagle_head
+    from specdec_ref.exact import exact_pair
 
     exact = exact_pair("order1-close").target.load(torch.float32)
     with pytest.raises(NotSupportedError, match="eagle trees decode one request at a time"):
@@ -127,8 +127,8 @@ def test_the_reference_backend_claims_and_serves_batched_trees():
 def test_medusa_rows_are_what_decode_tree_gives_each_alone():
     """Medusa heads (no draft forward; the next feature is the target's at the last kept node): one-token prompts start
     with a plain step (no feature yet) while their neighbours draft; every row equals its decode_tree alone."""
-    from specdec_ref.exact_heads import exact_medusa_heads
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact.heads import exact_medusa_heads
+    from specdec_ref.exact import exact_pair
 
     target = exact_pair("order1-close").target.load(torch.float32)
     spec = exact_medusa_heads(target, "order1-target", heads=3, sample=True)

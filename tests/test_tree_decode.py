@@ -381,7 +381,7 @@ def test_the_stated_tree_efficiency_shifts_are_exact(case, stated):
     from conformance.tree_decoder_checks import TREE_EFFICIENCY_DECODES, TREE_EFFICIENCY_DEPTH, TREE_EFFICIENCY_WIDTH
     from specdec_properties.markov import MarkovPair
     from specdec_properties.tree_exact import kary, tree_accepted_moments
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.warp import min_p_filter, scale_temperature, top_k_filter, top_p_filter, warp
 
     cfg, _ = FILTERED_EFFICIENCY[case]

@@ -9,9 +9,9 @@ from specdec_properties.proposals import law_of
 from specdec_properties.tree_proposals import greedy_tree_round
 from specdec_ref.contract import NotSupportedError
 from specdec_ref.decode import autoregressive_decode
-from specdec_ref.exact_deep import deep_target
-from specdec_ref.exact_heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
-from specdec_ref.exact_models import exact_model, exact_pair
+from specdec_ref.exact.deep import deep_target
+from specdec_ref.exact.heads import exact_eagle3_head, exact_eagle_head, exact_medusa_heads, exact_mtp_head
+from specdec_ref.exact import exact_model, exact_pair
 from specdec_ref.proposers import Ngram
 from specdec_ref.tree_decode import TreeSpeculativeDecoder
 from specdec_ref.warp import GREEDY, SamplingConfig

@@ -15,7 +15,7 @@ import numpy as np
 
 from specdec_properties.calibration import worst_direction
 from specdec_properties.sequences import continuation_law
-from specdec_ref.exact_models import exact_model
+from specdec_ref.exact import exact_model
 
 __all__ = ["case_law", "draw_lines", "certify_file", "calibrate", "main"]
 

@@ -55,7 +55,7 @@ def tables(pair_name: str, sampling, scheme: str):
 
     from specdec_properties.exact import SchemeSpec
     from specdec_properties.markov import MarkovPair
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.warp import SamplingConfig, warp
 
     if sampling.top_k or sampling.top_p or sampling.min_p or sampling.greedy:
@@ -297,7 +297,7 @@ def sample_match_expected(pair_name: str, temperature: float, n_max: int, prompt
     :func:`expected`), ``totals`` (``(draft_tokens, accepted)``), and ``rejection_acceptance_per_token``: the
     acceptance per draft token of token-wise rejection sampling with drafts drawn from ``softmax(draft / T)``
     on rounds of the same lengths (``min(n_max, r - 1)``)."""
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
     from specdec_ref.warp import SamplingConfig
 
     k = int(n_max)

@@ -107,7 +107,7 @@ def copies_note(case, path: Path) -> Check:
     is the law's; where the law failed and copies are several times too frequent, the runner names them as the
     departure's explanation."""
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     groups: dict = {}
     for line in path.read_text().splitlines():

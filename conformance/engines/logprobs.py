@@ -123,7 +123,7 @@ def _positions(counter: Counter) -> str:
 def logprob_check(case, lines: Iterable[dict], convention: str):
     """The :class:`conformance.engines.verdict.Check` of a case's returned log-probabilities (its JSONL lines);
     None when the case asks for none."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     from .verdict import Check
 
@@ -224,7 +224,7 @@ def bug_effects(case, convention: str = "raw") -> dict[str, dict]:
     :data:`TOLERANCE` (one such completion fails the check), and ``median``, the median move over its tokens (nats).
     Bugs: 0 returned, the previous position's value of the same token, the other convention's value."""
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     model = exact_model(case.model)
     eos = int(model.eos_id) if case.eos else None

@@ -48,7 +48,7 @@ class Case:
     token_prefix: str | None = None  # the engine's token prefix, set by Conventions.under (None: the template as is)
     same_seeds_as: str | None = None  # a case whose requests this one repeats seed for seed (per seed identical)
     shifted: bool = False  # generated past the checkpoint's positions by an engine that shifts its context: the law is
-    # the order-1 table's at any length (``specdec_ref.exact_registry.ExactModel.shifted``: the model ``NAME+shift``)
+    # the order-1 table's at any length (``specdec_ref.exact.registry.ExactModel.shifted``: the model ``NAME+shift``)
     pooled: bool = False  # many distinct prompts ending in few table cells: the full-law tests pool them by cell
     # (``certify_samples(pool_prompts=True)``)
     after: str | None = None  # a case of the same worker whose requests each wave sends first, in a batch of their
@@ -75,7 +75,7 @@ class Case:
             raise ValueError(f"case {self.name!r}: its stop strings are a template until an engine's token prefix is "
                              "set (Conventions.under)")
         from specdec_properties.stops import StopStrings
-        from specdec_ref.exact_models import exact_model
+        from specdec_ref.exact import exact_model
 
         return StopStrings.for_model(exact_model(self.model), self.stops, self.token_prefix)
 
@@ -95,7 +95,7 @@ class Case:
 
     @property
     def model(self) -> str:
-        from specdec_ref.exact_models import SHIFTED
+        from specdec_ref.exact import SHIFTED
 
         return {"order1": "order1-target", "order2": "order2-target", "long": "long-target"}[self.family] + (
             SHIFTED if self.shifted else "")
@@ -315,7 +315,7 @@ def law_depends_on_tie_rule(c: Case) -> bool:
     from dataclasses import replace
 
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     em = exact_model(c.model)
     eos = int(em.eos_id) if c.eos else None

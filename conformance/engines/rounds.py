@@ -69,7 +69,7 @@ class DraftArgmaxLaw:
         rows = _last_token_rows(self.draft)
         if rows is not None:
             return rows[(list(drafts) or list(text))[-1]]
-        from specdec_ref.exact_models import exact_model
+        from specdec_ref.exact import exact_model
 
         return np.asarray(exact_model(self.draft).next_logits([list(text) + list(drafts)])[0], dtype=np.float64)
 
@@ -81,7 +81,7 @@ class DraftArgmaxLaw:
         """The contexts the draft's law is defined on, at most (None: read by its last token, at any length)."""
         if self.context is not None:
             return None
-        from specdec_ref.exact_models import exact_model
+        from specdec_ref.exact import exact_model
 
         return int(exact_model(self.draft).max_positions)
 
@@ -90,7 +90,7 @@ class DraftArgmaxLaw:
 def _last_token_rows(name: str) -> np.ndarray | None:
     """The draft's logits by last token ``[V, V]`` when its law reads the last token only (every reachable cell's row
     is its last token's row), else None."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     m = exact_model(name)
     contexts = m.row_contexts()  # one context per reachable cell
@@ -106,12 +106,12 @@ def _last_token_rows(name: str) -> np.ndarray | None:
 def proposal_law(spec: str, pair_name: str):
     """The exact proposal law a configuration declares (``Configuration.proposer``), on the pair its efficiency set
     runs: ``draft`` (the pair's draft model, argmax), ``exact-eagle`` / ``exact-medusa:H`` (the exactly-known heads
-    on the pair's order-1 target, argmax, :mod:`specdec_ref.exact_heads`), ``exact-eagle3`` (the EAGLE-3 head of
-    :mod:`specdec_ref.exact_head_files` on the deep target of the same table, whose logits are the target's),
+    on the pair's order-1 target, argmax, :mod:`specdec_ref.exact.heads`), ``exact-eagle3`` (the EAGLE-3 head of
+    :mod:`specdec_ref.exact.head_files` on the deep target of the same table, whose logits are the target's),
     ``ngram:MIN:MAX`` (prompt lookup)."""
     from specdec_properties.proposals import Eagle3FeatureLaw, EagleLaw, MedusaLaw, NgramLaw
-    from specdec_ref.exact_heads import EAGLE3_VOCAB, EAGLE_ALPHA
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact.heads import EAGLE3_VOCAB, EAGLE_ALPHA
+    from specdec_ref.exact import exact_pair
 
     pair = exact_pair(pair_name)
     kind, _, rest = spec.partition(":")
@@ -371,7 +371,7 @@ def conditional_acceptance(target_name: str, law, records: Sequence[dict], round
     from specdec_properties.exact import SchemeSpec
     from specdec_properties.history_law import history_settings_on
     from specdec_properties.proposals import round_acceptance, round_key
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     target = exact_model(target_name)
     scheme = scheme or SchemeSpec(name="token")
@@ -430,7 +430,7 @@ def rounds_of(ad, cfg, state: dict) -> dict | None:
     import json
     from pathlib import Path
 
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     from .matrix import EFFICIENCY
 
@@ -473,7 +473,7 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
     import json
     from pathlib import Path
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     if cfg.proposer is None or not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
         return None
@@ -543,7 +543,7 @@ def sampled_rounds_of(ad, cfg, state: dict) -> dict | None:
     from dataclasses import replace
     from pathlib import Path
 
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     from .matrix import EFFICIENCY
 

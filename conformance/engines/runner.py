@@ -315,7 +315,7 @@ def write_replay(ad, out: Path, cfg, case, c: CaseVerdict, patch: str, engine: s
     from scipy.stats import chi2
 
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     rounds_failed = c.rounds is not None and c.rounds.passed is False
     if not (c.failed or rounds_failed) or (case.greedy and not rounds_failed):

@@ -160,7 +160,7 @@ class Worker:
         return 0
 
     def family(self, fam: str) -> None:
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         pair = exact_pair(self.adapter.families[fam])
         info = self.state["families"].setdefault(self.args.family, {})  # the worker's group (family@condition)

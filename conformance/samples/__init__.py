@@ -2,7 +2,7 @@
 
 The decoder checks call ``backend.decode``; many engines (a serving stack, a compiled runtime, a
 remote endpoint) cannot be wrapped that way. This package judges what they *emit*. Load a shipped
-checkpoint (``specdec_ref.exact_models``: the folder ``exact_model(NAME).path`` loads with
+checkpoint (``specdec_ref.exact``: the folder ``exact_model(NAME).path`` loads with
 ``from_pretrained``; its next-token law is known exactly from tables), generate completions with the
 engine, write one JSON object per line, and run::
 

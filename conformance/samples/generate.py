@@ -14,9 +14,9 @@ from specdec_ref.warp import SamplingConfig
 
 
 def _hf_sampling_kwargs(sampling: SamplingConfig) -> dict:
-    """transformers' options for ``sampling`` (:func:`specdec_ref.hf_backends.hf_sampling_options`: top-k and top-p off
+    """transformers' options for ``sampling`` (:func:`specdec_ref.adapters.hf_backends.hf_sampling_options`: top-k and top-p off
     explicitly, since unset transformers adds its default top_k=50; a top-k tie rule other than ``"all"`` raises)."""
-    from specdec_ref.hf_backends import hf_sampling_options
+    from specdec_ref.adapters.hf_backends import hf_sampling_options
 
     return hf_sampling_options(sampling)
 
@@ -46,7 +46,7 @@ def generate_with_transformers(
     import transformers
     from transformers import GenerationConfig
 
-    from specdec_ref.exact_models import exact_pair
+    from specdec_ref.exact import exact_pair
 
     pair = exact_pair(pair_name)
     target, draft = pair.target.load(), pair.draft.load() if assisted else None

@@ -30,18 +30,17 @@ class SamplesInputError(ValueError):
 def _resolve_model(model):
     """An exact model (by name, or a pair name: its target), or the object itself (ExactModel / torch module)."""
     if isinstance(model, str):
-        from specdec_ref import exact_models
-
-        if model in exact_models.EXACT_MODELS or model.endswith(exact_models.SHIFTED):  # NAME+shift: past a shift
+        from specdec_ref import exact
+        if model in exact.EXACT_MODELS or model.endswith(exact.SHIFTED):  # NAME+shift: past a shift
             try:
-                return exact_models.exact_model(model)
+                return exact.exact_model(model)
             except ValueError as exc:
                 raise SamplesInputError(str(exc)) from None
-        if model in exact_models.EXACT_PAIRS:
-            return exact_models.exact_pair(model).target
+        if model in exact.EXACT_PAIRS:
+            return exact.exact_pair(model).target
         raise SamplesInputError(
-            f"unknown model {model!r}; shipped exact models: {', '.join(sorted(exact_models.EXACT_MODELS))} "
-            f"(or a pair: {', '.join(sorted(exact_models.EXACT_PAIRS))})"
+            f"unknown model {model!r}; shipped exact models: {', '.join(sorted(exact.EXACT_MODELS))} "
+            f"(or a pair: {', '.join(sorted(exact.EXACT_PAIRS))})"
         )
     return model
 

@@ -509,12 +509,12 @@ class LlamaCppAdapter(EngineAdapter):
         return VERSION  # the sdist pins the vendored source; its build number is in engine_home()/server-version.txt
 
     def open(self, cfg, family):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         return LlamaCppSession(cfg, exact_pair(self.families[family]))
 
     def open_condition(self, cfg, family, condition):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         return LlamaCppSession(cfg, exact_pair(self.families[family]), condition=condition)
 

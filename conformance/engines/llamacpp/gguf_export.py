@@ -65,8 +65,8 @@ def gguf_path(name: str, variant: str = "eos", root: Path | None = None) -> Path
 
 def _source(name: str, folder: Path | None = None) -> tuple[Path, dict, dict, str]:
     """``(folder, config, tokenizer, digest)`` of a shipped checkpoint, or of the checkpoint ``folder`` (a model
-    written at run time, e.g. :func:`specdec_ref.exact_head_files.deep_target_folder`)."""
-    from specdec_ref.exact_models import exact_model
+    written at run time, e.g. :func:`specdec_ref.exact.head_files.deep_target_folder`)."""
+    from specdec_ref.exact import exact_model
 
     folder = Path(folder) if folder is not None else Path(exact_model(name).path)
     cfg = json.loads((folder / "config.json").read_text())
@@ -213,7 +213,7 @@ def _contexts(name: str) -> list[list[int]]:
     """Prompts whose continuations visit every row of the table (order1: every last token; order2: ``<bos>`` and
     every one- and two-token continuation of it); the long family: those of order2 and long prompts holding a
     marker in a middle KV block, the longest ending three positions before the 4 096-position limit."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     m = exact_model(name)
     if name.startswith("order1"):
@@ -235,7 +235,7 @@ def check_logits(start_server, names=CHECKED, *, variants=VARIANTS, n_predict: i
     llama-server's ``/completion``) and compare its pre-sampling probabilities (``n_probs`` = vocabulary) with
     ``softmax`` of the tables at every generated position of :func:`_contexts` (sampled continuations, so the KV
     cache and positions are exercised). One row per file: worst absolute difference, positions, ``passed``."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     paths = export(tuple(names))
     rows = []

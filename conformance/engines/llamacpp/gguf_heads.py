@@ -3,7 +3,7 @@ and of the order-1 target with an exactly-known MTP block, for its ``draft-mtp``
 
     python -m conformance.engines export llamacpp     # write them (the GGUF cache) with the other files, and check them
 
-Rules: the head is :mod:`specdec_ref.exact_head_files`'s ``eagle3`` written by the rules of llama.cpp's own converter
+Rules: the head is :mod:`specdec_ref.exact.head_files`'s ``eagle3`` written by the rules of llama.cpp's own converter
 (``Eagle3LlamaForCausalLM``, which refuses our tokenizer): ``eagle3.target_layers`` [0, 1, 2] read as the residual
 streams entering those layers, its decoder layer adding exactly zero, ``d2t`` the absolute ids of its draft
 vocabulary; so in llama.cpp it proposes exactly what :class:`specdec_properties.proposals.Eagle3FeatureLaw` states. The MTP
@@ -54,8 +54,8 @@ def _head_source(target_name: str) -> tuple[dict, dict, dict, str]:
     """``(head config, head tensors, target tokenizer, digest)`` of the vLLM-layout head (``exact_head_files``)."""
     from safetensors.numpy import load
 
-    from specdec_ref.exact_head_files import head_files
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact.head_files import head_files
+    from specdec_ref.exact import exact_model
 
     files = head_files("eagle3", target_name)
     tok_bytes = (Path(exact_model(target_name).path) / "tokenizer.json").read_bytes()
@@ -71,8 +71,8 @@ def write_head_gguf(path: Path, variant: str = "plain", target_name: str = "orde
     must see it)."""
     import gguf
 
-    from specdec_ref.exact_heads import EAGLE3_AUX, EAGLE3_VOCAB
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact.heads import EAGLE3_AUX, EAGLE3_VOCAB
+    from specdec_ref.exact import exact_model
 
     from .gguf_export import add_tokenizer, attention_header, finish
 
@@ -139,7 +139,7 @@ def write_mtp_gguf(path: Path, variant: str = "plain", target_name: str = "order
     import gguf
     from safetensors.numpy import load_file
 
-    from specdec_ref.exact_heads import EAGLE3_VOCAB, medusa_table
+    from specdec_ref.exact.heads import EAGLE3_VOCAB, medusa_table
 
     from .gguf_export import _source, add_tokenizer, attention_header, finish
 
@@ -214,7 +214,7 @@ def export_eagle3(root: Path | None = None, *, force: bool = False,
                   target_name: str = "order1-target") -> dict[tuple[str, str], Path]:
     """The deep target's and the head's files, both variants, written where missing or stale:
     ``{(DEEP | HEAD, variant): path}``."""
-    from specdec_ref.exact_head_files import deep_target_folder
+    from specdec_ref.exact.head_files import deep_target_folder
 
     from .gguf_export import VARIANTS, _digest_of, _source, write_gguf
 

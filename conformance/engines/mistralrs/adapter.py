@@ -272,7 +272,7 @@ class MistralrsAdapter(EngineAdapter):
         return md.version("mistralrs")
 
     def open(self, cfg, family):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         return MistralrsSession(cfg, exact_pair(self.families[family]), self.version)
 
@@ -316,7 +316,7 @@ def check_logprobs(n: int = 24, max_tokens: int = 8) -> list[dict]:
     import mistralrs as mr
     import numpy as np
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     rows = []
     tmp = Path(tempfile.mkdtemp(prefix="specdec-mistralrs-check-"))
@@ -361,7 +361,7 @@ def penalty_order_fit(path) -> dict:
     import numpy as np
     from scipy.stats import chi2
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     from ..matrix import case as get_case
 

@@ -193,7 +193,7 @@ def check_logits(paths: dict) -> list[dict]:
     import numpy as np
     import onnxruntime_genai as og
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     rows = []
     for (name, variant), folder in sorted(paths.items()):
@@ -408,7 +408,7 @@ class OnnxGenaiAdapter(EngineAdapter):
         return og.__version__
 
     def open(self, cfg, family):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         return OnnxGenaiSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 

@@ -275,7 +275,7 @@ class OpenVINOAdapter(EngineAdapter):
         return openvino_genai.__version__.split("-")[0]
 
     def open(self, cfg, family):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         name = cfg.options.get("pair") if family == "order1" and cfg.options.get("pair") else self.families[family]
         return OpenVINOSession(cfg, exact_pair(name))

@@ -78,7 +78,7 @@ def check(out: str, which=CHECKED, *, alpha: float = 1e-6) -> list[dict]:
     (the rest: an exact tie ``q(x) = p(y)`` at ``r = 1``, decided by the last bit of the engine's float32
     ``exp(log p)``)."""
     from specdec_properties.sequences import continuation_law
-    from specdec_ref.exact_models import exact_model, exact_pair
+    from specdec_ref.exact import exact_model, exact_pair
 
     from ..matrix import case as get_case
     from .adapter import ADAPTER

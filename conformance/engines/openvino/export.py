@@ -47,7 +47,7 @@ def ir_dir(name: str, root: Path | None = None) -> Path:
 
 
 def _source_digest(name: str) -> tuple[Path, str]:
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     src = Path(exact_model(name).path)
     h = hashlib.sha256()
@@ -132,7 +132,7 @@ def check_logits(names=MODELS, root: Path | None = None) -> dict:
     import numpy as np
     import openvino as ov
 
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     core = ov.Core()
     report = {}

@@ -443,7 +443,7 @@ def sample_law(run: Callable[[int], list[int]], seeds: Sequence[int], length: in
 def table_logits(name: str):
     """``ctx -> float32 logits`` of the exactly-known checkpoint ``name`` at that context (from its tables, memoised
     per context)."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     em, cache = exact_model(name), {}
 
@@ -459,7 +459,7 @@ def law(target_name: str, draft_name: str, prompt, sampling, max_new: int, k: in
         eos: bool, n: int = 200_000, seed_base: int = 10_000_000) -> dict:
     """The mechanism's law of the first ``length`` tokens for a case (Monte Carlo over ``n`` seeds the matrix never
     uses): what the engine's speculative completions follow."""
-    from specdec_ref.exact_models import exact_model
+    from specdec_ref.exact import exact_model
 
     eos_id = int(exact_model(target_name).eos_id) if eos else None
     s = Settings.of(sampling)

@@ -12,9 +12,9 @@ sample at prefill, rounds of exactly ``k`` drafts follow; a request's ``seed`` f
 ``..._num_accepted_tokens_per_pos``), cumulative over the process, and, for configurations that declare their argmax
 proposer, each request's rounds (``per_request_spec_decode_metrics="detailed"``): the runner rebuilds the rounds from
 the completions and compares (:mod:`conformance.engines.rounds`). The EAGLE, EAGLE-3 and Medusa configurations load
-the exactly-known heads, written at run time (:mod:`specdec_ref.exact_head_files`); EAGLE-3's target is the deep
+the exactly-known heads, written at run time (:mod:`specdec_ref.exact.head_files`); EAGLE-3's target is the deep
 target of the same table (option ``target_layers``: same logits, layers that differ); ``mtp`` loads the table as a
-MiMo checkpoint with an exactly-known MTP layer (option ``target``, :mod:`specdec_ref.exact_mtp_target`). Patches:
+MiMo checkpoint with an exactly-known MTP layer (option ``target``, :mod:`specdec_ref.exact.mtp_target`). Patches:
 :mod:`conformance.engines.vllm.patch` (defects A to F). Importing this module never imports vLLM.
 """
 from __future__ import annotations
@@ -88,7 +88,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="EAGLE-3 head with vLLM's default auxiliary layers (three) on the one-layer target"),
     Configuration("mtp", "mtp", {"target": "mimo-mtp"}, "one_hot", cases=HEAD_CASES, proposer="exact-eagle3",
                   note="MTP: the order-1 table as a MiMo checkpoint (Qwen2 layers) with one exactly-known MTP layer "
-                       "(specdec_ref.exact_mtp_target; it proposes what the EAGLE-3 head does), argmax drafts (one-hot)"),
+                       "(specdec_ref.exact.mtp_target; it proposes what the EAGLE-3 head does), argmax drafts (one-hot)"),
     Configuration("mtp-llama", "mtp", {}, cases=("greedy-1tok",), note="MTP on the Llama target (it has no MTP layers)"),
     Configuration("dflash", "dflash", {"head": "eagle"}, cases=("greedy-1tok",),
                   note="DFlash given a Llama-architecture head (the EAGLE head's folder)"),
@@ -145,25 +145,25 @@ _OWN_OPTIONS = ("head", "target_layers", "target", "logprobs_mode", "server", "s
 
 def target_path(cfg: Configuration, pair) -> str:
     """The folder vLLM loads as the target: the pair's checkpoint, or with the option ``target_layers`` the deep
-    target of the same table with that many layers (:func:`specdec_ref.exact_head_files.deep_target_folder`: the
+    target of the same table with that many layers (:func:`specdec_ref.exact.head_files.deep_target_folder`: the
     same logits bit for bit, layers whose residual streams differ), or with the option ``target="mimo-mtp"`` the
-    table as a MiMo checkpoint with an exactly-known MTP layer (:func:`specdec_ref.exact_mtp_target.mtp_target_folder`),
+    table as a MiMo checkpoint with an exactly-known MTP layer (:func:`specdec_ref.exact.mtp_target.mtp_target_folder`),
     written at run time."""
     if cfg.options.get("target") == "mimo-mtp":  # the table as a MiMo checkpoint with an exact MTP layer
-        from specdec_ref.exact_mtp_target import mtp_target_folder
+        from specdec_ref.exact.mtp_target import mtp_target_folder
 
         return str(mtp_target_folder(pair.target.name))
     layers = cfg.options.get("target_layers")
     if layers is None:
         return str(pair.target.path)
-    from specdec_ref.exact_head_files import deep_target_folder
+    from specdec_ref.exact.head_files import deep_target_folder
 
     return str(deep_target_folder(pair.target.name, int(layers)))
 
 
 def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K, target: str = "order1-target") -> dict | None:
     """The ``speculative_config`` dict passed to ``vllm.LLM`` (None for the control). The option ``head`` names an
-    exactly-known head (:mod:`specdec_ref.exact_head_files`) written for ``target`` and passed as ``model``."""
+    exactly-known head (:mod:`specdec_ref.exact.head_files`) written for ``target`` and passed as ``model``."""
     if cfg.method is None:
         return None
     spec = {"method": cfg.method, "num_speculative_tokens": k,
@@ -171,7 +171,7 @@ def speculative_config(cfg: Configuration, draft_path: str | None, k: int = K, t
     if cfg.method == "draft_model":
         spec["model"] = draft_path
     if "head" in cfg.options:
-        from specdec_ref.exact_head_files import head_folder
+        from specdec_ref.exact.head_files import head_folder
 
         spec["model"] = str(head_folder(cfg.options["head"], target, heads=k))
     return spec
@@ -243,7 +243,7 @@ CONDITION_ARGS = {"block_size": "block_size", "prefix_caching": "enable_prefix_c
 
 
 #: Serving-condition knobs that are not ``vllm.LLM`` arguments: ``draft_max_model_len`` is the draft checkpoint's own
-#: (a copy of it stating fewer positions, :func:`specdec_ref.exact_head_files.short_positions_folder`).
+#: (a copy of it stating fewer positions, :func:`specdec_ref.exact.head_files.short_positions_folder`).
 DRAFT_KNOBS = ("draft_max_model_len",)
 
 
@@ -383,7 +383,7 @@ class VLLMAdapter(EngineAdapter):
         return list(vllm_patch.apply(*names))
 
     def open(self, cfg, family):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         _env()
         if cfg.options.get("server"):
@@ -395,18 +395,18 @@ class VLLMAdapter(EngineAdapter):
         return VLLMSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 
     def open_condition(self, cfg, family, condition):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         _env()
         pair, draft = exact_pair(self.families[family]), None
         if "draft_max_model_len" in condition.settings:  # the pair's draft, stating fewer positions
-            from specdec_ref.exact_head_files import short_positions_folder
+            from specdec_ref.exact.head_files import short_positions_folder
 
             draft = str(short_positions_folder(pair.draft.name, int(condition.settings["draft_max_model_len"])))
         return VLLMSession(cfg, pair, self.k_of(cfg), condition_engine_args(condition.settings), draft_path=draft)
 
     def replay(self, cfg, case, *, patch, departure, length, law, n, critical, path):
-        from specdec_ref.exact_models import exact_pair
+        from specdec_ref.exact import exact_pair
 
         pair = exact_pair(self.families[case.family])
         eos = int(pair.target.eos_id) if case.eos else None

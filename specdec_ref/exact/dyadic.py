@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from .exact_tables import splitmix64
+from .tables import splitmix64
 
 __all__ = ["MIN_SCORE_GAP", "bf16_exact", "round_bits", "dyadic_noise", "four_squares"]
 

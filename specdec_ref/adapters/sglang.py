@@ -2,7 +2,7 @@
 
 SGLang (EAGLE-2/3, MTP, standalone drafts) verifies a draft tree with two CUDA kernels of ``sgl-kernel``,
 ``tree_speculative_sampling_target_only`` (sampling) and ``verify_tree_greedy`` (greedy). Their pure-PyTorch ports,
-the files they were written from and the algorithm are in :mod:`specdec_ref.sglang_kernels`; this module
+the files they were written from and the algorithm are in :mod:`specdec_ref.adapters.sglang_kernels`; this module
 re-exports them. The layout below was read from the same repository: tree links built by
 ``build_tree_kernel_efficient`` (``sgl-kernel/csrc/speculative/eagle_utils.cu``, ``build_tree_efficient``) and the
 caller in ``python/sglang/srt/speculative/eagle_utils.py`` (later ``eagle_info.py``, ``EagleVerifyInput.verify``)
@@ -39,8 +39,8 @@ from typing import Any, Callable, NamedTuple
 
 import torch
 
-from . import __version__
-from .contract import PAD_TOKEN, Capabilities
+from .. import __version__
+from ..contract import PAD_TOKEN, Capabilities
 from .sglang_kernels import (  # re-exported: the ports, and the floor they apply
     THRESHOLD_ACC_FLOOR,
     TreeSpeculativeSamplingTargetOnly,
@@ -48,7 +48,7 @@ from .sglang_kernels import (  # re-exported: the ports, and the floor they appl
     tree_speculative_sampling_target_only,
     verify_tree_greedy,
 )
-from .tree import TreeResult, validate_tree_inputs
+from ..tree import TreeResult, validate_tree_inputs
 
 __all__ = [
     "SGLangLayout",
@@ -294,7 +294,7 @@ class SGLangTreeBackend:
     for CUDA tensors only needs ``devices=("cuda",)``; inputs always reach the kernels as float32.
     """
 
-    name = "specdec_ref.sglang"
+    name = "specdec_ref.adapters.sglang"
     version = __version__
 
     def __init__(

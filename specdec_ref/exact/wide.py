@@ -2,7 +2,7 @@
 
 Why: on a CPU the shipped pairs are so small that a target forward costs little more than a draft
 forward, so speculation never pays there. A profile should show both sides, so this module builds a
-*deliberately expensive* target whose law is still an exact table (:mod:`specdec_ref.exact_models`'
+*deliberately expensive* target whose law is still an exact table (:mod:`specdec_ref.exact`'
 ``order1`` family: ``logits = T[last token]``), and a cheap draft with another exact table. The
 acceptance of the pair is therefore known exactly (``sum_x min(p, q)`` per row), whatever the size.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from .exact_models import EXACT_MODELS, ExactModel
+from . import EXACT_MODELS, ExactModel
 
 __all__ = ["WideSpec", "WIDE_TARGET", "NARROW_DRAFT", "build_wide_exact", "wide_exact_pair"]
 

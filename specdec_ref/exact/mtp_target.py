@@ -1,7 +1,7 @@
 """The order-1 table as a MiMo checkpoint (``MiMoForCausalLM``: Qwen2 layers) with one exactly-known MTP layer, for
 vLLM's ``speculative_config={"method": "mtp"}``.
 
-    python -m specdec_ref.exact_mtp_target [--root DIR] [--read-token]   # write the folder, print its path
+    python -m specdec_ref.exact.mtp_target [--root DIR] [--read-token]   # write the folder, print its path
 
 vLLM (0.32) runs ``method="mtp"`` only on architectures with next-token-prediction layers; it refuses a Llama
 (``Unsupported speculative method: 'mtp'``). MiMo is the dense one with standard attention: its target is Qwen2
@@ -26,7 +26,7 @@ What is written (float32, config key ``num_nextn_predict_layers`` 1, ``model_typ
   and after the norm, and ``lm_head[v, t] = T[t, v] / 8`` on channels 0..7: the logits are the order-1 table bit for
   bit. ``rms_norm_eps`` 2^-40 (``1 + 2^-40`` is 1 in float32; a masked zero row normalises to 0, not NaN).
 * **channels 8..15 of the lm_head**, which the target never sets: ``lm_head[v, 8 + y] = R[y, v] / 8`` with ``R`` the
-  EAGLE-3 head's rows: ``M_2`` (:func:`specdec_ref.exact_heads.medusa_table` at offset 2, the log of the target's
+  EAGLE-3 head's rows: ``M_2`` (:func:`specdec_ref.exact.heads.medusa_table` at offset 2, the log of the target's
   2-step law in eighths) on the draft vocabulary ``EAGLE3_VOCAB`` (0, 1, 2, 3, 5, 7), -64 on ids 4 and 6.
 * **the MTP layer** (``model.mtp_layers.0.*``, the names MiMo checkpoints use; vLLM's loader maps them onto
   ``mtp_block``): norms of weight 1, ``input_proj [64, 128]`` maps the feature's channel ``j`` and channel ``8 + j``
@@ -72,7 +72,7 @@ def _pattern(rows: int, cols: int, salt: int) -> np.ndarray:
 def mtp_rows(target_name: str = "order1-target") -> np.ndarray:
     """``R [8, 8]``: row ``y`` is the MTP layer's logits from the feature of ``y`` (``M_2[y]`` on the draft
     vocabulary, :data:`_OUTSIDE` elsewhere): what ``Eagle3FeatureLaw`` proposes from."""
-    from .exact_heads import EAGLE3_VOCAB, medusa_table
+    from .heads import EAGLE3_VOCAB, medusa_table
 
     rows = np.full((_V, _V), _OUTSIDE)
     vocab = list(EAGLE3_VOCAB)
@@ -97,7 +97,7 @@ def _qwen2_layer(prefix: str, salt: int) -> dict:
 
 def mtp_target_weights(target_name: str = "order1-target", *, read_token: bool = False) -> dict[str, np.ndarray]:
     """The checkpoint's tensors (module docstring), float64 arrays of dyadic values."""
-    from .exact_heads import order1_table
+    from .heads import order1_table
 
     table = order1_table(target_name)  # raises unless a plain order-1 target
     embed = np.zeros((_V, HIDDEN))
@@ -122,7 +122,7 @@ def mtp_target_weights(target_name: str = "order1-target", *, read_token: bool =
 
 
 def _config(target_name: str) -> dict:
-    from .exact_models import exact_model
+    from . import exact_model
 
     shipped = json.loads((Path(exact_model(target_name).path) / "config.json").read_text())
     drop = ("attention_bias", "mlp_bias", "pretraining_tp", "head_dim")
@@ -137,8 +137,8 @@ def _config(target_name: str) -> dict:
 def mtp_target_files(target_name: str = "order1-target", *, read_token: bool = False) -> dict[str, bytes]:
     """The folder's files as bytes: ``config.json``, ``model.safetensors`` (float32, sorted keys) and the shipped
     target's tokenizer files; deterministic."""
-    from .exact_head_files import _safetensors
-    from .exact_models import exact_model
+    from .head_files import _safetensors
+    from . import exact_model
 
     shipped = Path(exact_model(target_name).path)
     kind = "mtp-read-token" if read_token else "mtp"
@@ -151,9 +151,9 @@ def mtp_target_files(target_name: str = "order1-target", *, read_token: bool = F
 
 def mtp_target_folder(target_name: str = "order1-target", *, read_token: bool = False,
                       root: Path | None = None) -> Path:
-    """The folder under ``root`` (default ``targets`` beside :func:`specdec_ref.exact_head_files.heads_root`), written
+    """The folder under ``root`` (default ``targets`` beside :func:`specdec_ref.exact.head_files.heads_root`), written
     if absent, named by the digest of its bytes (atomically: two workers may ask at the same time)."""
-    from .exact_head_files import _folder, heads_root
+    from .head_files import _folder, heads_root
 
     base = Path(root) if root is not None else heads_root().parent / "targets"
     stem = ("mimo-mtp-read-token-" if read_token else "mimo-mtp-") + target_name
@@ -161,7 +161,7 @@ def mtp_target_folder(target_name: str = "order1-target", *, read_token: bool = 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_ref.exact_mtp_target", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec_ref.exact.mtp_target", description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=None, help="parent folder (default: the cache's targets)")
     ap.add_argument("--target", default="order1-target")
     ap.add_argument("--read-token", action="store_true", help="the deliberately wrong layer (reads the token)")

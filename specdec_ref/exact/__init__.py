@@ -1,7 +1,7 @@
 """Exactly-known target/draft models, shipped as real transformers checkpoints.
 
 Each model's next-token law is an explicit small table (vocabulary V = 8) written in
-:mod:`specdec_ref.exact_tables` (the single source of truth); :func:`build` turns every table into a
+:mod:`specdec_ref.exact.tables` (the single source of truth); :func:`build` turns every table into a
 ``LlamaForCausalLM`` checkpoint (``config.json``, ``model.safetensors``, a WordLevel ``tokenizer.json``,
 ``tokenizer_config.json``, ``generation_config.json``) under ``specdec_ref/assets/exact/<name>/``, loadable
 from the local folder with ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
@@ -22,7 +22,7 @@ Two families (see ``docs/exact-models.md`` for the weight constructions and the 
   ``<bos>`` (id 6) and contain it nowhere else; ``<bos>`` itself has logit :data:`BOS_LOGIT` (-2**16)
   everywhere, so its probability is exactly 0 in float64 and float32 and it is never generated.
 * **offset variants** (``order1-target-offset``, ``order1-draft-close-offset``; pair ``order1-close-offset``;
-  :mod:`specdec_ref.exact_offset`): an order1 table plus 80 on every logit, carried by constant channels
+  :mod:`specdec_ref.exact.offset`): an order1 table plus 80 on every logit, carried by constant channels
   through ``lm_head``. The same law, float32-exact logits that bfloat16 cannot represent (it rounds them by up
   to 1/4), so a decoder sampling in lower precision than it reports changes the law (the other models'
   logits are exact in bf16 and hide it).
@@ -43,29 +43,27 @@ smallest head size vLLM's CPU attention supports, so engines such as vLLM load t
 nonzero rotary pairs are those whose frequencies are 1, pi, pi^2, pi^3), hidden 16 (order1) / 32
 (order2), which Llama allows to differ from heads * head_dim (64).
 
-Layout (this module is the public entry: it re-exports every public name, and is the command line); each
-module imports only the ones above it:
+Layout (this package's ``__init__`` is the public entry: it re-exports every public name; ``__main__`` is the
+command line); each module imports only the ones above it:
 
-* :mod:`specdec_ref.exact_tables`: the tables (the laws, in eighths), the vocabularies;
-* :mod:`specdec_ref.exact_registry`: :class:`ExactModel`, :class:`ExactPair`, :data:`EXACT_MODELS`,
+* :mod:`specdec_ref.exact.tables`: the tables (the laws, in eighths), the vocabularies;
+* :mod:`specdec_ref.exact.registry`: :class:`ExactModel`, :class:`ExactPair`, :data:`EXACT_MODELS`,
   :data:`EXACT_PAIRS` (a name, a table, a checkpoint folder);
-* :mod:`specdec_ref.exact_weights`: the Llama config and weights whose forward returns a table (the long-context
-  family's tables, config and weights: :mod:`specdec_ref.exact_long`);
-* :mod:`specdec_ref.exact_checkpoints`: the checkpoint files, :func:`build`, :func:`check`, :func:`main`.
+* :mod:`specdec_ref.exact.weights`: the Llama config and weights whose forward returns a table (the long-context
+  family's tables, config and weights: :mod:`specdec_ref.exact.long`);
+* :mod:`specdec_ref.exact.checkpoints`: the checkpoint files, :func:`build`, :func:`check`, :func:`main`.
 
 Command line::
 
-    python -m specdec_ref.exact_models build   # (re)write every checkpoint folder, byte-deterministic
-    python -m specdec_ref.exact_models check   # verify the shipped files, print a summary table
+    python -m specdec_ref.exact build   # (re)write every checkpoint folder, byte-deterministic
+    python -m specdec_ref.exact check   # verify the shipped files, print a summary table
 """
 
 from __future__ import annotations
 
-import sys
-
-from . import exact_checkpoints, exact_registry
-from .exact_checkpoints import build, build_files, check, main
-from .exact_registry import (
+from . import checkpoints, registry
+from .checkpoints import build, build_files, check, main
+from .registry import (
     ASSET_ROOT,
     BF16_LOGIT_BOUND,
     BF16_PROB_BOUND,
@@ -80,13 +78,9 @@ from .exact_registry import (
     exact_pair,
 )
 # ORDER*: public attributes as before, though not in __all__
-from .exact_tables import BOS_LOGIT, ORDER1_EOS, ORDER1_VOCAB, ORDER2_BOS, ORDER2_EOS, ORDER2_VOCAB  # noqa: F401
-from .exact_weights import MIN_SCORE_GAP, prev_head_scores
+from .tables import BOS_LOGIT, ORDER1_EOS, ORDER1_VOCAB, ORDER2_BOS, ORDER2_EOS, ORDER2_VOCAB  # noqa: F401
+from .weights import MIN_SCORE_GAP, prev_head_scores
 
 __all__ = ["BOS_LOGIT", "MIN_SCORE_GAP", "prev_head_scores"]
-__all__ += exact_registry.__all__
-__all__ += exact_checkpoints.__all__
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+__all__ += registry.__all__
+__all__ += checkpoints.__all__

@@ -4,8 +4,8 @@ Invariant: every table entry is an integer number of eighths in [-64, 64] (a log
 number exact in bfloat16), and every reachable row has a unique maximum over the real tokens (greedy is
 unambiguous); order2's ``<bos>`` column is :data:`BOS_LOGIT`. The tables are deterministic: written out
 (order1) or drawn from pure-Python integers (splitmix64, order2), never from numpy's or torch's generators.
-This module is the single source of truth of the laws; :mod:`specdec_ref.exact_registry` names them,
-:mod:`specdec_ref.exact_weights` realises them as Llama weights.
+This module is the single source of truth of the laws; :mod:`specdec_ref.exact.registry` names them,
+:mod:`specdec_ref.exact.weights` realises them as Llama weights.
 """
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ import math
 
 import numpy as np
 
-from . import exact_long, exact_offset
-from .exact_dyadic import MIN_SCORE_GAP, bf16_exact, dyadic_noise, four_squares, round_bits
-from .exact_registry import MAX_POSITIONS, ExactModel
-from .exact_tables import BOS_LOGIT, ORDER1_VOCAB, ORDER2_BOS, ORDER2_VOCAB, order2_cells
+from . import long as exact_long, offset as exact_offset
+from .dyadic import MIN_SCORE_GAP, bf16_exact, dyadic_noise, four_squares, round_bits
+from .registry import MAX_POSITIONS, ExactModel
+from .tables import BOS_LOGIT, ORDER1_VOCAB, ORDER2_BOS, ORDER2_VOCAB, order2_cells
 
 __all__ = ["MIN_SCORE_GAP", "llama_config", "llama_weights", "prev_head_scores"]
 

@@ -1,6 +1,6 @@
 """Exactly-known proposer heads on the order-1 targets: their proposals are small tables of what they read.
 
-The order-1 targets (:mod:`specdec_ref.exact_models`) have hidden size 16 and a final hidden state ``4 e_t`` at a
+The order-1 targets (:mod:`specdec_ref.exact`) have hidden size 16 and a final hidden state ``4 e_t`` at a
 position holding token ``t`` (before and after the final norm: its mean square is exactly 1), and their lm_head maps
 ``4 e_t`` to the table row ``T[t]``. A head built here reads those features through dyadic weights, so its float32
 logits are the table expressions below bit for bit (and :mod:`specdec_properties.proposals` computes them in float64 from
@@ -26,7 +26,7 @@ import functools
 import numpy as np
 import torch
 
-from .heads import Eagle3Head, EagleHead, MedusaHeads, MtpHead
+from ..heads import Eagle3Head, EagleHead, MedusaHeads, MtpHead
 
 __all__ = ["EAGLE_ALPHA", "EAGLE3_AUX", "EAGLE3_WEIGHTS", "EAGLE3_VOCAB", "eagle_mix", "exact_eagle_head",
            "exact_eagle3_head", "exact_mtp_head", "exact_medusa_heads", "medusa_table", "order1_table"]
@@ -39,7 +39,7 @@ _VOCAB = 8
 
 def order1_table(target_name: str) -> np.ndarray:
     """``T [8, 8]`` float64: row ``a`` is the order-1 target's logits after token ``a``."""
-    from .exact_models import exact_model
+    from . import exact_model
 
     m = exact_model(target_name)
     if m.family != "order1" or getattr(m, "logit_offset", 0):
@@ -84,7 +84,7 @@ def _eagle_fc(target, target_name: str, alpha: float) -> torch.Tensor:
     """``fc [H, 2H] = [alpha I | E^T C^T E / |E_t|^2]``, in the target's dtype, on its device: on a target whose
     token embeddings ``E [V, H]`` are orthogonal rows of one squared norm and whose final feature at a position holding
     ``t`` is ``E[t]`` (the order-1 checkpoints: ``4 e_t``, where this is ``[alpha I | C^T]`` on dims 0..7; the wide
-    exact targets of :mod:`specdec_ref.wide_exact`), ``h = alpha E[x] + sum_t C[y, t] E[t]`` for the feature of ``y``.
+    exact targets of :mod:`specdec_ref.exact.wide`), ``h = alpha E[x] + sum_t C[y, t] E[t]`` for the feature of ``y``.
     Dyadic throughout, so the logits are the table expressions bit for bit on the order-1 targets."""
     embed = target.get_input_embeddings().weight.detach().double().cpu()
     gram = embed @ embed.T
@@ -127,18 +127,18 @@ EAGLE3_VOCAB = (0, 1, 2, 3, 5, 7)
 
 def exact_eagle3_head(target, target_name: str, *, alpha: float = EAGLE_ALPHA, sample: bool = False,
                       layer: bool = True, vocab: tuple = EAGLE3_VOCAB) -> Eagle3Head:
-    """The exact EAGLE-3 head on the deep target of ``target_name``'s table (:func:`specdec_ref.exact_deep.deep_target`,
+    """The exact EAGLE-3 head on the deep target of ``target_name``'s table (:func:`specdec_ref.exact.deep.deep_target`,
     on its device and in its dtype): ``fuse`` reads aux layer ``a_j``'s one-hot ``4 e_c`` (``c = deep_channel(y,
     a_j)``) back to ``y`` with weight ``EAGLE3_WEIGHTS[j]``, so the fused feature is ``4 e_y``, that of the EAGLE head,
     exactly when every layer is the right one (a wrong layer adds a third or more of another token's feature); then
     the EAGLE head's ``fc`` and zeroed layer; its own lm_head scores the draft vocabulary ``vocab`` (``d2t[d] =
     vocab[d] - d``) with the table's columns."""
-    from .exact_deep import deep_channel
+    from .deep import deep_channel
 
     deep = getattr(target.config, "exact_deep", None)
     if deep is None or deep[0] != target_name or deep[1] < max(EAGLE3_AUX) + 1:
         raise ValueError(f"the exact EAGLE-3 head reads the deep target of {target_name} with at least "
-                         f"{max(EAGLE3_AUX) + 1} layers (specdec_ref.exact_deep.deep_target), got {deep}")
+                         f"{max(EAGLE3_AUX) + 1} layers (specdec_ref.exact.deep.deep_target), got {deep}")
     fc = _eagle_fc(target, target_name, alpha)
     dtype, device = fc.dtype, fc.device
     fuse = torch.zeros(_HIDDEN, len(EAGLE3_AUX) * _HIDDEN, dtype=dtype)

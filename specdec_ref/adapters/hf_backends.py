@@ -1,6 +1,6 @@
 """Backend adapters that put Hugging Face transformers' own speculative-decoding pieces behind our contract.
 
-Three factories, one per piece, for ``--specdec-backend=specdec_ref.hf_backends:<factory>``:
+Three factories, one per piece, for ``--specdec-backend=specdec_ref.adapters.hf_backends:<factory>``:
 
 * :func:`hf_verifier` -- ``transformers.generation.utils._speculative_sampling`` (sampling) and a
   line-for-line reproduction of the greedy branch of ``GenerationMixin._assisted_decoding``
@@ -36,8 +36,8 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from .cache import ModelCache
-from .contract import PAD_TOKEN, Capabilities, NotSupportedError
+from ..cache import ModelCache
+from ..contract import PAD_TOKEN, Capabilities, NotSupportedError
 
 __all__ = [
     "HFVerifierBackend",
@@ -310,8 +310,8 @@ class HFAssistedDecoderBackend:
     def decode(self, target, draft, prompt, *, k, max_new_tokens, sampling, eos_id=None, generator=None, on_round=None):
         from transformers import GenerationConfig
 
-        from .decode import DecodeResult, RoundRecord, _truncate
-        from .decode_inputs import _validate_decode_args
+        from ..decode import DecodeResult, RoundRecord, _truncate
+        from ..decode_inputs import _validate_decode_args
 
         if self.validate:
             prompt = _validate_decode_args(target, draft, prompt, k, max_new_tokens, eos_id, sampling)

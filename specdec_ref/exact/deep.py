@@ -58,7 +58,7 @@ def _weights(table: np.ndarray, base: dict, layers: int) -> dict:
 
 
 def _order1(target_name: str):
-    from .exact_registry import exact_model
+    from .registry import exact_model
 
     m = exact_model(target_name)
     if m.family != "order1" or getattr(m, "logit_offset", 0):
@@ -73,7 +73,7 @@ def _check_layers(layers) -> None:
 
 def deep_config(target_name: str = "order1-target", layers: int = 3) -> dict:
     """The deep target's Llama configuration (that of ``target_name``'s checkpoint with ``layers`` decoder layers)."""
-    from .exact_weights import llama_config
+    from .weights import llama_config
 
     _check_layers(layers)
     return dict(llama_config(_order1(target_name)), num_hidden_layers=layers)
@@ -81,8 +81,8 @@ def deep_config(target_name: str = "order1-target", layers: int = 3) -> dict:
 
 def deep_weights(target_name: str = "order1-target", layers: int = 3) -> dict[str, np.ndarray]:
     """The deep target's weights by parameter name, float64 (every one exact in float32 and bfloat16): what
-    :func:`deep_target` loads, and what :func:`specdec_ref.exact_head_files.deep_target_folder` writes for engines."""
-    from .exact_weights import llama_weights
+    :func:`deep_target` loads, and what :func:`specdec_ref.exact.head_files.deep_target_folder` writes for engines."""
+    from .weights import llama_weights
 
     _check_layers(layers)
     m = _order1(target_name)

@@ -1,4 +1,4 @@
-"""The registry of exactly-known models: every table of :mod:`specdec_ref.exact_tables` named, with its folder.
+"""The registry of exactly-known models: every table of :mod:`specdec_ref.exact.tables` named, with its folder.
 
 Invariant: an :class:`ExactModel`'s law is ``softmax(table[cell(context)])`` in float64, read from its table;
 :meth:`ExactModel.next_logits` never runs a checkpoint (only :meth:`ExactModel.load` / ``tokenizer`` read the
@@ -16,8 +16,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import exact_long, exact_offset
-from .exact_tables import (
+from . import long as exact_long, offset as exact_offset
+from .tables import (
     ORDER1_EOS,
     ORDER1_VOCAB,
     ORDER2_BOS,
@@ -45,14 +45,14 @@ __all__ = [
 ]
 
 #: Root of the shipped checkpoints (package data).
-ASSET_ROOT: Path = Path(__file__).resolve().parent / "assets" / "exact"
+ASSET_ROOT: Path = Path(__file__).resolve().parent.parent / "assets" / "exact"
 #: ``max_position_embeddings`` of every checkpoint; contexts may hold at most this many tokens.
 MAX_POSITIONS: int = 128
 #: The contexts a shifted order-1 law accepts (:meth:`ExactModel.shifted`): any length a test may generate.
 SHIFTED_MAX_POSITIONS: int = 1 << 20
 #: Stated bfloat16 bound, max |logit error| of the bf16 checkpoint against the table (tested; the
 #: construction keeps every intermediate value exact in bf16, so the measured error is 0). The offset
-#: variants state their own (``ExactModel.bf16_logit_bound``, ``specdec_ref.exact_offset``).
+#: variants state their own (``ExactModel.bf16_logit_bound``, ``specdec_ref.exact.offset``).
 BF16_LOGIT_BOUND: float = 0.0
 #: Stated bfloat16 bound on max |probability error| (softmax of the bf16 logits in float64).
 BF16_PROB_BOUND: float = 0.0
@@ -93,7 +93,7 @@ class ExactModel:
     transformers model from ``path`` (eager attention, eval mode, no gradients, cached per dtype);
     ``tokenizer()`` the fast tokenizer from ``path``. ``bos_id`` is the start token a context must begin
     with (order2, long) or None (order1); ``family`` is ``"order1"``, ``"order2"`` or ``"long"``
-    (:mod:`specdec_ref.exact_long`); ``arch`` the transformers architecture.
+    (:mod:`specdec_ref.exact.long`); ``arch`` the transformers architecture.
     """
 
     name: str
@@ -107,7 +107,7 @@ class ExactModel:
     bos_id: int | None = None
     arch: str = "LlamaForCausalLM"
     table: np.ndarray = field(default=None, repr=False, compare=False)  # float64 logits, by cell
-    #: common offset of every logit (0; LOGIT_OFFSET for the offset variants of ``specdec_ref.exact_offset``)
+    #: common offset of every logit (0; LOGIT_OFFSET for the offset variants of ``specdec_ref.exact.offset``)
     logit_offset: float = 0.0
     #: stated bf16 bounds of this checkpoint (0 unless its logits are not exact in bf16: the offset variants)
     bf16_logit_bound: float = BF16_LOGIT_BOUND

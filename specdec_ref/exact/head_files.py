@@ -1,10 +1,10 @@
 """Checkpoint folders of the exactly-known proposer heads (and the deep target) in the layouts engines load (vLLM 0.32).
 
-    python -m specdec_ref.exact_head_files [--root DIR]      # write them (default: the cache) and print the folders
+    python -m specdec_ref.exact.head_files [--root DIR]      # write them (default: the cache) and print the folders
 
-The heads are :mod:`specdec_ref.exact_heads`'s, written as ``config.json`` + ``model.safetensors`` (float32) at run
-time, never committed: the bytes are a function of the tables (:func:`~specdec_ref.exact_heads.eagle_mix`,
-:func:`~specdec_ref.exact_heads.medusa_table`) and of this writer, so a folder is named by its digest and written once
+The heads are :mod:`specdec_ref.exact.heads`'s, written as ``config.json`` + ``model.safetensors`` (float32) at run
+time, never committed: the bytes are a function of the tables (:func:`~specdec_ref.exact.heads.eagle_mix`,
+:func:`~specdec_ref.exact.heads.medusa_table`) and of this writer, so a folder is named by its digest and written once
 (atomically: two workers may ask at the same time).
 
 * ``eagle`` (vLLM ``method="eagle"``, ``EagleLlamaForCausalLM``): the target's ``config.json`` (a one-layer Llama,
@@ -15,7 +15,7 @@ time, never committed: the bytes are a function of the tables (:func:`~specdec_r
   drafter's hidden is ``alpha 4 e_x + C^T f`` and its logits ``hidden / 4 @ T``, as
   :class:`specdec_properties.proposals.EagleLaw` states.
 * ``medusa`` (``MedusaModel``): ``heads`` residual blocks of one zero layer (``x + SiLU(0) = x``) and lm_heads
-  ``M_{i+2}^T / 4`` on dims 0..7 (:func:`~specdec_ref.exact_heads.medusa_table`); ``medusa_fc_bias`` off. vLLM builds
+  ``M_{i+2}^T / 4`` on dims 0..7 (:func:`~specdec_ref.exact.heads.medusa_table`); ``medusa_fc_bias`` off. vLLM builds
   exactly ``num_speculative_tokens`` heads, so ``heads`` must be at least the engine's k.
 * ``eagle3`` (``Eagle3LlamaForCausalLM``, ``method="eagle3"``) on the deep target of the same table
   (:func:`deep_target_folder`, three layers): vLLM's default auxiliary layers ``(2, N // 2, N - 3)`` = ids 0, 1, 2,
@@ -27,17 +27,17 @@ time, never committed: the bytes are a function of the tables (:func:`~specdec_r
   ``down_proj`` = 0), so ``pre = g``, ``post = norm(g) = g``, and every later draft step reads the same ``pre``: the
   drafts do not depend on the token, they repeat one draft k times. Its own ``lm_head [6, 16]`` on the draft
   vocabulary ``EAGLE3_VOCAB`` = (0, 1, 2, 3, 5, 7) (row ``d`` = column ``vocab[d]`` of ``M_2^T / 4``,
-  :func:`~specdec_ref.exact_heads.medusa_table` at offset 2) and ``d2t[d] = vocab[d] - d`` (int64): from the feature of
+  :func:`~specdec_ref.exact.heads.medusa_table` at offset 2) and ``d2t[d] = vocab[d] - d`` (int64): from the feature of
   ``y`` (the token before the pending one) it drafts the likeliest token two places after ``y`` within the vocabulary,
   k times, as :class:`specdec_properties.proposals.Eagle3FeatureLaw` states. ``rms_norm_eps`` 2^-40: ``1 + 2^-40`` is 1 in
   float32, so the norms of mean-square-1 rows stay exact, and a zero row (padding) gives 0, not NaN.
 * ``eagle3-default-aux``: the same kind of head with a plain ``fc`` on the one-layer target, used only to record that
   a one-layer target cannot feed vLLM's default auxiliary layers (its error), not an exact law.
 
-:func:`deep_target_folder` writes the deep target itself (:func:`specdec_ref.exact_deep.deep_target`: its logits are the
+:func:`deep_target_folder` writes the deep target itself (:func:`specdec_ref.exact.deep.deep_target`: its logits are the
 order-1 table bit for bit) as a checkpoint folder an engine loads: the shipped target's ``config.json`` with
 ``num_hidden_layers`` set, its tokenizer files, and ``model.safetensors`` from
-:func:`~specdec_ref.exact_deep.deep_weights`.
+:func:`~specdec_ref.exact.deep.deep_weights`.
 
 Invariant: every float weight is a multiple of 1/64 of magnitude below 8, so the engine's float32 drafter computes
 the tables' expressions exactly (no rounding can break or make an argmax tie).
@@ -79,7 +79,7 @@ def _pattern(rows: int, cols: int, salt: int) -> np.ndarray:
 
 
 def _target_config(target_name: str) -> dict:
-    from .exact_models import exact_model
+    from . import exact_model
 
     return json.loads((Path(exact_model(target_name).path) / "config.json").read_text())
 
@@ -101,7 +101,7 @@ def _llama_layer(prefix: str, qkv_in: int, *, input_norm: bool) -> dict:
 
 def head_files(kind: str, target_name: str = "order1-target", *, heads: int = 3) -> dict[str, bytes]:
     """The folder's files as bytes (``config.json``, ``model.safetensors``): deterministic."""
-    from .exact_heads import EAGLE_ALPHA, eagle_mix, medusa_table, order1_table
+    from .heads import EAGLE_ALPHA, eagle_mix, medusa_table, order1_table
 
     order1_table(target_name)  # raises unless a plain order-1 target
     if kind == "eagle":
@@ -120,8 +120,8 @@ def head_files(kind: str, target_name: str = "order1-target", *, heads: int = 3)
             weights[f"blocks.{i}.layers.0.weight"] = np.zeros((_H, _H))
             weights[f"lm_heads.{i}.weight"] = lm
     elif kind == "eagle3":
-        from .exact_deep import deep_channel
-        from .exact_heads import EAGLE3_AUX, EAGLE3_VOCAB, EAGLE3_WEIGHTS
+        from .deep import deep_channel
+        from .heads import EAGLE3_AUX, EAGLE3_VOCAB, EAGLE3_WEIGHTS
 
         vocab = list(EAGLE3_VOCAB)
         config = dict(_target_config(target_name), draft_vocab_size=len(vocab), rms_norm_eps=2.0**-40)
@@ -184,8 +184,8 @@ def head_folder(kind: str, target_name: str = "order1-target", *, heads: int = 3
 
 def deep_target_files(target_name: str = "order1-target", layers: int = DEEP_LAYERS) -> dict[str, bytes]:
     """The deep target's checkpoint folder as bytes (module docstring): deterministic."""
-    from .exact_deep import deep_weights
-    from .exact_models import exact_model
+    from .deep import deep_weights
+    from . import exact_model
 
     shipped = Path(exact_model(target_name).path)
     config = dict(json.loads((shipped / "config.json").read_text()), num_hidden_layers=layers)
@@ -211,7 +211,7 @@ def short_positions_folder(model_name: str, positions: int, *, root: Path | None
     :func:`heads_root`) if absent, named by the digest of its bytes."""
     import json
 
-    from .exact_models import exact_model
+    from . import exact_model
 
     model = exact_model(model_name)
     if not 0 < positions < model.max_positions:
@@ -254,7 +254,7 @@ def write_head(kind: str, folder: Path, target_name: str = "order1-target", *, h
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m specdec_ref.exact_head_files", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m specdec_ref.exact.head_files", description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=None, help="parent folder (default: the cache)")
     ap.add_argument("--target", default="order1-target")
     args = ap.parse_args(argv)

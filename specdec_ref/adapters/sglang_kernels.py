@@ -9,8 +9,8 @@ SGLang (EAGLE-2/3, MTP, standalone drafts) verifies a draft tree with two CUDA k
 with Python bindings in ``sgl-kernel/python/sgl_kernel/speculative.py`` and golden cases in
 ``sgl-kernel/tests/speculative/test_speculative_sampling.py`` and ``test_eagle_utils.py`` (all in
 https://github.com/sgl-project/sglang). This module is our own code written from those files. The kernels speak
-SGLang's tree layout, described in :mod:`specdec_ref.sglang`, which re-exports every name here and puts any kernel
-with this signature behind our ``verify_tree`` (:class:`~specdec_ref.sglang.SGLangTreeBackend`).
+SGLang's tree layout, described in :mod:`specdec_ref.adapters.sglang`, which re-exports every name here and puts any kernel
+with this signature behind our ``verify_tree`` (:class:`~specdec_ref.adapters.sglang.SGLangTreeBackend`).
 
 The algorithm (``TreeSpeculativeSamplingTargetOnly``)
 ----------------------------------------------------

@@ -3,7 +3,7 @@
 Invariant: a folder's files are a pure function of its model (:func:`build_files`: JSON with sorted keys, a
 safetensors file written by hand), so :func:`build` is byte-deterministic and :func:`check` demands that the
 shipped folders equal what it would write, byte for byte. The command line is that of
-:mod:`specdec_ref.exact_models` (``python -m specdec_ref.exact_models build|check``).
+:mod:`specdec_ref.exact` (``python -m specdec_ref.exact build|check``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .exact_registry import ASSET_ROOT, EXACT_MODELS, EXACT_PAIRS, ExactModel, exact_model
-from .exact_weights import llama_config, llama_weights
+from .registry import ASSET_ROOT, EXACT_MODELS, EXACT_PAIRS, ExactModel, exact_model
+from .weights import llama_config, llama_weights
 
 __all__ = ["build", "build_files", "check", "main"]
 
@@ -113,7 +113,8 @@ def _safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str])
 
 def build_files(model: ExactModel) -> dict[str, bytes]:
     """Every file of ``model``'s checkpoint folder, as bytes (deterministic)."""
-    # "exact_models" names the public module (the shipped bytes carry it; keep it when modules move)
+    # "exact_models": the public module's name when the checkpoints were written (now specdec_ref.exact); the shipped
+    # bytes carry it, kept so that they stay byte-identical
     meta = {"format": "pt", "specdec_ref": "exact_models", "model": model.name}
     return {
         "config.json": _json_bytes(llama_config(model)),
@@ -183,12 +184,12 @@ def check(root: str | Path | None = None, *, verbose: bool = True) -> list[dict]
             print(f"{r['name']:<25} {r['arch']:<17} {r['V']:>2} {r['size_kb']:>8.1f}  {r['pair']:<19} {acc:>10}  {status}")
         print(f"total {sum(r['size_kb'] for r in rows):.1f} KB in {root}")
     if problems:
-        raise AssertionError("exact-model checkpoints differ from the builder (run `python -m specdec_ref.exact_models build`): " + "; ".join(problems))
+        raise AssertionError("exact-model checkpoints differ from the builder (run `python -m specdec_ref.exact build`): " + "; ".join(problems))
     return rows
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m specdec_ref.exact_models", description=_CLI_DESCRIPTION)
+    parser = argparse.ArgumentParser(prog="python -m specdec_ref.exact", description=_CLI_DESCRIPTION)
     parser.add_argument("command", choices=("build", "check"))
     parser.add_argument("--root", default=None, help=f"checkpoint root (default {ASSET_ROOT})")
     args = parser.parse_args(argv)

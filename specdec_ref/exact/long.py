@@ -5,16 +5,16 @@ holding at most one *marker* token (``m0 .. m3``, ids 8..11) that is not among i
 after it are ``T[a, b, c, k]`` with ``b = x_m``, ``a = x_{m-1}`` (``<bos>`` when ``m = 1``; ``a = b = <bos>`` for
 ``[<bos>]``), ``c = m % 2`` and ``k`` the marker's index (4: no marker), wherever the marker stands. A KV entry lost,
 stale or moved at the marker's position, at the previous position or at ``<bos>`` changes the law; the marker and
-``<bos>`` logits are :data:`~specdec_ref.exact_tables.BOS_LOGIT` (never generated).
+``<bos>`` logits are :data:`~specdec_ref.exact.tables.BOS_LOGIT` (never generated).
 
 The checkpoint (``LlamaForCausalLM``, one layer, hidden 64, 4 query heads on 2 KV heads, head size 128 for the target
 and 64 for the draft): every weight is a dyadic number of at most 8 significant bits and every RMS norm sees a mean
-square of exactly 1, as in order2 (:mod:`specdec_ref.exact_weights`). Rotary pair ``i < 32`` turns by ``pi^(i / 16)``
+square of exactly 1, as in order2 (:mod:`specdec_ref.exact.weights`). Rotary pair ``i < 32`` turns by ``pi^(i / 16)``
 per position (``rope_theta = pi^-4`` at head size 128, ``pi^-2`` at 64), so pair 16 turns by ``pi``.
 
 * KV head 0, query head 0 (previous token): constant query and key on the 31 pairs other than 16, the key turned by
   one position, weights from a linear program: a kernel over ``m - j`` in ``[0, 4096)`` peaked at 1 whose gap to
-  every other offset is at least :data:`~specdec_ref.exact_weights.MIN_SCORE_GAP`; the value is the token's
+  every other offset is at least :data:`~specdec_ref.exact.weights.MIN_SCORE_GAP`; the value is the token's
   one-hot, written into the previous-token channels.
 * KV head 0, query head 1 (parity): pair 16 against a key that only ``<bos>`` has: ``+-`` a large score by the
   parity of the query's position, every other key exactly 0; the head outputs 1 at even positions, 0 at odd ones.
@@ -31,8 +31,8 @@ import math
 
 import numpy as np
 
-from .exact_dyadic import MIN_SCORE_GAP, dyadic_noise, four_squares, round_bits
-from .exact_tables import BOS_LOGIT, bell_ints, unique_max_
+from .dyadic import MIN_SCORE_GAP, dyadic_noise, four_squares, round_bits
+from .tables import BOS_LOGIT, bell_ints, unique_max_
 
 __all__ = [
     "LONG_VOCAB",

@@ -1,6 +1,6 @@
 """Offset variants of the order-1 exact models: float32-exact logits that bfloat16 cannot represent.
 
-Every table of :mod:`specdec_ref.exact_tables` holds multiples of 1/8 in [-8, 8], exact in bfloat16 by
+Every table of :mod:`specdec_ref.exact.tables` holds multiples of 1/8 in [-8, 8], exact in bfloat16 by
 construction, so a decoder that samples from bf16-rounded logits while reporting float32 probabilities
 (DeepSpec issue #31's bug class) has exactly the right law on them. The variants here add a common
 offset :data:`LOGIT_OFFSET` (+80) to every logit of an order-1 table:
