@@ -193,6 +193,54 @@ def autoregressive_decode(
     return batched_autoregressive_decode(target, [request], make_cache=make_cache, on_step=on_step)[0]
 
 
+class _PhaseClock:
+    """Wall time by phase: ``round``, the current round's seconds (``draft``, ``verify``, ``repair``, ``other``; the
+    first round's also ``prefill``), a new dict each round since the round's records keep it (``other`` is written
+    after ``on_round`` saw them); ``totals``, the decode's ``prefill``, ``draft``, ``verify``, ``repair``. Always on:
+    a few clock reads per round, next to forwards of ~0.1 ms and more."""
+
+    def __init__(self):
+        self.totals = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
+        self.round: dict = {}
+        self._tick = time.perf_counter()
+
+    def lap(self, phase: str) -> None:
+        """The time since the previous lap is this round's ``phase``."""
+        now = time.perf_counter()
+        self.round[phase] = now - self._tick
+        self._tick = now
+
+    def prefill_done(self) -> None:
+        self.lap("prefill")
+        self.totals["prefill"] += self.round["prefill"]
+
+    def start_round(self) -> None:
+        self.round.update(draft=0.0, verify=0.0, repair=0.0, other=0.0)
+
+    def end_round(self) -> None:
+        for phase in ("draft", "verify", "repair"):
+            self.totals[phase] += self.round[phase]
+        self.round = {}
+
+
+class _LiveRows:
+    """The rows still decoding, in batch order: their request indices, committed lengths (prompt and emitted tokens)
+    and per-row settings (``batch``); :meth:`keep` drops the others here and in every per-row object given."""
+
+    def __init__(self, requests: list[int], batch: _Batch):
+        self.requests = requests
+        self.batch = batch
+        self.committed = [len(t) for t in batch.tokens]
+
+    def keep(self, stay: list[int], *per_row) -> None:
+        """Keep the rows at positions ``stay`` (the sampling state, caches and proposer too: ``x.select(stay)``)."""
+        self.requests = [self.requests[j] for j in stay]
+        self.committed = [self.committed[j] for j in stay]
+        self.batch.keep(stay)
+        for part in per_row:
+            part.select(stay)
+
+
 class SpeculativeDecoder:
     """The reference speculative decoder, batched; one overridable method per step (mutants override one).
 
@@ -320,6 +368,18 @@ class SpeculativeDecoder:
         """Positions (in the live batch) of the rows that stay for the next round, in order."""
         return [j for j, d in enumerate(done) if not d]
 
+    def verify_round(self, target_cache: RowCaches, pending: torch.Tensor, drafts: torch.Tensor, qs, counts,
+                     batch: _Batch, state: SamplingState, generator, plain: bool):
+        """The target's forward of ``[pending, drafts]`` and the verdict on it: ``m [B]`` and the emitted ``tokens
+        [B, n]``; a ``plain`` round (no drafts) samples one token per row from the pending tokens' target row."""
+        if plain:
+            rows = self.target_rows(target_cache.feed(pending), batch.configs, state, drafts)
+            tokens = choose_rows(rows[:, -1], batch.configs, generator)[:, None]
+            return torch.zeros_like(tokens[:, 0]), tokens
+        logits = target_cache.feed(torch.cat([pending, drafts], 1))
+        rows = self.target_rows(logits, batch.configs, state, drafts)
+        return self.judge_counts(drafts, qs, rows, batch.configs, batch.generators, counts)
+
     # -- loop ----------------------------------------------------------------------------
     @torch.inference_mode()  # no autograd bookkeeping on the loop's small ops (results are host lists)
     def decode_batch(
@@ -343,60 +403,42 @@ class SpeculativeDecoder:
         live = [i for i in range(len(batch)) if batch.max_new[i] > 0]
         if not live:
             return results
-        sub = batch.rows(live)
-        clock = time.perf_counter  # always on: a few clock reads per round, next to forwards of ~0.1 ms and more
-        seconds = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "repair": 0.0}
-        tick = clock()
-        vocab = model_dims(target)["vocab_size"]
-        tokens = sub.tokens
-        state = self.sampling_state(tokens, sub.configs, sub.eos, vocab, sub.prompts[0].device)
-        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, tokens, getattr(draft, "target_capture", ()))
-        proposer = open_proposer(self, target, draft, sub, k, tokens, target_cache,
-                                 lambda make, model: _open_row_caches(make, model, sub, k, tokens))
-        # the draft model's own cache where there is one (the repair steps and on_round take it), else the proposer
-        draft_cache = getattr(proposer, "cache", proposer)
+        clock = _PhaseClock()
+        live = _LiveRows(live, batch.rows(live))
+        sub = live.batch
+        state = self.sampling_state(sub.tokens, sub.configs, sub.eos, model_dims(target)["vocab_size"], sub.prompts[0].device)
+        target_cache, fed = _open_row_caches(self.make_cache, target, sub, k, sub.tokens, getattr(draft, "target_capture", ()))
+        proposer = open_proposer(self, target, draft, sub, k, sub.tokens, target_cache,
+                                 lambda make, model: _open_row_caches(make, model, sub, k, sub.tokens))
+        draft_cache = proposer.draft_cache
         limit = min(target_cache.cache.max_positions or 1 << 30, proposer.max_positions or 1 << 30)
         calls = {"target": int(fed), "draft": int(fed) if proposer.kind == "draft_model" else 0}
-        committed = [len(t) for t in sub.tokens]
         pending = sub.pending()
-        now = clock()
-        seconds["prefill"] += now - tick
-        round_seconds = {"prefill": now - tick}  # the first round's record also carries the prefill
-        tick = now
-        while live:
-            round_seconds.update(draft=0.0, verify=0.0, repair=0.0, other=0.0)
-            starts = list(committed)
-            k_round = self.draft_room(k, limit, starts) if proposer.ready() else 0
+        clock.prefill_done()
+        while live.requests:
+            clock.start_round()
+            starts = list(live.committed)
             generator = self.row_generators(sub.generators)
-            counts = None
-            if k_round == 0:  # no room for drafts (or a head before its first target forward): a plain target step
+            # 1. draft: k_round tokens per row (0: no room for drafts, or a head before its first target forward)
+            k_round = self.draft_room(k, limit, starts) if proposer.ready() else 0
+            if k_round == 0:
                 calls["draft"] += proposer.plain_step(pending)
-                now = clock()
-                round_seconds["draft"] = now - tick
-                tick = now
-                drafts = pending[:, :0]
-                rows = self.target_rows(target_cache.feed(pending), sub.configs, state, drafts)
-                tokens = choose_rows(rows[:, -1], sub.configs, generator)[:, None]
-                m = torch.zeros_like(tokens[:, 0])
+                drafts, qs, counts = pending[:, :0], None, None
             else:
                 drafts, qs, counts, spent = proposer.propose(pending, k_round, sub.configs, state, generator)
                 calls["draft"] += spent
-                now = clock()
-                round_seconds["draft"] = now - tick
-                tick = now
-                logits = target_cache.feed(torch.cat([pending, drafts], 1))
-                rows = self.target_rows(logits, sub.configs, state, drafts)
-                m, tokens = self.judge_counts(drafts, qs, rows, sub.configs, sub.generators, counts)
+            clock.lap("draft")
+            # 2. verify: one target forward of [pending, drafts], the verifier's m and tokens, one host read
+            m, tokens = self.verify_round(target_cache, pending, drafts, qs, counts, sub, state, generator, k_round == 0)
             if proposer.target_capture:
                 proposer.observe(target_cache.cache.features(), [s - 1 for s in starts])
             calls["target"] += 1
             out = tokens.shape[1]
             flat = torch.cat([m[:, None], tokens, drafts], 1).tolist()  # the one host sync of the round (drafts too)
-            now = clock()
-            round_seconds["verify"] = now - tick
-            tick = now
+            clock.lap("verify")
+            # 3. commit: each row's emitted tokens (cut at EOS and max_new_tokens), both caches repaired to them
             new_lens, fed_all, emitted_counts, done, finals = [], [], [], [], []
-            for j, i in enumerate(live):
+            for j, i in enumerate(live.requests):
                 accepted, row, drafted = flat[j][0], flat[j][1 : 1 + out], flat[j][1 + out :]
                 res = results[i]
                 untruncated = [x for x in row if x >= 0][: sub.max_new[j] - len(res.tokens)]
@@ -404,7 +446,7 @@ class SpeculativeDecoder:
                 kept = self.kept_in_cache(emitted, untruncated)
                 res.tokens.extend(emitted)
                 res.host_syncs += 1
-                committed[j] += len(emitted)
+                live.committed[j] += len(emitted)
                 new_lens.append(starts[j] + kept - 1)
                 fed_all.append(k_round > 0 and kept == k_round + 1)
                 proposer.commit_tokens(j, emitted)
@@ -415,34 +457,24 @@ class SpeculativeDecoder:
             keep_n = torch.tensor(emitted_counts, device=tokens.device)
             self.advance_history(state, drafts, tokens, keep_n)
             pending = tokens.gather(1, (keep_n - 1).clamp_min(0)[:, None])
-            now = clock()
-            round_seconds["repair"] = now - tick
-            tick = now
-            for j, i in enumerate(live):
+            clock.lap("repair")
+            # 4. report every row's round, then the finished rows leave the batch
+            for j, i in enumerate(live.requests):
                 res = results[i]
                 res.target_calls, res.draft_calls = calls["target"], calls["draft"]
                 accepted, n_emitted, hit_eos, drafted = finals[j]
                 end_round(res, on_round, target_cache.row(j), draft_cache.row(j), start=starts[j], proposed=len(drafted),
-                          accepted=accepted, emitted=n_emitted, committed=committed[j], hit_eos=hit_eos, row=i,
-                          seconds=round_seconds, drafts=drafted)
-            stay = self.leave(live, done)
-            if len(stay) < len(live):
-                live = [live[j] for j in stay]
-                sub.keep(stay)
-                committed = [committed[j] for j in stay]
-                state.select(stay)
-                target_cache.select(stay)
-                proposer.select(stay)
+                          accepted=accepted, emitted=n_emitted, committed=live.committed[j], hit_eos=hit_eos, row=i,
+                          seconds=clock.round, drafts=drafted)
+            stay = self.leave(live.requests, done)
+            if len(stay) < len(live.requests):
+                live.keep(stay, state, target_cache, proposer)
                 pending = pending[stay] if stay else pending[:0]
-            now = clock()
-            round_seconds["other"] = now - tick  # bookkeeping, on_round and rows leaving: after on_round saw the record
-            tick = now
-            for phase in ("draft", "verify", "repair"):
-                seconds[phase] += round_seconds[phase]
-            round_seconds = {}  # the next round's own dict (the records keep theirs)
+            clock.lap("other")  # bookkeeping, on_round and rows leaving: after on_round saw the record
+            clock.end_round()
         if timed:
             for res in results:
-                res.seconds = dict(seconds)
+                res.seconds = dict(clock.totals)
         return results
 
     def decode(

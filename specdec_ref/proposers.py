@@ -84,6 +84,12 @@ class Proposer:
         self.decoder = decoder
         self.lengths = list(lengths)
 
+    @property
+    def draft_cache(self):
+        """The draft side as the decoder's repair step and ``on_round`` see it: the proposer itself, which rolls its
+        own state back (:meth:`repair`) and gives each row's view (:meth:`row`); a draft model gives its row caches."""
+        return self
+
     def ready(self) -> bool:
         """Whether every live row can draft this round (a head needs one target forward past the prompt first)."""
         return True
@@ -128,6 +134,10 @@ class DraftModelProposer(Proposer):
         super().__init__(decoder, cache.tentative)
         self.cache = cache
         self.max_positions = cache.cache.max_positions or None
+
+    @property
+    def draft_cache(self):
+        return self.cache
 
     def plain_step(self, pending):
         self.cache.feed(pending)
