@@ -42,7 +42,7 @@ from .contract import PAD_TOKEN, DecodeResult, NotSupportedError, Request, Round
 from .draws import choose_rows, row_generators as _row_generators
 from .history import SamplingState, constant, warp_rows
 from .models import model_dims
-from .proposers import Proposer, open_proposer
+from .proposers import Proposer, open_proposer, roll_back_draft
 from .row_cache import RowCaches
 from .static_cache import fastest_cache
 from .decode_inputs import _Batch, _validate_decode_args, validate_requests
@@ -266,19 +266,6 @@ class SpeculativeDecoder:
         q = warp_rows(logits, configs, state, drafts)[:, -1]
         return q, q
 
-    def propose(self, draft_cache: RowCaches, pending: torch.Tensor, k: int, configs, state, generator):
-        """Feed the pending tokens, then draft ``k`` tokens per row; the draft cache ends at ``+k`` positions minus d_k."""
-        tokens, qs = [], []
-        x = pending
-        for i in range(k):
-            logits = draft_cache.feed(x)[:, -1:]
-            sample_probs, q = self.draft_probs(logits, configs, state, torch.stack(tokens, 1) if tokens else pending[:, :0])
-            token = choose_rows(sample_probs, configs, generator)
-            tokens.append(token)
-            qs.append(q)
-            x = token[:, None]
-        return torch.stack(tokens, 1), torch.stack(qs, 1)
-
     def target_rows(self, logits: torch.Tensor, configs, state: SamplingState, drafts: torch.Tensor) -> torch.Tensor:
         """Target rows 0..k from the block forward of ``[pending, d_1..d_k]``: row i judges d_{i+1}, processed on
         the history ``G + d_1..d_i``."""
@@ -334,12 +321,7 @@ class SpeculativeDecoder:
         (a proposer other than a draft model rolls its own state back: :meth:`Proposer.repair`)."""
         if isinstance(draft_cache, Proposer):
             return draft_cache.repair(drafts, new_lens, fed_all)
-        calls = 0
-        if any(fed_all):
-            draft_cache.feed(drafts[:, -1:], advance=fed_all)
-            calls = 1
-        draft_cache.commit(new_lens)
-        return calls
+        return roll_back_draft(draft_cache, drafts, new_lens, fed_all)
 
     def kept_in_cache(self, emitted: list[int], untruncated: list[int]) -> int:
         """How many of this round's tokens the caches must describe: the committed ones, never any after EOS."""

@@ -96,7 +96,7 @@ class EagleHead:
             needed = max(p.shape[1] + n for p, n in zip(batch.prompts, batch.max_new)) + k
             head_cache = RowCaches(decoder.make_draft_cache(self.layers, batch_size=len(tokens), check_ids=False,
                                                             max_length=needed))
-        return self.proposer_type(decoder, self, target, list(target_cache.tentative), tokens,
+        return self.proposer_type(decoder.draft_probs, self, target, list(target_cache.tentative), tokens,
                                   _prefill(target_cache, tokens), head_cache)
 
 
@@ -126,15 +126,15 @@ class MedusaHeads:
                 raise ValueError(f"{self.name}: lm_heads[{i}] must be [V, H] = {list(head.shape)}, got {list(w.shape)}")
 
     def open(self, decoder, target, batch, k, tokens, target_cache):
-        return self.proposer_type(decoder, self, target, list(target_cache.tentative), tokens, _prefill(target_cache, tokens))
+        return self.proposer_type(decoder.draft_probs, self, target, list(target_cache.tentative), tokens, _prefill(target_cache, tokens))
 
 
 class FeatureProposer(Proposer):
     """The feature bookkeeping of a head (module docstring): per row, the committed tokens and target features the
     head has not read yet (``backlog``: pairs ``(c_j, f_j-1)`` for the positions since its last read)."""
 
-    def __init__(self, decoder, spec, target, lengths, tokens, prefill: dict | None):
-        super().__init__(decoder, lengths)
+    def __init__(self, draft_probs, spec, target, lengths, tokens, prefill: dict | None):
+        super().__init__(draft_probs, lengths)
         self.spec = spec
         self.target_capture = type(self).capture_for(spec)
         self.device = next(target.parameters()).device
@@ -214,7 +214,7 @@ class FeatureProposer(Proposer):
         samples, else the argmax of the processed logits (``q`` None: one-hot). Rows that propose nothing
         (``counts[b] == 0``) draw nothing from their generators (their output must not depend on the batch)."""
         if self.spec.sample:
-            sample_probs, q = self.decoder.draft_probs(logits[:, None], configs, state, drafts)
+            sample_probs, q = self.draft_probs(logits[:, None], configs, state, drafts)
             if counts is None:
                 return choose_rows(sample_probs, configs, generator), q
             active = [b for b, c in enumerate(counts) if c > 0]
@@ -233,8 +233,8 @@ class EagleProposer(FeatureProposer):
 
     kind = "eagle"
 
-    def __init__(self, decoder, spec: EagleHead, target, lengths, tokens, prefill, head_cache):
-        super().__init__(decoder, spec, target, lengths, tokens, prefill)
+    def __init__(self, draft_probs, spec: EagleHead, target, lengths, tokens, prefill, head_cache):
+        super().__init__(draft_probs, spec, target, lengths, tokens, prefill)
         self.embed, self.lm_head = spec.parts(target)
         self.head_cache = head_cache  # RowCaches over spec.layers (None: no layers)
         self.keep_head = None
@@ -423,8 +423,8 @@ class Eagle3Proposer(EagleProposer):
     def capture_for(cls, spec) -> tuple:
         return tuple(sorted(set(spec.aux_layers)))
 
-    def __init__(self, decoder, spec, target, lengths, tokens, prefill, head_cache):
-        super().__init__(decoder, spec, target, lengths, tokens, prefill, head_cache)
+    def __init__(self, draft_probs, spec, target, lengths, tokens, prefill, head_cache):
+        super().__init__(draft_probs, spec, target, lengths, tokens, prefill, head_cache)
         self.vocab = _target_parts(target)[0].shape[0]
         self.targets = None if spec.d2t is None else self.draft_to_target(spec.d2t.to(self.device))
 

@@ -30,9 +30,10 @@ from typing import Sequence
 import torch
 
 from .contract import NotSupportedError
+from .draws import choose_rows
 
 __all__ = ["Proposer", "DraftModelProposer", "Ngram", "NgramProposer", "open_proposer", "is_model", "proposer_kind",
-           "PROPOSER_KINDS"]
+           "PROPOSER_KINDS", "roll_back_draft"]
 
 #: The proposer kinds a decoder may claim (``Capabilities.proposers``).
 PROPOSER_KINDS = ("draft_model", "ngram", "eagle", "eagle3", "medusa", "mtp")
@@ -80,8 +81,12 @@ class Proposer:
     #: Positions the proposer can hold (None: unbounded); the decoder never drafts past it.
     max_positions: int | None = None
 
-    def __init__(self, decoder, lengths: Sequence[int]):
-        self.decoder = decoder
+    def __init__(self, draft_probs, lengths: Sequence[int]):
+        """``draft_probs(logits [B, 1, V], configs, state, drafts [B, i])``: the decoder's rule for a draft's
+        distributions (to sample from, and reported as ``q``; ``SpeculativeDecoder.draft_probs``, which mutants
+        override); a sampling proposer draws with it and calls nothing else of the decoder's. ``lengths``: each row's
+        positions held (its committed text but the pending token)."""
+        self.draft_probs = draft_probs
         self.lengths = list(lengths)
 
     @property
@@ -125,13 +130,13 @@ class Proposer:
 
 
 class DraftModelProposer(Proposer):
-    """The draft model: its own KV cache of the rows (:class:`~specdec_ref.row_cache.RowCaches`), drafting with the
-    decoder's own steps (``SpeculativeDecoder.propose`` / ``draft_probs`` / ``repair_draft``, which mutants override)."""
+    """The draft model: its own KV cache of the rows (:class:`~specdec_ref.row_cache.RowCaches`), drafting one token
+    per call with the decoder's ``draft_probs``, rolled back by :func:`roll_back_draft`."""
 
     kind = "draft_model"
 
-    def __init__(self, decoder, cache):
-        super().__init__(decoder, cache.tentative)
+    def __init__(self, draft_probs, cache):
+        super().__init__(draft_probs, cache.tentative)
         self.cache = cache
         self.max_positions = cache.cache.max_positions or None
 
@@ -144,17 +149,38 @@ class DraftModelProposer(Proposer):
         return 1
 
     def propose(self, pending, k, configs, state, generator):
-        drafts, qs = self.decoder.propose(self.cache, pending, k, configs, state, generator)
-        return drafts, qs, None, k
+        """Feed the pending tokens, then draft ``k`` tokens per row, draft ``i + 1`` drawn from ``draft_probs`` of the
+        draft's logits on the row's history plus ``d_1..d_i``; the cache ends ``k`` positions further but ``d_k``."""
+        tokens, qs = [], []
+        x = pending
+        for _ in range(k):
+            logits = self.cache.feed(x)[:, -1:]
+            sample_probs, q = self.draft_probs(logits, configs, state, torch.stack(tokens, 1) if tokens else pending[:, :0])
+            token = choose_rows(sample_probs, configs, generator)
+            tokens.append(token)
+            qs.append(q)
+            x = token[:, None]
+        return torch.stack(tokens, 1), torch.stack(qs, 1), None, k
 
     def repair(self, drafts, new_lens, fed_all):
-        return self.decoder.repair_draft(self.cache, drafts, new_lens, fed_all)
+        return roll_back_draft(self.cache, drafts, new_lens, fed_all)
 
     def select(self, rows):
         self.cache.select(rows)
 
     def row(self, b):
         return self.cache.row(b)
+
+
+def roll_back_draft(cache, drafts: torch.Tensor, new_lens: Sequence[int], fed_all: Sequence[bool]) -> int:
+    """A draft model's row caches after a round: feed ``d_k`` to the rows that accepted every draft (they never fed
+    it), then hold exactly ``new_lens[b]`` positions of row ``b``; returns the draft calls spent (0 or 1)."""
+    calls = 0
+    if any(fed_all):
+        cache.feed(drafts[:, -1:], advance=fed_all)
+        calls = 1
+    cache.commit(new_lens)
+    return calls
 
 
 # ----------------------------------------------------------------------------- prompt lookup
@@ -182,7 +208,7 @@ class Ngram:
             raise ValueError(f"Ngram.min_n ({self.min_n}) exceeds max_n ({self.max_n})")
 
     def open(self, decoder, target, batch, k, tokens, target_cache):
-        return self.proposer_type(decoder, self, tokens)
+        return self.proposer_type(decoder.draft_probs, self, tokens)
 
     def lookup(self, text: Sequence[int], k: int) -> list[int]:
         """The drafts for ``text`` (a list of ids): see the class docstring."""
@@ -200,8 +226,8 @@ class NgramProposer(Proposer):
 
     kind = "ngram"
 
-    def __init__(self, decoder, spec: Ngram, texts: Sequence[list[int]]):
-        super().__init__(decoder, [len(t) - 1 for t in texts])
+    def __init__(self, draft_probs, spec: Ngram, texts: Sequence[list[int]]):
+        super().__init__(draft_probs, [len(t) - 1 for t in texts])
         self.spec = spec
         self.texts = [list(t) for t in texts]
 
@@ -238,7 +264,7 @@ def open_proposer(decoder, target, spec, batch, k: int, tokens: Sequence[list[in
     kind = proposer_kind(spec)
     if kind == "draft_model":
         cache, _ = open_cache(decoder.make_draft_cache, spec)
-        return DraftModelProposer(decoder, cache)
+        return DraftModelProposer(decoder.draft_probs, cache)
     opener = getattr(spec, "open", None)
     if opener is None:
         raise NotSupportedError(f"the reference decoder cannot open this {kind} proposer ({type(spec).__name__})")

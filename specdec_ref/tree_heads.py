@@ -159,7 +159,7 @@ class HeadTrees:
         if spec.layers is not None:
             head_cache = RowCaches(decoder.make_draft_cache(spec.layers, check_ids=False, max_length=needed))
         t = prompt.shape[1]
-        proposer = spec.proposer_type(decoder, spec, target, [t - 1], [prompt[0].tolist()], prefill, head_cache)
+        proposer = spec.proposer_type(decoder.draft_probs, spec, target, [t - 1], [prompt[0].tolist()], prefill, head_cache)
         return cls(decoder, cache, proposer)
 
     def ready(self) -> bool:
