@@ -6,6 +6,8 @@ Nothing here imports an engine (adapters import theirs only inside the worker pr
 from __future__ import annotations
 
 import json
+import pathlib
+import re
 import sys
 
 import numpy as np
@@ -198,6 +200,20 @@ def test_expectation_file_round_trip_and_nondeterminism():
     assert report.check_expected(exp, "unpatched", tool) == ["draft-prob / warp: our tooling errored"]
     assert report.check_expected(exp, "patch A", obs1) == ["no expectation recorded for patch A"]
     assert report.patch_key("") == "unpatched" and report.patch_key("b, a") == "patch A,B"
+
+
+def test_every_engine_folder_is_registered_under_its_name_and_nothing_else():
+    """An engine is its folder: ``ADAPTERS`` lists exactly the folders with an ``adapter.py`` (no list to keep in step),
+    each exporting an ``ADAPTER`` of that name, its stage script beside it and a word in CI's ``ENGINES``. Guards a
+    folder the registry misses (its stage would certify nothing) or an adapter named apart from its folder."""
+    root = pathlib.Path(adapters.__file__).resolve().parent
+    folders = sorted(p.parent.name for p in root.glob("*/adapter.py"))
+    assert sorted(adapters.ADAPTERS) == folders and len(folders) >= 5
+    ci = (root.parents[1] / ".ci" / "run").read_text()
+    engines = re.search(r'^ENGINES="([^"]*)"', ci, re.M).group(1).split()
+    assert sorted(e.split(":")[0] for e in engines) == folders
+    for name in folders:
+        assert adapters.adapter(name).name == name and (root / name / "stage.sh").exists()
 
 
 def test_recorded_expectations_cover_the_matrix():

@@ -1,9 +1,9 @@
 """What an engine adapter provides, and the registry of adapters (imported only when chosen).
 
 An engine is certified from outside, through its public API, by one folder (``conformance/engines/<name>/``: its
-adapter, which subclasses :class:`EngineAdapter`, its ``env.sh`` and ``stage.sh``, its export and extras), registered
-here by name in :data:`ADAPTERS` (the package path, imported only when that engine is chosen: ``import
-conformance.engines`` never imports an engine). The shared runner
+adapter, which subclasses :class:`EngineAdapter`, its ``env.sh`` and ``stage.sh``, its export and extras), found by
+its folder name in :data:`ADAPTERS` (every folder here with an ``adapter.py``; the package path, imported only when
+that engine is chosen: ``import conformance.engines`` never imports an engine). The shared runner
 (:mod:`conformance.engines.runner`, ``python -m conformance.engines ENGINE --out DIR``) does everything else: a
 worker process per configuration and target family with a timeout, the matrix of cases
 (:mod:`conformance.engines.matrix`), certification with ``certify_samples``, localisation, efficiency against the
@@ -55,13 +55,15 @@ __all__ = [
 REPO = Path(__file__).resolve().parents[2]
 
 #: Engine name -> module path of its adapter (the module defines ``ADAPTER``, an :class:`EngineAdapter`).
-ADAPTERS = {
-    "vllm": "conformance.engines.vllm",
-    "llamacpp": "conformance.engines.llamacpp",
-    "openvino": "conformance.engines.openvino",
-    "onnxgenai": "conformance.engines.onnxgenai",
-    "mistralrs": "conformance.engines.mistralrs",
-}
+def engine_folders() -> dict[str, str]:
+    """Engine name -> its package: every folder of this package holding an ``adapter.py`` (``vllm`` ->
+    ``conformance.engines.vllm``), listed without importing any engine. A new engine is its folder; its
+    ``__init__`` exports ``ADAPTER``, whose ``name`` is the folder's."""
+    here = Path(__file__).resolve().parent
+    return {path.parent.name: f"{__package__}.{path.parent.name}" for path in sorted(here.glob("*/adapter.py"))}
+
+
+ADAPTERS = engine_folders()
 
 
 class EngineMissingError(RuntimeError):
