@@ -230,7 +230,8 @@ def test_recorded_expectations_cover_the_matrix():
                 # unpatched: every configuration (vLLM's server configurations: with patch A only); a patch: those
                 # its stage runs with it (a superset for the older sections, recorded when the whole matrix ran;
                 # vLLM's "patch A,C": the proposer heads only)
-                if (key, cfg.name) not in _PATCH_SUBSETS:
+                runs_matrix = any(c.condition is None for c in ad.cases_for(cfg))  # a cold run: conditions only
+                if (key, cfg.name) not in _PATCH_SUBSETS and runs_matrix:
                     assert row is not None, (name, key, cfg.name)
                 if row is not None and key not in _CONDITION_SECTIONS.get(name, {}):
                     only = _CASE_SUBSETS.get((name, key, cfg.name))
@@ -264,8 +265,9 @@ _CASE_SUBSETS = {("vllm", "patch A,C", cfg): ("grammar",) for cfg in ("draft-pro
 #: for every configuration that runs them (vLLM: all with A, C, F; prefix caching without C on the draft model).
 _CONDITION_SECTIONS = {"vllm": {"patch A,C,F": tuple(adapters.adapter("vllm").conditions),
                                 "patch A,F": ()}}
-#: Conditions recorded in a section that also holds the matrix (llama.cpp: unpatched, its one condition).
-_CONDITIONS_BESIDE_MATRIX = {"llamacpp": {"unpatched": tuple(adapters.adapter("llamacpp").conditions)}}
+#: Conditions recorded in a section that also holds the matrix (llama.cpp, OpenVINO GenAI: unpatched).
+_CONDITIONS_BESIDE_MATRIX = {name: {"unpatched": tuple(adapters.adapter(name).conditions)}
+                             for name in ("llamacpp", "openvino")}
 _PATCH_SUBSETS |= {(key, c.name) for key, keep in (("patch A,C,F", ("control", "draft-prob", "draft-greedy")),
                                                    ("patch A,F", ("draft-prob", "draft-greedy")))
                    for c in adapters.adapter("vllm").configurations if c.name not in keep}
@@ -382,6 +384,35 @@ def test_evidence_on_a_knob_the_engine_lacks_is_not_applicable_but_never_enough(
     bb = condition("block-boundary")
     ok, text = evidence_check(bb, bb.cases[0], {}, absent=absent)
     assert not ok and text.endswith("no evidence left that the engine can report: not shown reached")
+
+
+def test_a_cold_run_of_a_condition_turns_the_cache_off_and_must_show_no_hit():
+    """A configuration's ``condition_settings`` change the condition as it runs it: prefix caching off turns the
+    evidence ``prefix_cache_hits > 0`` into ``== 0`` (a cold run that hit the cache is not cold); other predicates
+    stay; an unknown knob is refused; per-seed identity targets are certified first and a circle is refused."""
+    from dataclasses import replace
+
+    from conformance.engines.conditions import condition, evidence_check, under
+
+    pc = condition("prefix-cache")
+    cold = under(pc, {"prefix_caching": False})
+    assert cold.settings["prefix_caching"] is False and cold.settings["block_size"] == 32
+    assert cold.evidence == (("prefix_cache_hits", "==", 0), ("block_size", "==", "block_size"))
+    assert evidence_check(cold, cold.cases[0], {"prefix_cache_hits": 0, "block_size": 32})[0] is True
+    ok, text = evidence_check(cold, cold.cases[0], {"prefix_cache_hits": 96, "block_size": 32})
+    assert not ok and "prefix_cache_hits 96 == 0 FAILS" in text
+    assert under(pc, {}) is pc
+    with pytest.raises(ValueError, match="unknown knobs"):
+        under(pc, {"cache": False})
+
+    from specdec_fixtures.engines import FAKE_CONDITIONS
+
+    assert runner.identity_order(FAKE_CONDITIONS, ["rare-corrupt", "control", "control-cold"]) == [
+        "control-cold", "rare-corrupt", "control"]
+    circle = replace(FAKE_CONDITIONS, configurations=(
+        matrix.Configuration("a", None, identical_to="b"), matrix.Configuration("b", None, condition_identical_to="a")))
+    with pytest.raises(ValueError, match="circle"):
+        runner.identity_order(circle, ["a", "b"])
 
 
 def test_llamacpp_maps_only_the_knobs_it_can_show():

@@ -426,6 +426,23 @@ def test_the_first_turn_fills_two_blocks_and_rejects_a_draft_at_their_last_posit
     assert batches([second, first], split=True) == [[first], [second]]
 
 
+def test_a_prefix_cache_corrupting_one_request_in_300_fails_per_seed_against_the_cold_run(tmp_path):
+    """Bug class: a prefix-cache hit that serves a wrong block now and then (OpenVINO GenAI 2026.4.1: two requests
+    extending a cached partial block in one step). Its effect on the law (TV 0.003 here) is far below any law test's
+    reach at these sizes; per seed, against the same engine with prefix caching off (``control-cold``, run first
+    whatever the order asked, its evidence inverted: no hit), it is named with the first request that differs."""
+    assert runner.main(["specdec_fixtures.engines:FAKE_CONDITIONS", "--out", str(tmp_path), "--scale", "0.25",
+                        "--conditions", "distinct-prompts", "--configs", "rare-corrupt,control,control-cold"]) == 0
+    configs = json.loads((tmp_path / "verdicts.json").read_text())["configs"]
+    assert list(configs)[0] == "control-cold"
+    cold, ok, bad = (configs[c]["cases"]["distinct-prompts.24-99"] for c in ("control-cold", "control", "rare-corrupt"))
+    assert cold["condition"]["passed"] and "prefix_cache_hits 0 == 0" in cold["condition"]["text"]
+    assert ok["identity"]["passed"] and "identical to control-cold" in ok["identity"]["text"]
+    assert bad["level"] in ("certified", "reduced"), bad["headline"]  # the law cannot see it
+    assert bad["identity"]["passed"] is False and "differs from control-cold at request seed" in bad["identity"]["text"]
+    assert 0 < bad["identity"]["differing"] <= sum(1 for s in range(2_900_000, 2_900_000 + bad["n"]) if s % 300 == 7)
+
+
 def test_a_next_turn_reading_a_rejected_draft_s_kv_is_rejected(tmp_path):
     """Bug class: a conversation's next turn served from KV written while speculating, where the last position of
     the previous turn still holds a rejected draft's KV (counted computed, or cached with the block). The planted

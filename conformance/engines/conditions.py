@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import operator
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specdec_ref.warp import GREEDY, SamplingConfig
 
 from .matrix import Case
 
-__all__ = ["KNOBS", "EVIDENCE", "COUNTERS", "PER_REQUEST", "Condition", "CONDITIONS", "condition", "condition_cases",
-           "distinct_prompts", "evidence_check", "per_request_evidence", "random_prompt"]
+__all__ = ["KNOBS", "EVIDENCE", "COUNTERS", "KNOB_EVIDENCE", "PER_REQUEST", "Condition", "CONDITIONS", "condition",
+           "condition_cases", "under", "distinct_prompts", "evidence_check", "per_request_evidence", "random_prompt"]
 
 #: Engine-neutral settings a condition may ask for. An adapter maps each to its engine (``open_condition``).
 KNOBS = {
@@ -284,6 +284,24 @@ def condition(name: str) -> Condition:
         if c.name == name:
             return c
     raise KeyError(f"unknown condition {name!r}; known: {', '.join(c.name for c in CONDITIONS)}")
+
+
+#: The counter that shows a knob at work: a configuration that turns the knob off under a condition must show none of it.
+KNOB_EVIDENCE = {"prefix_caching": "prefix_cache_hits"}
+
+
+def under(cond: Condition, overrides: dict) -> Condition:
+    """``cond`` as a configuration runs it (its ``condition_settings``: e.g. the control with prefix caching off, the
+    cold run the cached runs are compared with per seed): the settings overridden, and the evidence of a knob turned
+    off inverted (``prefix_cache_hits > 0`` becomes ``== 0``: the cold run must show no hit)."""
+    if not overrides:
+        return cond
+    unknown = sorted(set(overrides) - set(KNOBS))
+    if unknown:
+        raise ValueError(f"condition settings {unknown}: unknown knobs; known: {sorted(KNOBS)}")
+    off = {KNOB_EVIDENCE[k] for k, v in overrides.items() if k in KNOB_EVIDENCE and not v}
+    evidence = tuple((name, "==", 0) if name in off else (name, op, value) for name, op, value in cond.evidence)
+    return replace(cond, settings={**cond.settings, **overrides}, evidence=evidence)
 
 
 def condition_cases(names) -> tuple[Case, ...]:

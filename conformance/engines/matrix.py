@@ -264,6 +264,12 @@ class Configuration:
     proposer: str | None = None
     sampled_proposer: str | None = None
     efficiency: bool = True  # runs the efficiency request set (False: another configuration's set-up, one setting changed)
+    #: Under a serving condition, the condition's knobs this configuration changes (``{"prefix_caching": False}``: the
+    #: cold run the cached runs are compared with per seed; :func:`conformance.engines.conditions.under`).
+    condition_settings: dict = field(default_factory=dict)
+    #: Under a serving condition, the configuration this one claims to equal per seed there, instead of
+    #: ``identical_to`` (the control against the same engine with the condition's cache off).
+    condition_identical_to: str | None = None
 
     def __post_init__(self):
         if self.scheme not in SCHEMES:

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from .adapter import REPO, EngineMissingError, adapter as get_adapter
-from .conditions import condition, condition_cases, evidence_check, per_request_evidence
+from .conditions import condition, condition_cases, evidence_check, per_request_evidence, under
 from .features import apply_logprobs_check, apply_text_checks, copies_note
 from .matrix import EFFICIENCY
 from .rounds import case_rounds, rounds_of, sampled_rounds_of
@@ -359,8 +359,8 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         if rounds is not None and rounds.get("passed") is not None:
             c.rounds = Check(rounds["passed"], rounds["text"], {"proposer": cfg.proposer})
         lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines()) if info.get("file") else ()
-        reached, text = evidence_check(condition(case.condition), case, info.get("evidence"), per_request_evidence(lines),
-                                       absent=ad.absent_knobs)
+        reached, text = evidence_check(under(condition(case.condition), cfg.condition_settings), case,
+                                       info.get("evidence"), per_request_evidence(lines), absent=ad.absent_knobs)
         c.condition = Check(reached, text, {"evidence": info.get("evidence")})
         if not reached:
             c.law_level, c.level = c.level, Level.NOT_REACHED
@@ -379,6 +379,27 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         if spec.passed is False and c.level is not Level.NOT_REACHED:
             c.law_level, c.level = c.level, Level.NOT_SPECULATING
             c.headline = (f"NOT SPECULATING: {spec.text}; the law alone: {c.headline}")[:300]
+
+
+def identity_order(ad, names: list[str]) -> list[str]:
+    """``names`` with every configuration after those it claims to equal per seed (``identical_to``,
+    ``condition_identical_to``), otherwise in the given order: their states must exist when it is certified."""
+    out: list[str] = []
+
+    def place(n: str, seen: tuple[str, ...] = ()) -> None:
+        if n in out:
+            return
+        if n in seen:
+            raise ValueError(f"configurations claim per-seed identity in a circle: {' -> '.join(seen + (n,))}")
+        cfg = ad.config(n)
+        for other in (cfg.identical_to, cfg.condition_identical_to):
+            if other in names:
+                place(other, seen + (n,))
+        out.append(n)
+
+    for n in names:
+        place(n)
+    return out
 
 
 def run(args) -> dict:
@@ -404,6 +425,7 @@ def _run(args, ad, python: str, out: Path) -> dict:
             raise KeyError(f"{ad.name} runs no condition {', '.join(unknown)}; it runs: {', '.join(ad.conditions)}")
         only += tuple(c.name for c in condition_cases(chosen))
         names = [n for n in names if any(c.name in only for c in ad.cases_for(ad.config(n)))]
+    names = identity_order(ad, [n for n in names if families_of(ad, n, only)])  # those with something to run
     t0 = time.time()
     results = {"engine": ad.name, "title": ad.title, "pinned": ad.version,
                "command": " ".join(shlex.quote(a) for a in ["python", "-m", "conformance.engines", args.engine, *args.argv]),
@@ -442,8 +464,10 @@ def _run(args, ad, python: str, out: Path) -> dict:
             case = _under_conventions(ad, case)
             c = certify_case(case, state, args.scale * cfg.scale)
             _apply_checks(ad, cfg, case, state, c)
-            if cfg.identical_to and cfg.identical_to in states:
-                c.identity = identity_check(case, state, states[cfg.identical_to], cfg.identical_to)
+            same = cfg.condition_identical_to if case.condition is not None and cfg.condition_identical_to \
+                else cfg.identical_to
+            if same and same in states:
+                c.identity = identity_check(case, state, states[same], same)
             if c.failed or (c.rounds is not None and c.rounds.passed is False):
                 c.replay_command = write_replay(ad, out, cfg, case, c, args.patch, args.engine)
             entry.cases[case.name] = c

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 
 from .adapter import Request, adapter as get_adapter
-from .conditions import COUNTERS, condition
+from .conditions import COUNTERS, condition, under
 from .matrix import EFFICIENCY
 
 COUNTER_KEYS = ("drafts", "draft_tokens", "accepted")
@@ -127,8 +127,8 @@ class Worker:
         self.cases = [c for c in self.adapter.cases_for(self.cfg) if (wanted is None or c.name in wanted)
                       and c.group == args.family]
         self.family_name, _, cond = args.family.partition("@")
-        if cond:
-            self.condition = condition(cond)
+        if cond:  # as this configuration runs it (its condition_settings applied)
+            self.condition = under(condition(cond), self.cfg.condition_settings)
         else:
             self.condition = None
         # the law each case is sampled under is the one the engine declares (its top-k tie rule, its text)
