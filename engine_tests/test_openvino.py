@@ -225,3 +225,73 @@ if __name__ == "__main__":
         record(sys.argv[2])
     else:
         sys.exit("usage: python engine_tests/test_openvino.py --record PATH")
+
+
+def test_the_condition_probes_read_the_pool_and_fail_where_the_engine_does_not_do_it():
+    """The serving-condition evidence (conformance.engines.openvino.probes) from the engine's own block accounting: a
+    pool of 32-token blocks, a 100-token prefill in two steps under a budget of 64 (one without a budget: the evidence
+    then states 100, and ``token_budget < longest prompt`` fails), 96 tokens served by the prefix cache (0 with it
+    off)."""
+    from conformance.engines.conditions import condition
+    from conformance.engines.openvino.probes import BlockProbe, stated_budget
+    from specdec_ref.warp import GREEDY
+
+    chunked = ovad.ADAPTER.open_condition(ovad.ADAPTER.config("control"), "order2", condition("chunked-prefill"))
+    assert chunked.evidence == {"block_size": 32, "prefix_cache_hits": 0, "token_budget": 64}
+    cached = ovad.ADAPTER.open_condition(ovad.ADAPTER.config("prompt-lookup"), "order2", condition("prefix-cache"))
+    assert cached.served == 96 and cached.condition_counters()["prefix_cache_hits"] == 0  # counted with the 1st batch
+    boundary = ovad.ADAPTER.open_condition(ovad.ADAPTER.config("control"), "order2", condition("block-boundary"))
+    assert boundary.served == 0  # prefix caching off there
+    s = ov_genai.SchedulerConfig()  # the same pool without a budget: the 100-token prefill takes one step
+    for key, value in {**ovad.scheduler_options(PLAIN, condition("block-boundary"))}.items():
+        setattr(s, key, value)
+    pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", {})
+
+    def request(prompt, max_new):
+        r = Request("probe", tuple(prompt), GREEDY, max_new, False, EOS, 0)
+        return ov.Tensor(np.array([list(prompt)], dtype=np.int64)), ovad.generation_config(r, PLAIN, seed=0)
+
+    steps = BlockProbe(pipe, ovad.CONDITION_POOL, request, 6).prefill_steps(100)
+    assert steps == 1 and stated_budget(64, 100, steps) == 100
+
+
+#: Defect G's reproduction (docs/openvino-verdict.md): a 47-token prompt (its block 1 partial), then two prompts
+#: extending it in one call, sharing 52 tokens, the shorter first (found by the distinct-prompts condition).
+PARTIAL_A = (6, 4, 1, 0, 3, 5, 5, 5, 3, 2, 5, 4, 4, 3, 4, 2, 4, 1, 2, 2, 2, 5, 3, 4, 2, 2, 5, 1, 0, 4, 4, 3, 4, 0, 0, 5,
+             4, 0, 3, 0, 2, 5, 0, 4, 4, 4, 1)
+PARTIAL_B = PARTIAL_A + (4, 5, 5, 0, 4, 0, 2, 5, 2, 2, 3)
+PARTIAL_C = PARTIAL_A + (4, 5, 5, 0, 4, 2, 5, 5, 5, 1, 5, 5, 1, 4, 2, 2, 3)
+
+
+@pytest.mark.parametrize("split_fuse", [True, False])
+def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_others_kv(split_fuse):
+    """Defect G (recorded as the engine does it): with prefix caching and dynamic split-fuse (LLMPipeline's default
+    scheduler), two prompts restored onto one cached partial block and scheduled in one step write their own tokens
+    into that one physical block (the split-fuse prompt path makes no copy-on-write): both first tokens come from
+    corrupted contexts, the second's from a uniform law (no table cell: log-probability ln 1/7). Without split-fuse
+    (the prompt path that copies on write), or without the cache, both are the table's (token 3, about -0.67)."""
+    def first_tokens(caching, calls):
+        s = ov_genai.SchedulerConfig()
+        for key, value in ovad.scheduler_options(PLAIN).items():
+            setattr(s, key, value)
+        s.enable_prefix_caching, s.dynamic_split_fuse = caching, split_fuse
+        if not split_fuse:
+            s.max_num_batched_tokens = 256
+        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", {})
+        c = ov_genai.GenerationConfig()
+        c.max_new_tokens, c.do_sample, c.logprobs, c.ignore_eos = 1, False, 1, True
+        for batch in calls:
+            res = pipe.generate([ov.Tensor(np.array([list(p)], dtype=np.int64)) for p in batch], [c] * len(batch))
+        return [(int(r.m_generation_ids[0][0]), r.m_scores[0]) for r in res]
+
+    exact = logits_fn("order2-target")(PARTIAL_B)
+    assert int(np.argmax(exact)) == 3 and np.array_equal(exact, logits_fn("order2-target")(PARTIAL_C))
+    for tok, score in first_tokens(False, [[PARTIAL_A], [PARTIAL_B, PARTIAL_C]]):  # no cache: the law
+        assert tok == 3 and score == pytest.approx(-0.669, abs=0.01)
+    got = first_tokens(True, [[PARTIAL_A], [PARTIAL_B, PARTIAL_C]])
+    if not split_fuse:
+        assert [t for t, _ in got] == [3, 3] and got[0][1] == pytest.approx(-0.669, abs=0.01), got
+        return
+    assert got[0][0] != 3 and got[1][1] == pytest.approx(np.log(1 / 7), abs=1e-4), got  # the defect, as recorded
+    assert first_tokens(True, [[PARTIAL_A], [PARTIAL_C, PARTIAL_B]])[0][0] == 3  # the longer first: no corruption
+    assert first_tokens(True, [[PARTIAL_A[:32]], [PARTIAL_B, PARTIAL_C]])[0][0] == 3  # a full block cached: none

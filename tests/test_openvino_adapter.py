@@ -90,7 +90,7 @@ def test_configurations():
     known = {c.name for c in CASES} | set(ovad.FEATURES) | set(ovad.TEXT_CASES)
     for c in ovad.CONFIGS:
         assert c.cases is None or set(c.cases) <= known, c.name
-        assert c.speculative == (c.name != "control")
+        assert c.speculative == (c.name not in ("control", "control-cold"))
         if c.options.get("draft"):
             assert c.method == "draft_model" and c.k == c.options["num_assistant_tokens"]
     caching = {c.name: c.options.get("prefix_caching", True) for c in ovad.CONFIGS if c.options.get("draft")}

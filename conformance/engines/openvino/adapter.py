@@ -40,8 +40,8 @@ from __future__ import annotations
 from ..adapter import Conventions, EngineAdapter, venv_python
 from ..matrix import CASES, Configuration
 
-__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "generation_fields", "generation_config", "scheduler_options",
-           "OpenVINOSession", "OpenVINOAdapter"]
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "MAPPED_KNOBS", "ABSENT_KNOBS", "CONDITION_POOL",
+           "generation_fields", "generation_config", "scheduler_options", "OpenVINOSession", "OpenVINOAdapter"]
 
 VERSION = "2026.4.1.0"
 INSTALL = "bash scripts/env.sh openvino"
@@ -70,7 +70,11 @@ def _draft(k: int, *, caching: bool = True, **extra) -> dict:
 
 
 CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control-cold", None, {"prefix_caching": False}, cases=(), condition_settings={"prefix_caching": False},
+                  note="no speculation, prefix caching off: under a prefix-caching condition, the cold run the cached "
+                       "control is compared with per seed"),
     Configuration("control", None, {"prefix_caching": True}, cases=ALL + FEATURES + TEXT_CASES,
+                  condition_identical_to="control-cold",
                   note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
     Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching on (LLMPipeline's default)"),
@@ -142,24 +146,51 @@ def generation_config(request, cfg: Configuration, *, seed: int):
     return c
 
 
-def scheduler_options(cfg: Configuration) -> dict:
+#: The serving-condition knobs mapped to ``SchedulerConfig``: ``prefix_caching`` -> ``enable_prefix_caching``,
+#: ``token_budget`` -> ``max_num_batched_tokens`` (dynamic split-fuse on: a longer prefill is chunked), ``kv_blocks`` ->
+#: ``num_kv_blocks``. ``block_size`` is the CPU plugin's own (not a setting): accepted, and read back by a probe.
+MAPPED_KNOBS = ("prefix_caching", "token_budget", "kv_blocks", "block_size")
+ABSENT_KNOBS = {"max_model_len": "OpenVINO GenAI has no context-limit setting: a request may use the IR's positions "
+                                 "(128 for the order-2 target)"}
+#: The KV pool of a condition's pipeline when the condition sets none: counted in blocks (not ``cache_size`` in GB), so
+#: that the pool's usage reads as blocks (:mod:`conformance.engines.openvino.probes`).
+CONDITION_POOL = 2048
+
+
+def scheduler_options(cfg: Configuration, condition=None) -> dict:
     """The scheduler's settings: ``get_latency_oriented_scheduler_config`` (what ``LLMPipeline`` uses), prefix
-    caching as the configuration says."""
-    return {"enable_prefix_caching": bool(cfg.options.get("prefix_caching", True)), "max_num_batched_tokens": 1 << 31,
-            "max_num_seqs": 256, "cache_size": 1, "dynamic_split_fuse": True}
+    caching as the configuration says; under a serving condition, its knobs (:data:`MAPPED_KNOBS`; a knob this
+    engine has no setting for raises, naming it) and a pool of :data:`CONDITION_POOL` blocks unless it sets one."""
+    out = {"enable_prefix_caching": bool(cfg.options.get("prefix_caching", True)), "max_num_batched_tokens": 1 << 31,
+           "max_num_seqs": 256, "cache_size": 1, "dynamic_split_fuse": True}
+    if condition is None:
+        return out
+    knobs = condition.settings
+    missing = sorted(set(knobs) - set(MAPPED_KNOBS) - set(ABSENT_KNOBS))
+    if missing:
+        raise NotImplementedError(f"OpenVINO GenAI has no setting for {', '.join(missing)} ({condition.name})")
+    if "max_model_len" in knobs and int(knobs["max_model_len"]) > 128:
+        raise NotImplementedError(f"max_model_len {knobs['max_model_len']}: the IR has 128 positions ({condition.name})")
+    out.update(cache_size=0, num_kv_blocks=int(knobs.get("kv_blocks", CONDITION_POOL)))
+    if "prefix_caching" in knobs:
+        out["enable_prefix_caching"] = bool(knobs["prefix_caching"])
+    if "token_budget" in knobs:
+        out["max_num_batched_tokens"] = int(knobs["token_budget"])
+    return out
 
 
 class OpenVINOSession:
     """One ``ContinuousBatchingPipeline`` for one configuration and target family."""
 
-    def __init__(self, cfg: Configuration, pair):
+    def __init__(self, cfg: Configuration, pair, condition=None):
         import openvino_genai as ov_genai
 
         from .export import ir_dir
 
-        self.cfg = cfg
+        self.cfg, self.condition = cfg, condition
         sched = ov_genai.SchedulerConfig()
-        for key, value in scheduler_options(cfg).items():
+        options = scheduler_options(cfg, condition)
+        for key, value in options.items():
             setattr(sched, key, value)
         props = {}
         if cfg.options.get("draft"):
@@ -177,6 +208,38 @@ class OpenVINOSession:
         self.provoked = None
         if cfg.options.get("provoke"):
             self.provoked = self._provoke(pair)
+        self.served = 0  # tokens the prefix cache served the probe (:meth:`_probe`)
+        self.evidence = None if condition is None else self._probe(pair, options)
+
+    def _probe(self, pair, options: dict) -> dict:
+        """The condition's evidence from probe requests in this pipeline (:mod:`conformance.engines.openvino.
+        probes`): its block size, the token budget its prefill follows, the tokens its prefix cache served."""
+        import numpy as np
+        import openvino as ov
+
+        from ..adapter import Request
+        from .probes import BlockProbe, stated_budget
+        from specdec_ref.warp import GREEDY
+
+        def request(prompt, max_new_tokens):
+            r = Request("probe", tuple(prompt), GREEDY, max_new_tokens, False, int(pair.target.eos_id), 0)
+            return ov.Tensor(np.array([list(prompt)], dtype=np.int64)), generation_config(r, self.cfg, seed=0)
+
+        probe = BlockProbe(self.pipe, options["num_kv_blocks"], request, int(pair.target.bos_id))
+        out = {"block_size": probe.block_size(), "prefix_cache_hits": 0}
+        if "token_budget" in self.condition.settings:
+            longest = max(len(p) for case in self.condition.cases for p in case.prompts)
+            out["token_budget"] = stated_budget(options["max_num_batched_tokens"], longest, probe.prefill_steps(longest))
+        if options["enable_prefix_caching"] and out["block_size"]:
+            self.served = probe.prefix_served(out["block_size"])
+        return out
+
+    def condition_counters(self) -> dict | None:
+        """The probes' readings (:meth:`_probe`); ``prefix_cache_hits`` counts the tokens the cache served the probe,
+        taken as served during the condition's first batch (a counter: the worker reads it before and after)."""
+        if self.evidence is None:
+            return None
+        return {**self.evidence, "prefix_cache_hits": self.served if self.totals["calls"] else 0}
 
     def _provoke(self, pair) -> str:
         """One call that fails (the Check error of a rejected last draft under prefix caching), caught. Its
@@ -280,6 +343,12 @@ class OpenVINOAdapter(EngineAdapter):
         name = cfg.options.get("pair") if family == "order1" and cfg.options.get("pair") else self.families[family]
         return OpenVINOSession(cfg, exact_pair(name))
 
+    def open_condition(self, cfg, family, condition):
+        from specdec_ref.exact import exact_pair
+
+        scheduler_options(cfg, condition)  # a knob without a setting raises here, before any load
+        return OpenVINOSession(cfg, exact_pair(self.families[family]), condition=condition)
+
     def export(self, check: bool = True) -> list[dict]:
         """The IR of every exactly-known model (optimum-cli in the exporter's venv, cached by version and source) and,
         with ``check``, its logits against the tables, as prompts and through the KV cache."""
@@ -301,6 +370,11 @@ class OpenVINOAdapter(EngineAdapter):
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
     cases=ALL + FEATURES + TEXT_CASES, timeout_s=900.0,
+    conditions={"block-boundary": ("control", "prompt-lookup", "draft-k3"),
+                "chunked-prefill": ("control", "prompt-lookup", "draft-k3"),
+                "prefix-cache": ("control-cold", "control", "prompt-lookup", "draft-k3"),
+                "distinct-prompts": ("control-cold", "control", "prompt-lookup")},
+    absent_knobs=ABSENT_KNOBS,
     seed_probe=True, preload_modules=("openvino_genai", __name__),
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
