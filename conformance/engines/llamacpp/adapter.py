@@ -126,8 +126,11 @@ def _ngram(name: str, note: str, **flags) -> Configuration:
 
 
 CONFIGS: tuple[Configuration, ...] = (
+    Configuration("control-cold", None, {}, cases=(), condition_settings={"prefix_caching": False},
+                  note="no speculation, one slot, cache_prompt off: under a prefix-caching condition, the cold run the "
+                       "cached control is compared with per seed"),
     Configuration("control", None, {}, cases=MAIN + ("logit-bias", "logprobs") + TEXT_CASES + GRAMMAR_CASES,
-                  note="no speculation, one slot (-np 1)"),
+                  condition_identical_to="control-cold", note="no speculation, one slot (-np 1)"),
     Configuration("control-np4", None, {"parallel": 4}, cases=("position", "n-samples"), identical_to="control",
                   note="no speculation, four parallel slots (-np 4): per seed identical to one slot"),
     Configuration("draft-k3", "draft-simple", _draft(3), "sample_match",
@@ -537,10 +540,11 @@ ADAPTER = LlamaCppAdapter(
     name="llamacpp", title="llama.cpp (llama-server)", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=MAIN + ("penalty", "logit-bias", "logprobs", "n-samples") + TEXT_CASES + GRAMMAR_CASES, timeout_s=900.0,
     seed_probe=True, preload_modules=(__name__,),
-    conditions={"prefix-cache": ("control", "draft-k3"), "context-edge": ("control", "draft-k3"),
-                                 "context-shift": ("control", "draft-k3", "ngram-simple"),
+    conditions={"prefix-cache": ("control-cold", "control", "draft-k3"), "context-edge": ("control", "draft-k3"),
+                "context-shift": ("control", "draft-k3", "ngram-simple"),
                 "long-prefix-cache": ("control", "draft-k3"),
-                "distinct-prompts": ("control", "draft-k3", "ngram-simple"), "multi-turn": ("control", "draft-k3"),
+                "distinct-prompts": ("control-cold", "control", "draft-k3", "ngram-simple"),
+                "multi-turn": ("control-cold", "control", "draft-k3"),
                 "long-context-edge": ("control", "draft-k3")},
     absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(

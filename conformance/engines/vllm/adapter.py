@@ -47,7 +47,11 @@ TEXT_CASES = ("stop-strings", "stop-stream")
 HEAD_CASES = ("temperature", "warp-1tok", "eos", "greedy-1tok")  # warp-1tok: the law of warp, and defect C
 
 CONFIGS: tuple[Configuration, ...] = (
-    Configuration("control", None, cases=MATRIX_CASES, note="no speculation: the engine's plain sampler"),
+    Configuration("control-cold", None, cases=(), condition_settings={"prefix_caching": False},
+                  note="no speculation, prefix caching off: under a prefix-caching condition, the cold run the cached "
+                       "control is compared with per seed"),
+    Configuration("control", None, cases=MATRIX_CASES, condition_identical_to="control-cold",
+                  note="no speculation: the engine's plain sampler"),
     Configuration("control-deep3", None, {"target_layers": 3}, cases=HEAD_CASES,
                   note="no speculation, on the 3-layer deep target of the order-1 table (eagle3's target)"),
     Configuration("draft-prob", "draft_model", {"draft_sample_method": "probabilistic"}, "token", cases=MATRIX_CASES,
@@ -429,7 +433,10 @@ ADAPTER = VLLMAdapter(
                    ("block-boundary", "prefix-cache", "chunked-prefill", "preemption", "context-edge",
                     "long-prefix-cache", "long-chunked-prefill", "distinct-prompts", "multi-turn",
                     "long-context-edge")},
-                "short-draft": ("draft-greedy",)},
+                "short-draft": ("draft-greedy",),
+                # the cached control against the same engine with the cache off, per seed (the short prompts only)
+                **{name: ("control-cold", "control", "draft-prob", "draft-greedy") for name in
+                   ("prefix-cache", "distinct-prompts", "multi-turn")}},
     conventions=Conventions(top_k_ties="all", first_token_at_prefill=True, seeds="per_request", logprobs="raw",
                             token_prefix=" ", drafts_fit_context=True,
                             notes=("min_p is refused with speculative decoding (SamplingParams.verify)",
