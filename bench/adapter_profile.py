@@ -46,14 +46,22 @@ def _prompts(n: int, length: int, seed: int, vocab: int, bos: int | None, eos: i
 class AdapterEngines:
     """One session per variant, and the :class:`specdec_bench.profile_engine.Engine` calls on them."""
 
-    def __init__(self, ad, configs, family: str, *, sampling, new_tokens: int, eos_id: int, log=None):
+    def __init__(self, ad, configs, family: str, *, sampling, new_tokens: int, eos_id: int, log=None,
+                 context: int | None = None):
+        """``context``: positions the requests need past the adapter's ``max_model_len``; each session is then opened
+        with the ``max_model_len`` knob of a serving condition (and the prefix cache off: every call prefills)."""
+        from conformance.engines.conditions import Condition
+
         self.ad, self.sampling, self.new_tokens, self.eos_id = ad, sampling, new_tokens, eos_id
         self.sessions, self.load_seconds, self.by_label = {}, {}, {}
+        wide = None if context is None else Condition(
+            "profile-context", {"max_model_len": int(context), "prefix_caching": False}, (),
+            "a profile at a context longer than the adapter's default", ())
         try:
             for cfg in configs:
                 v = variant_of(ad, cfg)
                 t0 = time.perf_counter()
-                self.sessions[v.label] = ad.open(cfg, family)
+                self.sessions[v.label] = ad.open(cfg, family) if wide is None else ad.open_condition(cfg, family, wide)
                 self.load_seconds[v.label] = time.perf_counter() - t0
                 self.by_label[v.label] = cfg
                 if log:
@@ -121,19 +129,30 @@ def profile_adapter(*, engine: str, configs: list[str], family: str = "order1", 
     chosen.sort(key=lambda c: c.speculative)
     pair = exact_pair(ad.families[family])
     longest = prompt_length + new_tokens + max(ad.k_of(c) for c in chosen) + 1
-    if longest > ad.max_model_len:
-        raise ValueError(f"prompt {prompt_length} + new tokens {new_tokens} + k + 1 = {longest} exceeds {ad.title}'s "
-                         f"{ad.max_model_len} positions in this adapter: use a shorter --prompt-length / --new-tokens")
+    positions = min(pair.target.max_positions, pair.draft.max_positions)
+    context = None
+    if longest > ad.max_model_len:  # past the adapter's default: its max_model_len knob (open_condition raises where
+        if longest > positions:      # it has none), up to the pair's positions
+            raise ValueError(f"prompt {prompt_length} + new tokens {new_tokens} + k + 1 = {longest} exceeds {ad.title}'s "
+                             f"{ad.max_model_len} positions in this adapter and the {pair.name} pair's {positions}: use a "
+                             "shorter --prompt-length / --new-tokens, or the long family")
+        context = positions
     variants = [variant_of(ad, c) for c in chosen]
     sampling = GREEDY if mode == "greedy" else SamplingConfig(temperature=1.0)
     t = pair.target
-    flat = _prompts(prompts * batch, prompt_length, seed, t.vocab, t.bos_id, int(t.eos_id))
+    if t.family == "long":
+        from specdec_bench.vllm_profile import long_prompts
+
+        flat = long_prompts(prompts * batch, prompt_length, seed)
+    else:
+        flat = _prompts(prompts * batch, prompt_length, seed, t.vocab, t.bos_id, int(t.eos_id))
     units = [flat[u * batch:(u + 1) * batch] for u in range(prompts)]
     load_before, started = load_average(), time.perf_counter()
     version = ad.installed_version()
     if log:
         log(f"profile-engine {ad.name} {version}: pair {pair.name}; {[v.label for v in variants]}, {mode}")
-    engines = AdapterEngines(ad, chosen, family, sampling=sampling, new_tokens=new_tokens, eos_id=int(t.eos_id), log=log)
+    engines = AdapterEngines(ad, chosen, family, sampling=sampling, new_tokens=new_tokens, eos_id=int(t.eos_id), log=log,
+                             context=context)
     try:
         runs = run_interleaved(engines, variants, units, repeats=repeats, sampled=mode == "sampling", seed=seed,
                                warmup=warmup, log=log)

@@ -354,6 +354,8 @@ def add_profile_engine_arguments(p: argparse.ArgumentParser, *, engine: bool = T
     p.add_argument("--batch", type=int, default=1, help="requests per generate call, B (default 1)")
     p.add_argument("--prompts", type=int, default=4, help="units of B prompts (default 4)")
     p.add_argument("--prompt-length", type=int, default=32, help="prompt tokens (default 32)")
+    p.add_argument("--contexts", type=int_list, default=None, help="one profile per prompt length (e.g. 256,1024,4000) "
+                                                                  "and one table with the cost terms per context")
     p.add_argument("--new-tokens", type=int, default=48, help="new tokens per request, no EOS (default 48)")
     p.add_argument("--repeats", type=int, default=5, help="interleaved timed repeats (default 5)")
     p.add_argument("--warmup", type=int, default=1, help="dropped warm-up calls per variant (default 1)")
@@ -414,22 +416,34 @@ def write_engine_report(report: dict, out_dir: str | Path, stem: str) -> dict[st
     return write_report(report, out_dir, stem=stem, plots=False, sections_of=sections)
 
 
-def run_profile_engine(args: argparse.Namespace) -> list[dict]:
+def _one_report(args: argparse.Namespace) -> dict:
     if getattr(args, "configs", ""):
-        report = run_adapter(adapter_kwargs(args), python=args.python)
+        return run_adapter(adapter_kwargs(args), python=args.python)
+    return run_engine(args.engine, engine_kwargs(args), python=args.python)
+
+
+def run_profile_engine(args: argparse.Namespace) -> list[dict]:
+    if getattr(args, "contexts", None):
+        from .profile_contexts import run_contexts, sections as context_sections
+
+        report = run_contexts(args, _one_report)
+        if args.out:
+            report["files"] = write_report(report, args.out, stem=args.stem, plots=False, sections_of=context_sections)
     else:
-        report = run_engine(args.engine, engine_kwargs(args), python=args.python)
-    if args.out:
-        report["files"] = write_engine_report(report, args.out, args.stem)
+        report = _one_report(args)
+        if args.out:
+            report["files"] = write_engine_report(report, args.out, args.stem)
     rows = ProfileRows(report["rows"])
     rows.report = report
     return rows
 
 
 def _print_engine(args, rows: ProfileRows, out) -> None:
+    from .profile_contexts import sections as context_sections
     from .profile_report import text_report
 
-    print(text_report(rows.report, sections_of=sections), file=out)
+    print(text_report(rows.report, sections_of=context_sections if rows.report.get("kind") == "contexts" else sections),
+          file=out)
 
 
 #: ``profile``'s subcommand (the verdict line as summary, the whole report in the JSON) with this one's arguments,

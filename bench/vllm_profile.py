@@ -87,6 +87,14 @@ def _random_prompts(n: int, length: int, seed: int, vocab: int, bos: int | None)
     return out
 
 
+def long_prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    """Prompts in the long family's law: ``<bos>``, ordinary tokens, one marker half-way (the law reads it from
+    anywhere behind), as the serving conditions draw them (:func:`conformance.engines.conditions.random_prompt`)."""
+    from conformance.engines.conditions import random_prompt
+
+    return [list(random_prompt(length, seed * 1_000 + i, "long", marker=(length // 2, i % 4))) for i in range(n)]
+
+
 def prepare_pair(pair: str, folder: Path, *, prompts: int, length: int, seed: int) -> dict:
     """The checkpoints vLLM loads and the prompts: ``{"target", "draft", "prompts", "description", "reason",
     "positions", "efficiency_pair"}`` (``efficiency_pair``: the exact pair whose tables the models realise, when
@@ -119,7 +127,8 @@ def prepare_pair(pair: str, folder: Path, *, prompts: int, length: int, seed: in
     p = exact_pair(pair.removeprefix("exact:"))
     order1 = p.target.family == "order1" and not p.target.logit_offset and not p.draft.logit_offset
     return {"target": str(p.target.path), "draft": str(p.draft.path),
-            "prompts": _random_prompts(prompts, length, seed, p.target.vocab, p.target.bos_id),
+            "prompts": (long_prompts(prompts, length, seed) if p.target.family == "long" else
+                        _random_prompts(prompts, length, seed, p.target.vocab, p.target.bos_id)),
             "description": f"exact pair {p.name} ({p.target.name} against {p.draft.name}: {p.purpose}; shipped checkpoints)",
             "reason": f"{pair} was asked for: a shipped engine-ready exact pair", "positions": min(p.target.max_positions, p.draft.max_positions),
             "efficiency_pair": p.name if order1 else None}

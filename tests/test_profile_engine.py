@@ -240,3 +240,48 @@ def test_the_profile_takes_any_adapter_the_same_way():
     with pytest.raises(ValueError, match="exceeds"):
         profile_adapter(engine="specdec_fixtures.engines:FAKE", configs=["control", "spec"], prompt_length=100, new_tokens=40,
                         log=None)
+
+
+def _context_report(length: int, verify: float, draft: float) -> dict:
+    """A profile report whose rounds cost exactly ``verify + draft * k`` AR steps (AR slower at longer contexts)."""
+    ar = 10 * MS * (1 + length / 1000)
+    rows = []
+    for k, per_round in ((1, 1.8), (2, 2.5), (4, 3.2)):
+        per_token = (verify + draft * k) * ar / per_round
+        ratio = ar / per_token
+        rows.append({"variant": f"k={k}", "method": "draft_model", "k": k, "measured": ratio, "low": 0.95 * ratio,
+                     "high": 1.05 * ratio, "decode": {"value": ratio, "low": 0.95 * ratio, "high": 1.05 * ratio},
+                     "per_token": per_token, "decode_per_token": per_token, "greedy_mismatches": 0,
+                     "acceptance": {"alpha": (per_round - 1) / k, "tokens_per_round": per_round}})
+    return {"title": f"fake at {length}", "pair": "test pair", "design": "design: fake", "verdict": pe.engine_verdict(rows),
+            "ar": {"per_token": ar, "decode_per_token": ar}, "rows": rows}
+
+
+def test_contexts_give_one_profile_each_and_the_fitted_cost_terms(tmp_path, monkeypatch):
+    """--contexts runs one profile per prompt length and fits each context's round times to v + c k (in AR steps):
+    the terms the synthetic engine was built with come back, and the table says per context whether it pays."""
+    from specdec_bench.profile_contexts import cost_terms
+
+    made = {256: (1.1, 0.2), 4000: (1.6, 0.45)}
+    fit = cost_terms(_context_report(256, *made[256]))
+    assert fit["verify"] == pytest.approx(1.1) and fit["draft"] == pytest.approx(0.2) and fit["basis"] == "decode"
+    one_k = _context_report(256, 1.1, 0.2)
+    one_k["rows"] = one_k["rows"][:1]
+    assert cost_terms(one_k) is None  # one k: nothing to fit
+
+    asked = []
+
+    def fake_run_engine(engine, kwargs, *, python=None):
+        asked.append(kwargs["prompt_length"])
+        return _context_report(kwargs["prompt_length"], *made[kwargs["prompt_length"]])
+
+    monkeypatch.setattr(pe, "run_engine", fake_run_engine)
+    buffer = io.StringIO()
+    status = main(["profile-engine", "--pair", "exact:long-close", "--k", "1,2,4", "--contexts", "256,4000",
+                   "--out", str(tmp_path), "--stem", "ctx"], out=buffer)
+    assert status == 0 and asked == [256, 4000]
+    text = buffer.getvalue()
+    assert "== Contexts" in text and "verify cost v" in text and "256 prompt tokens: PAYS" in text
+    assert "4000 prompt tokens: DOES NOT PAY" in text  # 3.2 tokens per round against 1.6 + 0.45 k: never
+    saved = json.loads((tmp_path / "ctx.json").read_text())
+    assert [round(r["verify"], 6) for r in saved["context_rows"]] == [1.1, 1.6]
