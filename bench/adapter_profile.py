@@ -6,7 +6,9 @@ engine's own API: every variant is one of the adapter's configurations (its cont
 :class:`~conformance.engines.adapter.EngineSession` on the adapter's exact pair of the chosen family, all in this
 process (for a server engine: one server per variant, each idle while another is timed); every timed call is
 ``session.generate`` on one unit of prompts. Counters: the session's own (``counters()``, their change around the
-call, attached to the call's first completion) or, where the engine reports them per request, their sum. A sampled
+call, attached to the call's first completion) or, where the engine reports them per request, their sum. Where a
+record carries ``decode_s`` (the engine's own time from the first generated token on: llama-server's
+``timings.predicted_ms`` under a condition), the decode-only ratio is reported too (a unit's span: its longest). A sampled
 configuration with a declared scheme gets its acceptance compared with the exact expectation
 (:mod:`conformance.engines.efficiency`, order1 family). Run in the adapter's interpreter (its venv) by
 :func:`specdec_bench.profile_engine.run_engine`.
@@ -88,7 +90,9 @@ class AdapterEngines:
             elif "draft_tokens" in o:
                 counters = {"drafts": 1 if o["draft_tokens"] else 0, "draft_tokens": int(o["draft_tokens"]),
                             "accepted": int(o.get("accepted") or 0), "accepted_per_pos": None}
-            done.append(Completion([int(t) for t in o["completion_ids"]], counters=counters))
+            decode = o.get("decode_s")  # the engine's own time of the request's generation, where it reports it
+            done.append(Completion([int(t) for t in o["completion_ids"]], first=None if decode is None else 0.0,
+                                   last=decode, counters=counters))
         return done
 
     def close(self) -> None:

@@ -170,7 +170,8 @@ class EngineSession(Protocol):
 
     def generate(self, requests: Sequence[Request]) -> list[dict]:
         """One record per request, in order: ``{"completion_ids": [...], "finish_reason": ...}`` plus, where the
-        engine reports them per request, ``"draft_tokens"`` and ``"accepted"``; a request with ``n > 1`` gives
+        engine reports them per request, ``"draft_tokens"`` and ``"accepted"`` (and ``"decode_s"``: its own time from
+        the first generated token on, which profiles read); a request with ``n > 1`` gives
         ``{"samples": [record, ...]}``, one record per completion with its ``"index"``. Raises on an engine failure."""
 
     def counters(self) -> dict | None:

@@ -433,7 +433,7 @@ class LlamaCppSession(VariantSession):
         body = completion_payload(request)
         if self.settings is not None:  # under a condition: its prompt caching, and what the cache served
             body["cache_prompt"] = bool(self.settings.get("prefix_caching", True))
-            body["response_fields"] = body["response_fields"] + ["timings/cache_n", "truncated"]
+            body["response_fields"] = body["response_fields"] + ["timings/cache_n", "truncated", "timings/predicted_ms"]
         if request.n > 1:  # n_cmpl: child tasks on free slots, the j-th seeded seed + j; one result per completion
             body["n_cmpl"] = int(request.n)
             body["response_fields"] = body["response_fields"] + ["index"]
@@ -452,6 +452,9 @@ class LlamaCppSession(VariantSession):
         if self.settings is not None:
             cached = int(r.get("timings/cache_n", (r.get("timings") or {}).get("cache_n")) or 0)
             out["cached_tokens"] = cached
+            predicted = r.get("timings/predicted_ms", (r.get("timings") or {}).get("predicted_ms"))
+            if predicted is not None:  # the server's own time from the first generated token on (profiles read it)
+                out["decode_s"] = round(float(predicted) / 1e3, 6)
             if self.settings.get("context_shift"):  # the slot's context was shifted (the prompt fits: never cut)
                 out["context_shifted"] = int(bool(r.get("truncated")))
             with self._lock:
