@@ -25,10 +25,7 @@ ENV_NAME=mistralrs
 ENV_INCOMPLETE="a venv is incomplete"
 source "$REPO/scripts/env_lib.sh"
 
-command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
-"$SYS_PY" -c 'import specdec_ref, specdec_properties, conformance, numpy' 2>/dev/null \
-    || die "the project's python ($SYS_PY) does not import specdec_ref: run the README's install command first"
-PYV="$("$SYS_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+require_project_python numpy
 
 check() {  # check VENV VERSION
     "$1/bin/python" - "$2" <<'EOF' || die "version/import check failed in $1"

@@ -34,12 +34,9 @@ ENV_NAME=onnxgenai
 ENV_INCOMPLETE="the venv at $VENV is incomplete"
 source "$REPO/scripts/env_lib.sh"
 
-command -v "$SYS_PY" >/dev/null || die "'$SYS_PY' not found"
-TF_VERSION="$("$SYS_PY" -c 'import importlib.metadata as m; print(m.version("transformers"))' 2>/dev/null)" \
-    || die "the project's python ($SYS_PY) has no transformers: run the README's install command first"
-"$SYS_PY" -c 'import specdec_ref, specdec_properties, conformance' 2>/dev/null \
-    || die "the project's python ($SYS_PY) does not import specdec_ref: run 'pip install -e .' first"
-WANT="onnxruntime-genai=$ORTG_VERSION onnxruntime=$ORT_VERSION onnx=$ONNX_VERSION onnx_ir=$ONNX_IR_VERSION torch=$TORCH_VERSION transformers=$TF_VERSION python=$("$SYS_PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+require_project_python transformers
+TF_VERSION="$("$SYS_PY" -c 'import importlib.metadata as m; print(m.version("transformers"))')"
+WANT="onnxruntime-genai=$ORTG_VERSION onnxruntime=$ORT_VERSION onnx=$ONNX_VERSION onnx_ir=$ONNX_IR_VERSION torch=$TORCH_VERSION transformers=$TF_VERSION python=$PYV"
 PY="$VENV/bin/python"
 
 check() {

@@ -236,7 +236,9 @@ class OpenVINOSession:
 
     def condition_counters(self) -> dict | None:
         """The probes' readings (:meth:`_probe`); ``prefix_cache_hits`` counts the tokens the cache served the probe,
-        taken as served during the condition's first batch (a counter: the worker reads it before and after)."""
+        taken as served during the session's first batch (a counter: the worker reads it before and after each
+        batch), so a condition of several cases would show it on its first case only: each OpenVINO condition has
+        one."""
         if self.evidence is None:
             return None
         return {**self.evidence, "prefix_cache_hits": self.served if self.totals["calls"] else 0}
