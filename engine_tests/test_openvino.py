@@ -267,9 +267,10 @@ PARTIAL_C = PARTIAL_A + (4, 5, 5, 0, 4, 2, 5, 5, 5, 1, 5, 5, 1, 4, 2, 2, 3)
 def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_others_kv(split_fuse):
     """Defect G (recorded as the engine does it): with prefix caching and dynamic split-fuse (LLMPipeline's default
     scheduler), two prompts restored onto one cached partial block and scheduled in one step write their own tokens
-    into that one physical block (the split-fuse prompt path makes no copy-on-write): both first tokens come from
-    corrupted contexts, the second's from a uniform law (no table cell: log-probability ln 1/7). Without split-fuse
-    (the prompt path that copies on write), or without the cache, both are the table's (token 3, about -0.67)."""
+    into that one physical block (the split-fuse prompt path makes no copy-on-write): a first token comes from a
+    corrupted context (C's from a uniform law, no table cell: log-probability ln 1/7, in every run seen; B's in most:
+    the kernel's writes race). Without split-fuse (the prompt path that copies on write), without the cache, or with
+    the cached prompt ending on a block boundary, both are the table's (token 3, about -0.67)."""
     def first_tokens(caching, calls):
         s = ov_genai.SchedulerConfig()
         for key, value in ovad.scheduler_options(PLAIN).items():
@@ -292,6 +293,7 @@ def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_oth
     if not split_fuse:
         assert [t for t, _ in got] == [3, 3] and got[0][1] == pytest.approx(-0.669, abs=0.01), got
         return
-    assert got[0][0] != 3 and got[1][1] == pytest.approx(np.log(1 / 7), abs=1e-4), got  # the defect, as recorded
-    assert first_tokens(True, [[PARTIAL_A], [PARTIAL_C, PARTIAL_B]])[0][0] == 3  # the longer first: no corruption
-    assert first_tokens(True, [[PARTIAL_A[:32]], [PARTIAL_B, PARTIAL_C]])[0][0] == 3  # a full block cached: none
+    off = [(t, lp) for t, lp in got if t != 3 or abs(lp + 0.669) > 0.01]
+    assert off, got  # the defect, as recorded: one of the two (C: a uniform law in every run seen; B: in most) or both
+    aligned = first_tokens(True, [[PARTIAL_A[:32]], [PARTIAL_B, PARTIAL_C]])  # a full block cached: nothing shared
+    assert [t for t, _ in aligned] == [3, 3], aligned
