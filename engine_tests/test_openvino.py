@@ -38,8 +38,8 @@ def pipeline(target, draft=None, *, caching=False):
     s = ov_genai.SchedulerConfig()
     for key, value in ovad.scheduler_options(Configuration("x", None, {"prefix_caching": caching})).items():
         setattr(s, key, value)
-    props = {"draft_model": ov_genai.draft_model(str(ir_dir(draft)), "CPU")} if draft else {}
-    return ov_genai.ContinuousBatchingPipeline(str(ir_dir(target)), s, "CPU", props)
+    props = {"draft_model": ov_genai.draft_model(str(ir_dir(draft)), "CPU", **ovad.PRECISION)} if draft else {}
+    return ov_genai.ContinuousBatchingPipeline(str(ir_dir(target)), s, "CPU", {**ovad.PRECISION, **props})
 
 
 def run(pipe, cfg, prompt, sampling, max_new, seeds, *, eos=True):
@@ -197,7 +197,8 @@ def test_prompt_lookup_is_plain_sampling_per_seed():
     s = ov_genai.SchedulerConfig()
     for key, value in ovad.scheduler_options(Configuration("x", None, {"prefix_caching": True})).items():
         setattr(s, key, value)
-    pl = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", {"prompt_lookup": True})
+    pl = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", {"prompt_lookup": True,
+                                                                                    **ovad.PRECISION})
     cfg = ovad.ADAPTER.config("prompt-lookup")
     lookup, _ = run(pl, cfg, c.prompt, c.sampling, 3, range(300))
     assert lookup == plain
@@ -211,7 +212,7 @@ def test_prompt_lookup_drafts_on_a_repetitive_prompt():
         setattr(s, key, value)
     steps = {}
     for name, props in (("plain", {}), ("lookup", {"prompt_lookup": True})):
-        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", props)
+        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU", {**ovad.PRECISION, **props})
         cfg = ovad.ADAPTER.config("prompt-lookup") if props else PLAIN
         _, res = run(pipe, cfg, (0,) * 8, SamplingConfig(greedy=True), 12, [0], eos=False)
         assert list(res[0].m_generation_ids[0]) == [0] * 12
@@ -245,7 +246,7 @@ def test_the_condition_probes_read_the_pool_and_fail_where_the_engine_does_not_d
     s = ov_genai.SchedulerConfig()  # the same pool without a budget: the 100-token prefill takes one step
     for key, value in {**ovad.scheduler_options(PLAIN, condition("block-boundary"))}.items():
         setattr(s, key, value)
-    pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", {})
+    pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", ovad.PRECISION)
 
     def request(prompt, max_new):
         r = Request("probe", tuple(prompt), GREEDY, max_new, False, EOS, 0)
@@ -268,9 +269,10 @@ def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_oth
     """Defect G (recorded as the engine does it): with prefix caching and dynamic split-fuse (LLMPipeline's default
     scheduler), two prompts restored onto one cached partial block and scheduled in one step write their own tokens
     into that one physical block (the split-fuse prompt path makes no copy-on-write): a first token comes from a
-    corrupted context (C's from a uniform law, no table cell: log-probability ln 1/7, in every run seen; B's in most:
-    the kernel's writes race). Without split-fuse (the prompt path that copies on write), without the cache, or with
-    the cached prompt ending on a block boundary, both are the table's (token 3, about -0.67)."""
+    corrupted context (float32 inference, the adapter's: B's, token 0 at -0.715, in every run seen, C's right; the
+    plugin's default bf16 on this CPU: B's and C's, C's from a uniform law, ln 1/7). Without split-fuse (the prompt
+    path that copies on write), without the cache, or with the cached prompt ending on a block boundary, both are the
+    table's (token 3, -0.669)."""
     def first_tokens(caching, calls):
         s = ov_genai.SchedulerConfig()
         for key, value in ovad.scheduler_options(PLAIN).items():
@@ -278,7 +280,7 @@ def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_oth
         s.enable_prefix_caching, s.dynamic_split_fuse = caching, split_fuse
         if not split_fuse:
             s.max_num_batched_tokens = 256
-        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", {})
+        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order2-target")), s, "CPU", ovad.PRECISION)
         c = ov_genai.GenerationConfig()
         c.max_new_tokens, c.do_sample, c.logprobs, c.ignore_eos = 1, False, 1, True
         for batch in calls:
@@ -297,3 +299,105 @@ def test_two_requests_extending_a_cached_partial_block_in_one_step_read_each_oth
     assert off, got  # the defect, as recorded: one of the two (C: a uniform law in every run seen; B: in most) or both
     aligned = first_tokens(True, [[PARTIAL_A[:32]], [PARTIAL_B, PARTIAL_C]])  # a full block cached: nothing shared
     assert [t for t, _ in aligned] == [3, 3], aligned
+
+
+def _grammar_requests(n, first_seed):
+    from conformance.engines.matrix import GRAMMAR
+
+    c = case("grammar")
+    assert c.sampling.constraint == GRAMMAR
+    return c, [Request("grammar", c.prompt, c.sampling, c.max_new_tokens, True, EOS, first_seed + i) for i in range(n)]
+
+
+def _first_forbidden(completion):
+    """The 1-based position of a completion's first token the grammar forbids, or None."""
+    from conformance.engines.matrix import GRAMMAR
+    from specdec_ref.automaton import forbidden_by
+
+    for i, t in enumerate(completion):
+        if forbidden_by(GRAMMAR, (), completion[:i], t):
+            return i + 1
+    return None
+
+
+def test_the_draft_model_returns_tokens_the_grammar_forbids_and_the_plain_and_lookup_paths_do_not():
+    """Defect H (docs/openvino-verdict.md): with a draft model, completions hold tokens the grammar forbids (5-8 %,
+    never at positions 1-2: the first verification step's drafts still follow the grammar); the plain pipeline and
+    prompt lookup (a draft kept only when it equals the target's masked sample) never do."""
+    c, reqs = _grammar_requests(1000, 40_000)
+    ids = [ov.Tensor(np.array([list(c.prompt)], dtype=np.int64)) for _ in reqs]
+
+    def forbidden(pipe, cfg):
+        res = pipe.generate(ids, [ovad.generation_config(r, cfg, seed=r.seed) for r in reqs])
+        return [p for p in (_first_forbidden([int(t) for t in x.m_generation_ids[0]]) for x in res) if p]
+
+    assert forbidden(pipeline("order1-target"), PLAIN) == []
+    s = ov_genai.SchedulerConfig()
+    for key, value in ovad.scheduler_options(PLAIN).items():
+        setattr(s, key, value)
+    lookup = ov_genai.ContinuousBatchingPipeline(str(ir_dir("order1-target")), s, "CPU",
+                                                 {"prompt_lookup": True, **ovad.PRECISION})
+    assert forbidden(lookup, ovad.ADAPTER.config("prompt-lookup")) == []
+    spec = forbidden(pipeline("order1-target", "order1-draft-close"), spec_cfg(3))
+    assert 20 <= len(spec) <= 150 and min(spec) >= 3, spec
+
+
+def test_logprobs_are_the_raw_values_without_speculation_and_another_row_s_with_the_draft_model():
+    """Log-probabilities through generation handles (the adapter's way): without speculation every returned token's
+    value is the raw log-softmax of the tables (float32 inference); with the draft model the first token's still is
+    (sampled at prefill) and a third or more of the later tokens' are not (defect I: the value of the token the target
+    sampled itself, or of the next row, where a draft was returned)."""
+    c = case("logprobs")
+    reqs = [Request("logprobs", c.prompt, c.sampling, c.max_new_tokens, True, EOS, 60_000 + i, logprobs=c.logprobs)
+            for i in range(200)]
+    em = exact_model(c.model)
+
+    def wrong_by_position(session):
+        out = session.generate(reqs)
+        wrong = {}
+        for rec in out:
+            toks = rec["completion_ids"]
+            for i, t in enumerate(toks):
+                exact = float(np.log(np.exp(logits_fn(c.model)(list(c.prompt) + toks[:i]).astype(np.float64)).sum()))
+                value = rec["logprobs"][i][str(t)]
+                ref = float(logits_fn(c.model)(list(c.prompt) + toks[:i])[t]) - exact
+                wrong.setdefault(i + 1, [0, 0])[1] += 1
+                wrong[i + 1][0] += abs(value - ref) > 1e-4
+        return wrong
+
+    assert em.eos_id == EOS
+    plain = wrong_by_position(ovad.ADAPTER.open(ovad.ADAPTER.config("control"), "order2"))
+    assert all(w == 0 for w, _ in plain.values()), plain
+    spec = wrong_by_position(ovad.ADAPTER.open(ovad.ADAPTER.config("draft-k3-nopc-features"), "order2"))
+    assert spec[1][0] == 0 and sum(w for p, (w, _) in spec.items() if p >= 2) > 0.2 * sum(n for p, (_, n) in spec.items()
+                                                                                       if p >= 2), spec
+
+
+def test_the_plugin_s_default_precision_is_bf16_where_the_cpu_has_it_hence_the_adapter_s_f32():
+    """Why every pipeline is compiled with ``PRECISION`` (float32): the CPU plugin's default inference precision is
+    bf16 on a CPU with bf16 instructions, and the logits are then not the tables' (the first token's log-probability
+    off by more than 1e-3 nats on the logprobs case's prompt); with float32 they are, on any CPU."""
+    import openvino as ov_core
+
+    caps = ov_core.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+    c = case("logprobs")
+    row = logits_fn(c.model)(list(c.prompt)).astype(np.float64)
+    exact = row - np.log(np.exp(row).sum())
+    s = ov_genai.SchedulerConfig()
+    for key, value in ovad.scheduler_options(PLAIN).items():
+        setattr(s, key, value)
+    cfg = ov_genai.GenerationConfig()
+    cfg.max_new_tokens, cfg.do_sample, cfg.logprobs, cfg.ignore_eos = 1, False, 1, True
+    worst = {}
+    for name, props in (("default", {}), ("f32", ovad.PRECISION)):
+        pipe = ov_genai.ContinuousBatchingPipeline(str(ir_dir(c.model)), s, "CPU", props)
+        h = pipe.add_request(0, ov.Tensor(np.array([list(c.prompt)], dtype=np.int64)), cfg)
+        while pipe.has_non_finished_requests():
+            pipe.step()
+        o = h.read_all()[0]
+        worst[name] = abs(float(o.generated_log_probs[0]) - exact[int(o.generated_ids[0])])
+    assert worst["f32"] < 1e-5, worst
+    if "BF16" in caps:
+        assert worst["default"] > 1e-3, (caps, worst)
+    else:
+        assert worst["default"] < 1e-5, (caps, worst)

@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["TokenAutomaton", "automaton_of"]
+__all__ = ["TokenAutomaton", "automaton_of", "forbidden_by"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,21 @@ def automaton_of(constraint: "TokenAutomaton | None", bad_words: tuple, vocab: i
     if constraint is None or words is None:
         return constraint or words
     return constraint.product(words)
+
+
+def forbidden_by(constraint: "TokenAutomaton | None", bad_words: tuple, generated: Sequence[int], token: int) -> str | None:
+    """Which of a row's rules forbids ``token`` after its generated tokens ``generated``: ``"grammar"`` (the
+    constraint has no transition for it in the state ``generated`` leads to), ``"bad words"`` (``generated`` followed
+    by it ends with a banned word), or None (both allow it, or ``generated`` already left the grammar)."""
+    token = int(token)
+    if constraint is not None and 0 <= token < constraint.vocab:
+        try:
+            state = constraint.state_after(generated)
+        except ValueError:
+            state = None
+        if state is not None and constraint.transitions[state][token] < 0:
+            return "grammar"
+    seq = tuple(int(t) for t in generated) + (token,)
+    if any(len(w) <= len(seq) and seq[len(seq) - len(w):] == tuple(w) for w in bad_words or ()):
+        return "bad words"
+    return None

@@ -105,6 +105,31 @@ def test_missing_logprobs_and_a_short_top_fail():
     assert check.passed is False and "of the top 3 asked" in check.text
 
 
+def test_an_engine_without_a_top_list_is_checked_on_the_returned_token_and_says_so():
+    """``Conventions.logprobs_top`` False (OpenVINO GenAI returns the sampled token's value only): the values are still
+    checked, one wrong value fails, and the text states that no top list was checked."""
+    def only_sampled(i, toks, e):
+        return {str(toks[i]): e[str(toks[i])]}
+
+    check = logprob_check(CASE, _lines(only_sampled, prompt_logprobs=False), "raw", top=False)
+    assert check.passed is True and "no top list" in check.text, check.text
+    wrong = logprob_check(CASE, _lines(lambda i, toks, e: {str(toks[i]): e[str(toks[i])] - (0.01 if i == 1 else 0)},
+                                       prompt_logprobs=False), "raw", top=False)
+    assert wrong.passed is False and wrong.detail["by_position"]["2"] == [3, 3], wrong.text
+
+
+def test_another_tokens_value_at_the_same_position_is_named():
+    """The value of a different token at the same prefix (an engine that returns a draft but the value of the token
+    it sampled itself there: OpenVINO GenAI's speculative path, docs/openvino-verdict.md)."""
+    def swapped(i, toks, e):
+        row = _row(tuple(toks[:i]))
+        other = next(t for t in np.argsort(-row, kind="stable") if t != toks[i] and abs(row[t] - row[toks[i]]) > 0.01)
+        return {str(toks[i]): float(row[other])}
+
+    check = logprob_check(CASE, _lines(swapped, prompt_logprobs=False), "raw", top=False)
+    assert check.passed is False and check.detail["explained"].startswith("each value is another token's"), check.text
+
+
 def test_wrong_prompt_logprobs_fail():
     lines = _lines()
     lines[1]["prompt_logprobs"][2] = {str(CASE.prompt[2]): 0.0}

@@ -363,6 +363,10 @@ def test_a_constraint_read_off_the_state_a_block_began_in_gives_impossible_compl
     assert ok["level"] in ("certified", "reduced"), ok["headline"]
     assert bad["level"] == "not_certified" and bad["impossible"]["completions"] >= at_least, bad["headline"]
     assert bad["looks"]["look"] == "interim"  # impossible tokens need no power
+    # every one is a token the declared rule forbids, and the verdict says so
+    rule = {"grammar": "grammar", "bad-words": "bad words"}[case]
+    assert bad["impossible"]["forbidden_by"] == {rule: bad["impossible"]["completions"]}, bad["impossible"]
+    assert f"of them a token the {rule} forbid" in bad["headline"], bad["headline"]
 
 
 @pytest.mark.parametrize("condition, case, planted, scale", [

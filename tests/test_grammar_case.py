@@ -54,3 +54,31 @@ def test_constrained_completions_are_certified_and_an_ignored_grammar_is_named()
                               max_new_tokens=5, eos_id=True)
     assert ignored.level == "not_certified" and ignored.impossible, ignored.report()
     assert ignored.explained.startswith("constraint has no effect"), ignored.explained
+    # each impossible token is one the grammar forbids: counted and named, in the headline and the report
+    assert all(d["forbidden_by"] == "grammar" for d in ignored.impossible)
+    assert f"({len(ignored.impossible)} of them a token the grammar forbids)" in ignored.headline, ignored.headline
+    assert "(the grammar forbids it)" in ignored.report()
+
+
+def test_forbidden_by_names_the_rule_that_forbids_a_token_and_none_otherwise():
+    from specdec_ref.automaton import forbidden_by
+
+    assert forbidden_by(GRAMMAR, (), (3,), 0) == "grammar"  # after t3 only t4 t5 t6
+    assert forbidden_by(GRAMMAR, (), (3, 4), 5) == "grammar"  # back in state 0: t5 is not allowed
+    assert forbidden_by(GRAMMAR, (), (3,), 5) is None and forbidden_by(None, (), (3,), 0) is None
+    assert forbidden_by(None, ((0, 0), (1, 2, 1)), (1, 2), 1) == "bad words"
+    assert forbidden_by(None, ((0, 0), (1, 2, 1)), (2,), 1) is None  # the word needs its beginning
+    assert forbidden_by(GRAMMAR, (), (0, 5), 0) is None  # the tokens before already left the grammar: no attribution
+
+
+def test_openvino_grammar_literals_carry_the_tokenizer_ir_s_space():
+    """xgrammar sees the tokenizer IR's vocabulary as ' t0' ... ' t6': without the space only EOS matches (every
+    completion empty), the bug class of a grammar written against the wrong token strings."""
+    from conformance.engines.openvino.adapter import CONFIGS, GRAMMAR_TOKEN_PREFIX, generation_fields
+
+    assert GRAMMAR_TOKEN_PREFIX == " "
+    r = Request("grammar", (3,), WITH, 5, True, 7, 1)
+    f = generation_fields(r, next(c for c in CONFIGS if c.name == "prompt-lookup"), seed=1)
+    assert f["grammar"] == grammar_text(GRAMMAR, 7, " ") and '" t3" s1' in f["grammar"]
+    with pytest.raises(ValueError, match="quoted literal"):
+        grammar_text(GRAMMAR, 7, '"')

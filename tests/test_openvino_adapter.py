@@ -87,7 +87,8 @@ def test_unseeded_requests_get_distinct_seeds_of_the_adapter():
 def test_configurations():
     names = [c.name for c in ovad.CONFIGS]
     assert len(set(names)) == len(names)
-    known = {c.name for c in CASES} | set(ovad.FEATURES) | set(ovad.TEXT_CASES)
+    known = {c.name for c in CASES} | set(ovad.FEATURES) | set(ovad.TEXT_CASES) | set(ovad.GRAMMAR_CASES) | set(
+        ovad.LOGPROB_CASES)
     for c in ovad.CONFIGS:
         assert c.cases is None or set(c.cases) <= known, c.name
         assert c.speculative == (c.name not in ("control", "control-cold"))
@@ -98,6 +99,19 @@ def test_configurations():
     assert {c.k for c in ovad.CONFIGS if c.options.get("draft")} >= {1, 3, 5}
     assert ovad.ADAPTER.config("prompt-lookup").identical_to == "control"
     assert ovad.ADAPTER.config("draft-after-error").options["provoke"] is True
+    # the feature cases' draft configuration repeats draft-k3-nopc's settings in batches of its own
+    features = ovad.ADAPTER.config("draft-k3-nopc-features")
+    assert features.options == ovad.ADAPTER.config("draft-k3-nopc").options and not features.efficiency
+    assert not set(features.cases) & set(ovad.ADAPTER.config("draft-k3-nopc").cases)
+
+
+def test_a_logprobs_request_asks_for_the_returned_token_s_value():
+    """GenerationConfig.logprobs 1 for a request that asks for log-probabilities (the engine returns the returned
+    token's only, declared ``logprobs_top`` False), 0 otherwise; the raw convention."""
+    c = case("logprobs")
+    lp = Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, 7, 1, c.logprobs)
+    assert ovad.generation_fields(lp, ovad.ADAPTER.config("control"), seed=1)["logprobs"] == 1
+    assert ovad.ADAPTER.conventions.logprobs == "raw" and ovad.ADAPTER.conventions.logprobs_top is False
     assert ovad.ADAPTER.config("draft-same-nopc").options["pair"] == "order1-same"
     assert ovad.scheduler_options(ovad.ADAPTER.config("draft-k3"))["enable_prefix_caching"] is True
     assert ovad.scheduler_options(ovad.ADAPTER.config("draft-k3-nopc"))["enable_prefix_caching"] is False

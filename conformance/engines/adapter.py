@@ -89,7 +89,8 @@ class Conventions:
     or ``target`` (before the round's last draft it ends the round as the target's own token, llama.cpp);
     ``logprobs``: which log-probabilities the engine returns (:data:`conformance.engines.logprobs.
     CONVENTIONS`: ``raw`` before the request's settings, ``processed`` of the law sampled from; None: it returns
-    none); ``token_prefix``: what the engine's generated text puts before each token's name on the exactly-known
+    none); ``logprobs_top``: False for an engine that returns the returned token's log-probability only, never a top
+    list (the top-n check is then not made, and the verdict says so); ``token_prefix``: what the engine's generated text puts before each token's name on the exactly-known
     vocabulary (vLLM ``" "``, llama.cpp ``""``; None: it returns no text, so no stop-string or streaming case);
     ``drafts_fit_context``: a round drafts at most ``n_ctx - cells - 2`` tokens (``cells``: the context's tokens before
     the round's input), and a context shift discards half the cells (llama-server: ``n_keep`` 0), so the rounds rebuilt
@@ -101,6 +102,7 @@ class Conventions:
     drafts_to_end: bool = False
     eos_draft: str = "accepted"
     logprobs: str | None = None
+    logprobs_top: bool = True
     token_prefix: str | None = None
     drafts_fit_context: bool = False
     notes: tuple[str, ...] = ()

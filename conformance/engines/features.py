@@ -17,14 +17,17 @@ from .verdict import CaseVerdict, Check, Level
 __all__ = ["apply_logprobs_check", "apply_text_checks", "copies_note", "twin_check", "text_note", "grammar_text"]
 
 
-def grammar_text(automaton, eos_id: int) -> str:
+def grammar_text(automaton, eos_id: int, prefix: str = "") -> str:
     """A token automaton (:class:`specdec_ref.automaton.TokenAutomaton` over the exactly-known vocabulary, token ``i``
-    written ``t<i>`` in the engine's grammar matcher, no separator) as a GBNF grammar (llama.cpp's format, and
-    xgrammar's EBNF): one rule per state, one alternative per allowed token, and the empty alternative where EOS is
-    allowed (the engines allow end-of-generation only where the grammar may end)."""
+    written ``<prefix>t<i>`` as the engine's grammar matcher sees its vocabulary: ``t<i>`` in vLLM and llama.cpp,
+    `` t<i>`` in OpenVINO GenAI's tokenizer IR) as a GBNF grammar (llama.cpp's format, and xgrammar's EBNF): one rule
+    per state, one alternative per allowed token, and the empty alternative where EOS is allowed (the engines allow
+    end-of-generation only where the grammar may end)."""
+    if '"' in prefix or "\\" in prefix:
+        raise ValueError(f"grammar_text: a token prefix is written inside a quoted literal, {prefix!r} cannot be")
     rules = ["root ::= s%d" % automaton.start]
     for state, row in enumerate(automaton.transitions):
-        alts = [f'"t{v}" s{nxt}' for v, nxt in enumerate(row) if nxt >= 0 and v != eos_id]
+        alts = [f'"{prefix}t{v}" s{nxt}' for v, nxt in enumerate(row) if nxt >= 0 and v != eos_id]
         if 0 <= eos_id < len(row) and row[eos_id] >= 0:
             alts.append('""')
         rules.append(f"s{state} ::= " + " | ".join(alts))
@@ -140,7 +143,7 @@ def apply_logprobs_check(ad, cfg, case, info: dict, c: CaseVerdict) -> None:
         return
     try:
         lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines())
-        c.logprobs = logprob_check(case, lines, convention)
+        c.logprobs = logprob_check(case, lines, convention, top=ad.conventions.logprobs_top)
     except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
         c.law_level, c.level = c.level, Level.TOOL_ERROR
         c.headline = f"TOOL ERROR: logprobs check: {type(exc).__name__}: {exc}"[:300]

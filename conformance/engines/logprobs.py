@@ -113,6 +113,9 @@ def _explain(bad: list[dict]) -> str:
     for name, key in (("the previous position's", "prev"), ("the next position's", "next"), ("the other convention's", "other")):
         if values and all(b.get(key) is not None and _same(b["got"], b[key]) for b in values):
             return f"the values are {name} (same token)"
+    if values and all(b.get("another") is not None for b in values):
+        return ("each value is another token's at the same position (the returned token's replaced by, say, the "
+                "token the engine sampled itself where it returned a draft)")
     return ""
 
 
@@ -120,9 +123,10 @@ def _positions(counter: Counter) -> str:
     return ", ".join(f"{p}: {c}" for p, c in sorted(counter.items()))
 
 
-def logprob_check(case, lines: Iterable[dict], convention: str):
+def logprob_check(case, lines: Iterable[dict], convention: str, top: bool = True):
     """The :class:`conformance.engines.verdict.Check` of a case's returned log-probabilities (its JSONL lines);
-    None when the case asks for none."""
+    None when the case asks for none. ``top`` False: the engine returns no top list (only the returned token's
+    value is checked, and the check says so)."""
     from specdec_ref.exact import exact_model
 
     from .verdict import Check
@@ -160,15 +164,16 @@ def logprob_check(case, lines: Iterable[dict], convention: str):
                 if off is not None and not 0 <= off < len(row):
                     problem = {"kind": "range", "text": f"log-probability for token {off}, outside the vocabulary"}
                 elif off is not None:
+                    twin = next((t for t in range(len(row)) if t != off and _same(got[off], float(row[t]))), None)
                     neighbours = {"prev": table(tuple(toks[:i - 1]))[off] if i >= 1 else None,
                                   "next": _row_or_none(table, tuple(toks[:i + 1]), off) if i + 1 < len(toks) else None,
                                   "other": table(tuple(toks[:i]), other)[off]}
-                    problem = {"kind": "value", "got": got[off], "token": off, **{k: (None if v is None else float(v))
-                                                                                   for k, v in neighbours.items()},
+                    problem = {"kind": "value", "got": got[off], "token": off, "another": twin,
+                               **{k: (None if v is None else float(v)) for k, v in neighbours.items()},
                                "text": f"token {off}: {got[off]:.4f}, exact {row[off]:.4f}"}
                 else:
-                    top = _top_ok(got, row, case.logprobs)
-                    problem = None if top is None else {"kind": "top", "text": top}
+                    missed = _top_ok(got, row, case.logprobs) if top else None
+                    problem = None if missed is None else {"kind": "top", "text": missed}
             if problem is not None:
                 wrong[i + 1] += 1
                 problem["position"] = i + 1
@@ -196,7 +201,8 @@ def logprob_check(case, lines: Iterable[dict], convention: str):
               "prompt_tokens": prompt_checked, "prompt_wrong": prompt_wrong, "skipped": skipped, "tolerance": TOLERANCE,
               "convention": convention}
     if not bad and not prompt_wrong:
-        text = (f"{total} returned tokens' log-probabilities and top {case.logprobs} ({convention}) within "
+        what = f"and top {case.logprobs}" if top else "(no top list: the engine returns none)"
+        text = (f"{total} returned tokens' log-probabilities {what} ({convention}) within "
                 f"{TOLERANCE:g} nats" + (f"; {prompt_checked} prompt tokens' too" if prompt_checked else
                                          "; no prompt log-probabilities returned")
                 + (f"; {skipped} tokens after an impossible token not checked" if skipped else ""))

@@ -250,8 +250,10 @@ def certify_case(case, state: dict, scale: float = 1.0) -> CaseVerdict:
             departure=_departure(case, path, rec), file=str(path), replay=rec["replay"],
             call_seconds=info.get("call_seconds"), report=verdict.report(), looks=_looks_summary(rec),
             generated=info.get("n"), waves=info.get("waves"), explained=rec.get("explained"),
-            # tokens of probability 0: counted per completion, request and position
-            impossible={k: imp.get(k) for k in ("completions", "requests", "by_position")} if imp.get("completions") else None)
+            # tokens of probability 0: counted per completion, request and position, and by the declared rule that
+            # forbids them (the grammar, the bad words) where one does
+            impossible={k: imp.get(k) for k in ("completions", "requests", "by_position", "forbidden_by")}
+            if imp.get("completions") else None)
     except SamplesInputError as exc:  # the file itself is unusable (ids outside the vocabulary...): the engine's
         return CaseVerdict(Level.NOT_CERTIFIED, f"NOT CERTIFIED: invalid engine output: {exc}"[:300], **base)
     except Exception as exc:  # noqa: BLE001 - our tooling failed: never an expected outcome

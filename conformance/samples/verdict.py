@@ -9,6 +9,7 @@ first of each completion shown; the tokens after it untested), never an input er
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from specdec_properties.flips import FlipVerdict
 from specdec_properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
 from specdec_properties.transitions import FIRST_TESTED_POSITION, count_transitions, first_impossible, transition_test
+from specdec_ref.automaton import forbidden_by
 from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
@@ -247,7 +249,8 @@ class SamplesVerdict:
         by_position = ", ".join(f"{pos}: {k}" for pos, k in self.impossible_by_position.items())
         lines = [
             f"impossible tokens: {len(self.impossible)} of {self.n} completion(s), in {self.impossible_requests} request(s), "
-            f"hold a token the exact law gives probability 0 (by position: {by_position}); each is an impossible outcome "
+            f"hold a token the exact law gives probability 0 (by position: {by_position}){_forbidden_note(self.impossible)}; "
+            "each is an impossible outcome "
             "of its tests, the tokens after it are not tested"
         ]
         for d in self.impossible[:SHOWN_IMPOSSIBLE]:
@@ -255,6 +258,8 @@ class SamplesVerdict:
             lines.append(
                 f"  {_where(self.source, d['line'])}: prompt {show_ids(d['prompt'])}, position {d['position']}, context {show_ids(d['context'])}: "
                 f"token {d['token']}{name}, probability 0"
+                + (f" (the {d['forbidden_by']} forbid{'s' if d['forbidden_by'] == 'grammar' else ''} it)"
+                   if d.get("forbidden_by") else "")
             )
         if len(self.impossible) > SHOWN_IMPOSSIBLE:
             lines.append(f"  ... {len(self.impossible) - SHOWN_IMPOSSIBLE} more")
@@ -293,6 +298,7 @@ class SamplesVerdict:
             "impossible": {
                 "completions": len(self.impossible), "requests": self.impossible_requests,
                 "by_position": {str(pos): k for pos, k in self.impossible_by_position.items()},
+                "forbidden_by": _forbidden_counts(self.impossible),
                 "rest": [f.as_record() for f in self.rest_fits],
                 "examples": [{k: v for k, v in d.items() if k not in ("request", "index")}
                              for d in self.impossible[:RECORDED_IMPOSSIBLE]],
@@ -460,10 +466,33 @@ def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingCo
     entries = [
         {"index": i, "line": records[i].line, "request": _request(records[i]), "prompt": list(records[i].prompt),
          "position": f.position, "context": list(f.context), "token": f.token,
-         **({"name": names[f.token]} if names else {})}
+         **({"name": names[f.token]} if names else {}), **_forbidden(sampling, records[i].prompt, f)}
         for i, f in enumerate(found) if f is not None
     ]
     return found, entries
+
+
+def _forbidden(sampling: SamplingConfig, prompt, found) -> dict:
+    """``{"forbidden_by": rule}`` when a declared rule (the grammar, the bad words) forbids the impossible token: the
+    engine did not apply it there (:func:`specdec_ref.automaton.forbidden_by`)."""
+    if sampling.constraint is None and not sampling.bad_words:
+        return {}
+    rule = forbidden_by(sampling.constraint, sampling.bad_words, found.context[len(prompt):], found.token)
+    return {"forbidden_by": rule} if rule else {}
+
+
+def _forbidden_counts(impossible: list[dict]) -> dict[str, int]:
+    """``{rule: how many impossible tokens it forbids}`` (:func:`_forbidden`)."""
+    return dict(sorted(Counter(d["forbidden_by"] for d in impossible if d.get("forbidden_by")).items()))
+
+
+def _forbidden_note(impossible: list[dict]) -> str:
+    """`` (K of them a token the grammar forbids)`` for the impossible tokens a declared rule forbids."""
+    by_rule = _forbidden_counts(impossible)
+    if not by_rule:
+        return ""
+    return " (" + ", ".join(f"{k} of them a token the {rule} forbid{'s' if rule == 'grammar' else ''}"
+                            for rule, k in sorted(by_rule.items())) + ")"
 
 
 def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
@@ -539,6 +568,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         if impossible:
             requests = len({d["request"] for d in impossible})
             parts.append(f"{len(impossible)} completion(s) in {requests} request(s) hold a token of probability 0"
+                         + _forbidden_note(impossible)
                          + (" (the other tokens fit the law)" if not beyond and not beyond_transitions else ""))
         if beyond:
             what = "sequence law" if not sampling.greedy else "greedy continuation"

@@ -32,6 +32,9 @@ Speculation with a draft model is the defect this adapter exists to show (:mod:`
 re-implements it; ``docs/openvino-verdict.md``). Counters: the API has no per-request counters; the session sums,
 over its ``generate`` calls, the draft pipeline's generated tokens and steps and ``get_num_accepted_tokens()``
 from ``extended_perf_metrics`` (``SDPerModelsPerfMetrics``), the engine's own numbers, whatever they mean.
+Precision: every pipeline (target, draft, plain) is compiled with :data:`PRECISION` (float32 inference). The CPU
+plugin's default is bf16 wherever the CPU has bf16 instructions (AVX512-BF16, AMX): there the engine's logits are not
+the tables' (log-probabilities off by up to 0.01 nats) and what is certified would depend on the machine.
 Importing this module never imports OpenVINO.
 """
 from __future__ import annotations
@@ -39,9 +42,11 @@ from __future__ import annotations
 
 from ..adapter import Conventions, EngineAdapter, venv_python
 from ..matrix import CASES, Configuration
+from .export import PRECISION
 
-__all__ = ["ADAPTER", "CONFIGS", "VERSION", "UNSEEDED_BASE", "MAPPED_KNOBS", "ABSENT_KNOBS", "CONDITION_POOL",
-           "generation_fields", "generation_config", "scheduler_options", "OpenVINOSession", "OpenVINOAdapter"]
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "PRECISION", "UNSEEDED_BASE", "MAPPED_KNOBS", "ABSENT_KNOBS",
+           "CONDITION_POOL", "GRAMMAR_TOKEN_PREFIX", "generation_fields", "generation_config", "scheduler_options",
+           "OpenVINOSession", "OpenVINOAdapter"]
 
 VERSION = "2026.4.1.0"
 INSTALL = "bash scripts/env.sh openvino"
@@ -63,6 +68,15 @@ FEATURES = ("min-tokens", "logit-bias")
 #: Stop strings (``GenerationConfig.stop_strings``, the stop tokens kept in the ids): token ids and finish reason only;
 #: on the plain pipeline alone (with prompt lookup the engine raises in a mixed batch and a retry once hung: defect F).
 TEXT_CASES = ("stop-strings",)
+#: Structured output (``GenerationConfig.structured_output_config``, xgrammar's EBNF) and log-probabilities
+#: (``GenerationConfig.logprobs`` 1: the returned token's value, read through a generation handle): on the plain
+#: pipeline, prompt lookup and the draft model without prefix caching (with it every draft-model case raises: defect
+#: B), the last in a configuration of its own (``draft-k3-nopc-features``).
+GRAMMAR_CASES = ("grammar",)
+LOGPROB_CASES = ("logprobs",)
+#: How xgrammar sees the vocabulary of the tokenizer IR (``Tokenizer.get_vocab``: ``b' t0'`` ... ``b' t6'``): each
+#: token's name after a space, so the grammar's literals carry it (without it only EOS matches).
+GRAMMAR_TOKEN_PREFIX = " "
 
 
 def _draft(k: int, *, caching: bool = True, **extra) -> dict:
@@ -73,13 +87,19 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("control-cold", None, {"prefix_caching": False}, cases=(), condition_settings={"prefix_caching": False},
                   note="no speculation, prefix caching off: under a prefix-caching condition, the cold run the cached "
                        "control is compared with per seed"),
-    Configuration("control", None, {"prefix_caching": True}, cases=ALL + FEATURES + TEXT_CASES,
+    Configuration("control", None, {"prefix_caching": True},
+                  cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES,
                   condition_identical_to="control-cold",
                   note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
     Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching on (LLMPipeline's default)"),
     Configuration("draft-k3-nopc", "draft_model", _draft(3, caching=False), None, cases=SPEC, k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching off"),
+    Configuration("draft-k3-nopc-features", "draft_model", _draft(3, caching=False), None,
+                  cases=GRAMMAR_CASES + LOGPROB_CASES, k=3, efficiency=False,
+                  note="draft-k3-nopc for the grammar and logprobs cases, in batches of their own: this engine's "
+                       "speculative outputs per seed depend on the other requests of the batch (longer requests change "
+                       "draft-k3-nopc's warp completions, which the stage checks against the mechanism's model)"),
     Configuration("draft-k1-nopc", "draft_model", _draft(1, caching=False), None, cases=("eos",), k=1,
                   note="draft model, num_assistant_tokens 1, prefix caching off"),
     Configuration("draft-k5-nopc", "draft_model", _draft(5, caching=False), None, cases=("eos",), k=5,
@@ -90,7 +110,8 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
     Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
                                                      "max_ngram_size": 2, "prefix_caching": True}, None,
-                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES, k=3, identical_to="control",
+                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES + GRAMMAR_CASES + LOGPROB_CASES, k=3,
+                  identical_to="control",
                   note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
     Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
                   identical_to="control",
@@ -105,15 +126,13 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
     s = request.sampling
     if s.logit_bias:
         raise ValueError("OpenVINO GenAI's GenerationConfig has no logit_bias")
-    if s.constraint is not None:
-        raise ValueError("the OpenVINO matrix has no constraint cases")
     if s.bad_words:
         raise ValueError("OpenVINO GenAI's GenerationConfig has no bad words")
     if request.stream:
         raise ValueError("streaming: this adapter calls ContinuousBatchingPipeline.generate on token ids (no stream)")
     f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": int(s.min_new_tokens),
          "apply_chat_template": False,
-         "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 0,
+         "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 1 if request.logprobs else 0,
          "repetition_penalty": float(s.repetition_penalty), "presence_penalty": float(s.presence_penalty),
          "frequency_penalty": float(s.frequency_penalty)}
     if s.greedy:
@@ -123,6 +142,10 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
                  top_p=float(s.top_p or 1.0), min_p=float(s.min_p or 0.0))
     f.update(eos_token_id=int(request.eos_id), stop_token_ids={int(request.eos_id)}, ignore_eos=not request.eos,
              rng_seed=int(seed))
+    if s.constraint is not None:  # xgrammar's EBNF (a StructuredOutputConfig in generation_config)
+        from ..features import grammar_text
+
+        f["grammar"] = grammar_text(s.constraint, int(request.eos_id), GRAMMAR_TOKEN_PREFIX)
     if request.stop:  # the stop string's tokens stay in the ids (as vLLM and llama-server return them)
         f.update(stop_strings=set(request.stop), include_stop_str_in_output=True)
     o = cfg.options
@@ -141,6 +164,8 @@ def generation_config(request, cfg: Configuration, *, seed: int):
     for key, value in generation_fields(request, cfg, seed=seed).items():
         if key == "eos_token_id":
             c.set_eos_token_id(value)
+        elif key == "grammar":
+            c.structured_output_config = ov_genai.StructuredOutputConfig(grammar=value)
         else:
             setattr(c, key, value)
     return c
@@ -192,9 +217,9 @@ class OpenVINOSession:
         options = scheduler_options(cfg, condition)
         for key, value in options.items():
             setattr(sched, key, value)
-        props = {}
+        props = dict(PRECISION)
         if cfg.options.get("draft"):
-            props["draft_model"] = ov_genai.draft_model(str(ir_dir(pair.draft.name)), "CPU")
+            props["draft_model"] = ov_genai.draft_model(str(ir_dir(pair.draft.name)), "CPU", **PRECISION)
         if cfg.options.get("prompt_lookup"):
             props["prompt_lookup"] = True
         target = ir_dir(pair.target.name)
@@ -204,7 +229,7 @@ class OpenVINOSession:
         self.pipe = ov_genai.ContinuousBatchingPipeline(str(target), sched, "CPU", props)
         self.target, self.sched, self.plain_pipe = target, sched, None
         self.unseeded = 0
-        self.totals = {"calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.totals = {"calls": 0, "drafts": 0, "draft_tokens": 0, "accepted": 0, "uncounted": 0}
         self.provoked = None
         if cfg.options.get("provoke"):
             self.provoked = self._provoke(pair)
@@ -275,6 +300,8 @@ class OpenVINOSession:
 
         ids = [ov.Tensor(np.array([list(r.prompt)], dtype=np.int64)) for r in requests]
         configs = [generation_config(r, self.cfg, seed=self._seed(r)) for r in requests]
+        if any(r.logprobs for r in requests):
+            return self._generate_handles(ids, configs)
         results = self.pipe.generate(ids, configs)
         if results:
             self._count(results[0].extended_perf_metrics)
@@ -287,6 +314,24 @@ class OpenVINOSession:
             self._against_plain(ids, configs, out)
         return out
 
+    def _generate_handles(self, ids, configs) -> list[dict]:
+        """The chunk through generation handles (``add_request``, ``step`` until done, ``read_all``): what
+        ``generate`` does inside, and the only way to the per-token log-probabilities (``generated_log_probs``). No
+        speculative counters come this way: the session then reports none (:meth:`counters`)."""
+        handles = [self.pipe.add_request(i, x, c) for i, (x, c) in enumerate(zip(ids, configs))]
+        while self.pipe.has_non_finished_requests():
+            self.pipe.step()
+        self.totals["uncounted"] += 1
+        out = []
+        for h in handles:
+            o = h.read_all()[0]
+            toks = [int(t) for t in o.generated_ids]
+            lps = [{str(t): float(v)} for t, v in zip(toks, o.generated_log_probs)]
+            out.append({"completion_ids": toks, "finish_reason": getattr(o.finish_reason, "name",
+                                                                            str(o.finish_reason)).lower(),
+                        "logprobs": lps if len(lps) == len(toks) else None})
+        return out
+
     def _against_plain(self, ids, configs, out) -> None:
         """After a caught engine error the engine's counters cannot be believed (they report drafts and accepted
         tokens for requests that ran as plain sampling), and the API has no per-request counters: each request is
@@ -296,7 +341,7 @@ class OpenVINOSession:
         import openvino_genai as ov_genai
 
         if self.plain_pipe is None:
-            self.plain_pipe = ov_genai.ContinuousBatchingPipeline(str(self.target), self.sched, "CPU")
+            self.plain_pipe = ov_genai.ContinuousBatchingPipeline(str(self.target), self.sched, "CPU", PRECISION)
         for c in configs:
             c.num_assistant_tokens = 0
         plain = self.plain_pipe.generate(ids, configs)
@@ -314,8 +359,8 @@ class OpenVINOSession:
         self.totals["accepted"] += int(m.get_num_accepted_tokens())
 
     def counters(self) -> dict | None:
-        if not self.cfg.options.get("draft"):
-            return None  # prompt lookup reports no speculative metrics
+        if not self.cfg.options.get("draft") or self.totals["uncounted"]:
+            return None  # prompt lookup reports no speculative metrics, nor does a call through handles
         return {k: self.totals[k] for k in ("drafts", "draft_tokens", "accepted")} | {"accepted_per_pos": None}
 
     def refuses(self, r) -> str | None:
@@ -371,7 +416,7 @@ class OpenVINOAdapter(EngineAdapter):
 
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
-    cases=ALL + FEATURES + TEXT_CASES, timeout_s=900.0,
+    cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES, timeout_s=900.0,
     conditions={"block-boundary": ("control", "prompt-lookup", "draft-k3"),
                 "chunked-prefill": ("control", "prompt-lookup", "draft-k3"),
                 "prefix-cache": ("control-cold", "control", "prompt-lookup", "draft-k3"),
@@ -379,7 +424,7 @@ ADAPTER = OpenVINOAdapter(
     absent_knobs=ABSENT_KNOBS,
     seed_probe=True, preload_modules=("openvino_genai", __name__),
     conventions=Conventions(
-        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request",
+        top_k_ties="lowest_ids", first_token_at_prefill=True, seeds="per_request", logprobs="raw", logprobs_top=False,
         notes=("top-k keeps exactly k by a min-heap over the ids in order: the lowest-ids law on every row of this "
                "matrix, not a rule in general (logits [0, 1, 1, 2], k 2 keep ids 2 and 3)",
                "rng_seed defaults to 0 for every request: unseeded requests get distinct seeds from the adapter",
@@ -388,6 +433,9 @@ ADAPTER = OpenVINOAdapter(
                "a stop token is returned; the draft stops drafting after EOS even with ignore_eos",
                "stop strings match the detokenizer's text, tokens joined by a space (t0 t6 t4): the cases' stop "
                "strings never begin with a space, so the stop rule is the one of token_prefix ' '; token ids and "
-               "finish reason only (the adapter asks for no text)"),
+               "finish reason only (the adapter asks for no text)",
+               "log-probabilities: the returned token's, raw (before temperature), no top list and none for the "
+               "prompt (GenerationConfig.logprobs above 1 is treated as 1); read through a generation handle "
+               "(add_request / step), which reports no speculative counters"),
         token_prefix=" "),
 )
