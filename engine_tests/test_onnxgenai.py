@@ -176,3 +176,24 @@ def test_ngram_is_sample_and_match_identical_per_seed(paths, tmp_path):
     kw = {"temperature": 1.5, "top_k": 4, "top_p": 0.6}
     same = sum(_gen(ngram, [2, 6], 8, s, **kw)[0] == _gen(plain, [2, 6], 8, s, **kw)[0] for s in range(300))
     assert same == 300
+
+
+def test_the_engine_states_the_context_it_enforces_and_ends_a_request_at_it(paths, tmp_path):
+    """The context edge's evidence: the engine refuses ``max_length`` past its model's ``context_length`` and says
+    which (128 for every export); a request that ends exactly there (prompt 120 + 8) runs to its last position with the
+    draft model, having drafted."""
+    cfg = ad.ADAPTER.config("draft-k3")
+    folder = ad.compose_config(paths[("order2-target", "plain")], paths[("order2-draft", "plain")], cfg.options,
+                               tmp_path / "edge")
+    model = og.Model(str(folder))
+    assert ad.stated_context(model) == ad.EXPORTED_CONTEXT == 128
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=128, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, random_seed=1)
+    g = og.Generator(model, params)
+    g.append_tokens(np.asarray([6] + [0] * 119, dtype=np.int32))
+    toks = []
+    while not g.is_done():
+        g.generate_next_token()
+        toks.append(int(g.get_next_tokens()[0]))
+    stats = g.get_speculative_stats()
+    assert len(toks) == 8 and stats["draft_tokens_proposed"] > 0, (toks, stats)

@@ -205,3 +205,38 @@ def test_cache_is_keyed_by_version(tmp_path, monkeypatch):
     assert og_ad.engine_home() == tmp_path / "onnxgenai-0.18.0"
     assert len(og_ad._checkpoint_key("order1-target")) == 12
     assert og_ad._checkpoint_key("order1-target") != og_ad._checkpoint_key("order1-draft-close")
+
+
+def test_the_context_edge_maps_to_the_export_s_context_and_the_rest_is_refused_by_name():
+    """ORT GenAI runs the conditions it has knobs for: the context edge (the exports' 128 positions; the paged block
+    size stated as absent); prefix caching on, a token budget, a KV pool or another context are refused, named."""
+    from conformance.engines.conditions import condition
+
+    assert og_ad.condition_settings(condition("context-edge")) == {"max_model_len": 128, "prefix_caching": False}
+    assert set(og_ad.ADAPTER.conditions) == {"context-edge"} and "block_size" in og_ad.ADAPTER.absent_knobs
+    for name, why in (("prefix-cache", "no prefix cache"), ("chunked-prefill", "token_budget"),
+                      ("preemption", "kv_blocks"), ("long-context-edge", "prefix cache")):
+        with pytest.raises(NotImplementedError, match=why):
+            og_ad.ADAPTER.open_condition(og_ad.ADAPTER.config("control"), "order2", condition(name))
+
+
+class _RefusingParams(_StubParams):
+    said = "max_length (1048576) cannot be greater than model context_length (128)"
+
+
+class _RefusingGenerator:
+    def __init__(self, model, params):
+        raise RuntimeError(_RefusingParams.said)
+
+
+def test_the_context_is_the_one_the_engine_states_when_it_refuses_a_longer_request(monkeypatch):
+    """The condition's evidence is the engine's own refusal, parsed; a refusal that names no context (or none at all)
+    gives no reading, so the condition is not shown reached."""
+    fake = types.ModuleType("onnxruntime_genai")
+    fake.GeneratorParams, fake.Generator = _RefusingParams, _RefusingGenerator
+    monkeypatch.setitem(sys.modules, "onnxruntime_genai", fake)
+    assert og_ad.stated_context(object()) == 128
+    monkeypatch.setattr(_RefusingParams, "said", "out of memory")
+    assert og_ad.stated_context(object()) is None
+    fake.Generator = lambda model, params: object()  # accepted: it enforces no context
+    assert og_ad.stated_context(object()) is None

@@ -59,8 +59,9 @@ from ..adapter import REPO, Conventions, EngineAdapter, venv_python
 from ..session import VariantSession
 from ..matrix import CASES, Configuration
 
-__all__ = ["ADAPTER", "CONFIGS", "VERSION", "MODELS", "engine_home", "export", "check_logits", "compose_config",
-           "search_options", "partial_sort_top_k", "OnnxGenaiSession", "RoundCounter"]
+__all__ = ["ADAPTER", "CONFIGS", "VERSION", "MODELS", "ABSENT_KNOBS", "MAPPED_KNOBS", "engine_home", "export",
+           "check_logits", "compose_config", "search_options", "condition_settings", "stated_context",
+           "partial_sort_top_k", "OnnxGenaiSession", "RoundCounter"]
 
 VERSION = "0.18.0"
 INSTALL = "bash scripts/env.sh onnxgenai"
@@ -103,6 +104,50 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="n-gram lookup (ngram_size 2, max_draft_tokens 3): sample-and-match, per seed identical "
                        "(the first quarter of each case's seeds)"),
 )
+
+
+#: Serving-condition knobs ORT GenAI has no counterpart for (:attr:`EngineAdapter.absent_knobs`).
+ABSENT_KNOBS = {"block_size": "ORT GenAI's KV cache is not paged: each generator holds one buffer of the model's "
+                              "context_length"}
+#: The knobs mapped: ``max_model_len`` -> the exported model's ``context_length`` (128; each request's ``max_length``
+#: stays prompt + max tokens, which the engine refuses past that context), ``prefix_caching`` off only (no prefix
+#: cache: every generator prefills its prompt).
+MAPPED_KNOBS = ("max_model_len", "prefix_caching")
+EXPORTED_CONTEXT = 128
+
+
+def condition_settings(condition) -> dict:
+    """The condition's knobs as ORT GenAI runs them; raises naming a knob it has no setting for (a token budget, a
+    KV pool: one generator per request, nothing scheduled), prefix caching on (it has none), or a context other than
+    the export's."""
+    missing = sorted(set(condition.settings) - set(MAPPED_KNOBS) - set(ABSENT_KNOBS))
+    if missing:
+        raise NotImplementedError(f"ONNX Runtime GenAI has no setting for {', '.join(missing)} ({condition.name})")
+    if condition.settings.get("prefix_caching"):
+        raise NotImplementedError(f"ONNX Runtime GenAI has no prefix cache ({condition.name})")
+    limit = condition.settings.get("max_model_len")
+    if limit is not None and int(limit) != EXPORTED_CONTEXT:
+        raise NotImplementedError(f"max_model_len {limit}: the exports' context_length is {EXPORTED_CONTEXT} "
+                                  f"({condition.name})")
+    return {k: v for k, v in condition.settings.items() if k in MAPPED_KNOBS}
+
+
+def stated_context(model) -> int | None:
+    """The context the engine enforces, in its own words: a request one position past any plausible context is
+    refused with "max_length (N) cannot be greater than model context_length (C)"; C, or None when it says
+    otherwise (then the condition is not shown reached)."""
+    import re
+
+    import onnxruntime_genai as og
+
+    p = og.GeneratorParams(model)
+    try:
+        p.set_search_options(max_length=1 << 20, do_sample=False)
+        og.Generator(model, p)
+    except Exception as exc:  # noqa: BLE001 - the refusal is the reading
+        m = re.search(r"context_length \((\d+)\)", str(exc))
+        return int(m.group(1)) if m else None
+    return None
 
 
 # ----------------------------------------------------------------------------- conversion (the builder), cached
@@ -345,9 +390,9 @@ class OnnxGenaiSession(VariantSession):
 
     threads = THREADS
 
-    def __init__(self, cfg: Configuration, pair, k: int):
+    def __init__(self, cfg: Configuration, pair, k: int, condition=None):
         super().__init__()
-        self.cfg, self.pair, self.k = cfg, pair, k
+        self.cfg, self.pair, self.k, self.condition = cfg, pair, k, condition
         names = (pair.target.name, pair.draft.name) if cfg.options.get("draft") else (pair.target.name,)
         self.paths = export(names)
         self.tmp = Path(tempfile.mkdtemp(prefix="specdec-onnxgenai-"))
@@ -390,6 +435,14 @@ class OnnxGenaiSession(VariantSession):
     def counters(self) -> dict | None:
         return self.counter.read() if self.cfg.speculative else None
 
+    def condition_counters(self) -> dict | None:
+        """Under a serving condition, the context each loaded model enforces (:func:`stated_context`; the smallest
+        when two variants are loaded)."""
+        if self.condition is None:
+            return None
+        stated = [stated_context(m) for m in self.instances.values()]
+        return {"max_model_len": None if not stated or None in stated else min(stated)}
+
     def validate(self, request) -> None:
         search_options(request)
 
@@ -412,6 +465,12 @@ class OnnxGenaiAdapter(EngineAdapter):
 
         return OnnxGenaiSession(cfg, exact_pair(self.families[family]), self.k_of(cfg))
 
+    def open_condition(self, cfg, family, condition):
+        from specdec_ref.exact import exact_pair
+
+        condition_settings(condition)  # a knob without a setting raises here, before any load
+        return OnnxGenaiSession(cfg, exact_pair(self.families[family]), self.k_of(cfg), condition=condition)
+
     def export(self, check: bool = True) -> list[dict]:
         """Every exactly-known model converted by ORT GenAI's builder (cached per version and checkpoint), in its
         ``eos`` and ``plain`` variants, and with ``check`` the engine's logits against the tables (the whole context
@@ -427,6 +486,7 @@ class OnnxGenaiAdapter(EngineAdapter):
 ADAPTER = OnnxGenaiAdapter(
     name="onnxgenai", title="ONNX Runtime GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=3,
     cases=ALL + FEATURES, timeout_s=900.0, seed_probe=True, preload_modules=("onnxruntime_genai", __name__),
+    conditions={"context-edge": ("control", "draft-k3")}, absent_knobs=ABSENT_KNOBS,
     conventions=Conventions(
         top_k_ties="lowest_ids", first_token_at_prefill=False, seeds="per_request",
         notes=("top-k keeps exactly k: std::partial_sort's heap keeps the lowest ids among tied tokens on every "

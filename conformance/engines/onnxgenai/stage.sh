@@ -4,7 +4,8 @@
 #     and checkpoint hash) and the engine's logits against the tables (bit for bit, whole context and token by token);
 #  3. engine tests (engine_tests/test_onnxgenai.py): the findings, the top-k heap model, the ties case under both
 #     tie rules, MTP, n-gram identity;
-#  4. the matrix against conformance/engines/expected/onnxgenai-0.18.0.json.
+#  4. the matrix against conformance/engines/expected/onnxgenai-0.18.0.json;
+#  5. the serving condition it has a knob for: the context edge (its enforced context read from its own refusal).
 env_step onnxgenai
 VPY="$REPO/.venv-onnxgenai/bin/python"
 export_step onnxgenai logit-check.txt "conversion (ORT GenAI's builder) and the logits against the tables"
@@ -14,5 +15,7 @@ step "engine tests (findings, top-k heap, ties under both rules, MTP, n-gram ide
 
 matrix_step onnxgenai matrix "the black-box matrix"
 
-step "verdict table"
-cat "$OUT/matrix/verdicts.md"
+matrix_step onnxgenai conditions "serving conditions: the context edge" --jobs 2 --conditions all
+
+step "verdict tables"
+cat "$OUT/matrix/verdicts.md" "$OUT/conditions/verdicts.md"
