@@ -27,7 +27,6 @@ proposers: the law is a point mass) or a sample of the warped law.
 from __future__ import annotations
 
 import functools
-import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -275,8 +274,13 @@ def round_acceptance(target, law, prompt: Sequence[int], generated: Sequence[int
             path.append(int(q.argmax()))
             prefix = tuple(path)
         paths = np.array([path], dtype=np.int64)
-    else:
-        paths = np.array(list(itertools.product(range(vocab), repeat=count)), dtype=np.int64)
+    else:  # every draft path of positive probability, grown draft by draft (a token the draft never proposes,
+        # such as <bos>, would make a context the target does not define)
+        grown: list[tuple[int, ...]] = [()]
+        for _ in range(count):
+            q = _q_rows(law, prompt, generated, grown, config, eos_id, count, vocab)
+            grown = [p + (int(t),) for p, row in zip(grown, q) for t in np.flatnonzero(row > 0)]
+        paths = np.array(grown, dtype=np.int64).reshape(-1, count)
     prefixes = sorted({tuple(int(t) for t in path[:i]) for path in paths for i in range(count + 1)})
     index = {p: i for i, p in enumerate(prefixes)}
     p_law = next_token_law(target, list(prompt), [tuple(generated) + p for p in prefixes], config, eos_id=eos_id).numpy()

@@ -456,3 +456,72 @@ def test_rounds_are_compared_up_to_the_draft_s_positions_for_a_draft_that_reads_
     bad = R.check_rounds(law, [{**rec, "rounds": [[3, 0]] + rounds[1:]}], 3, prefill=True, counters=None,
                          positions=4096)
     assert bad["passed"] is False and "round 1" in bad["text"]
+
+
+def _token_wise_records(n: int, k: int, max_new: int, seed: int, accept_scale: float = 1.0) -> list[dict]:
+    """Requests of token-wise rejection sampling on the order-1 pair (T 1, the first draft round from the prompt, as
+    ONNX Runtime GenAI runs it), each with its rounds ``[drafted, accepted]``; ``accept_scale`` < 1: a planted
+    draft-side bug that keeps each draft with only that share of the exact probability."""
+    from specdec_properties.sequences import next_token_law
+    from specdec_ref.exact import exact_model
+    from specdec_ref.warp import SamplingConfig
+
+    t1 = SamplingConfig(temperature=1.0)
+    rows = {name: next_token_law(exact_model(name), [0], [(v,) for v in range(8)], t1).numpy()
+            for name in ("order1-target", "order1-draft-close")}  # order-1: the law reads the last token only
+    p, q = rows["order1-target"], rows["order1-draft-close"]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        prompt, toks, rounds = [2, 6], [], []
+        while len(toks) < max_new:
+            last, drafts = (toks or prompt)[-1], []
+            for _ in range(min(k, max_new - len(toks))):
+                drafts.append(int(rng.choice(8, p=q[(drafts or [last])[-1]])))
+            accepted, prev = 0, last
+            for d in drafts:
+                if rng.random() < accept_scale * min(1.0, p[prev, d] / q[prev, d]):
+                    toks.append(d)
+                    accepted, prev = accepted + 1, d
+                    continue
+                resid = np.maximum(p[prev] - q[prev], 0)
+                toks.append(int(rng.choice(8, p=resid / resid.sum())))
+                break
+            else:
+                if len(toks) < max_new:
+                    toks.append(int(rng.choice(8, p=p[prev])))
+            rounds.append([len(drafts), accepted])
+        out.append({"prompt_ids": prompt, "completion_ids": toks[:max_new], "rounds": rounds})
+    return out
+
+
+def test_sampled_drafts_acceptance_per_position_under_a_condition_matches_and_a_lowered_one_is_named(tmp_path):
+    """A configuration with a ``sampled_proposer`` under a serving condition (:func:`case_rounds`): the engine's
+    per-request rounds placed in the completions, the accepted drafts per position against the exact expectation
+    given each round's text. Exact token-wise rejection sampling matches; a draft side that keeps each draft with 80 %
+    of its exact probability (acceptance lost near a limit, a stale draft cache) fails at every position."""
+    from types import SimpleNamespace
+
+    from conformance.engines.adapter import Conventions
+    from conformance.engines.matrix import Configuration
+    from conformance.engines.rounds import case_rounds
+    from specdec_ref.warp import SamplingConfig
+
+    ad = SimpleNamespace(conventions=Conventions(first_token_at_prefill=False), families={"order1": "order1-close"},
+                         k_of=lambda cfg: 3)
+    cfg = Configuration("draft-k3", "draft_model", {}, "token", k=3, sampled_proposer="draft")
+    case = SimpleNamespace(model="order1-target", family="order1", sampling=SamplingConfig(temperature=1.0))
+    verdicts = {}
+    for name, scale in (("exact", 1.0), ("lowered", 0.8)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in _token_wise_records(600, 3, 6, 7, scale)))
+        verdicts[name] = case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": path.name})
+    assert verdicts["exact"]["passed"] is True, verdicts["exact"]["text"]
+    assert verdicts["lowered"]["passed"] is False and "position 1" in verdicts["lowered"]["text"], verdicts["lowered"]
+    assert all(row["z"] < -5 for row in verdicts["lowered"]["positions"][:2]), verdicts["lowered"]["positions"]
+    # rounds that do not fit their completion are named, not placed
+    bad = _token_wise_records(3, 3, 6, 8)
+    bad[1]["rounds"] = bad[1]["rounds"][:-1]
+    (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
+    named = case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": "bad.jsonl"})
+    assert named["passed"] is False and "request 1" in named["text"], named

@@ -85,7 +85,9 @@ def test_configurations_declare_their_schemes():
     for c in ad.configurations:  # every identity claim has the control cases it compares with
         if c.identical_to:
             assert {x.name for x in ad.cases_for(c)} <= control, c.name
-    assert {x.name for x in ad.cases_for(ad.config("draft-k3"))} == set(og_ad.LAW) | {"min-tokens"}
+    assert {x.name for x in ad.cases_for(ad.config("draft-k3")) if x.condition is None} == set(og_ad.LAW) | {"min-tokens"}
+    # its rounds are placed per request, so its acceptance is checked per position under a condition too
+    assert ad.config("draft-k3").sampled_proposer == "draft"
 
 
 def test_conventions():
@@ -185,7 +187,8 @@ def test_session_reads_eos_from_next_tokens_and_counts_rounds(monkeypatch):
     s.cfg, s.k, s.counter = og_ad.ADAPTER.config("draft-k3"), 3, og_ad.RoundCounter(3)
     s.instances = {"eos": object(), "plain": object()}
     out = s.generate([_req("eos", seed=1), _req("temperature", seed=None)])
-    assert out[0] == {"completion_ids": [4, 7], "finish_reason": "stop", "draft_tokens": 2, "accepted": 1}
+    assert out[0] == {"completion_ids": [4, 7], "finish_reason": "stop", "draft_tokens": 2, "accepted": 1,
+                      "rounds": [[2, 1]]}
     assert out[1]["completion_ids"] == [1, 2, 3] and out[1]["finish_reason"] == "length"  # stopped at max_new_tokens
     assert out[1]["draft_tokens"] == 4 and out[1]["accepted"] == 2
     assert s.counters() == {"drafts": 3, "draft_tokens": 6, "accepted": 3, "accepted_per_pos": [3, 0, 0]}

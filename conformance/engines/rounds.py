@@ -53,13 +53,14 @@ TOLERANCE_SE = 5.0
 @dataclass(frozen=True)
 class DraftArgmaxLaw:
     """The argmax of a draft model (a ``draft_model`` configuration with greedy drafting): draft ``i`` reads the
-    draft's law after the text and the drafts before it. A draft whose law reads its last token only (the order-1
-    tables, ``order2-draft``: :func:`_last_token_rows`) is read from one row per token (``context`` 1); any other over
-    the whole text (``context`` None: the long family's draft, which reads the marker)."""
+    draft's law after the text and the drafts before it; with ``sample`` the drafts are samples of its warped law
+    instead (a ``token``-scheme configuration's ``sampled_proposer`` ``draft``). A draft whose law reads its last token
+    only (the order-1 tables, ``order2-draft``: :func:`_last_token_rows`) is read from one row per token (``context``
+    1); any other over the whole text (``context`` None: the long family's draft, which reads the marker)."""
 
     draft: str
-    one_hot = True
-    sample = False
+    sample: bool = False
+    one_hot = property(lambda self: not self.sample)
 
     @property
     def context(self) -> int | None:
@@ -475,7 +476,11 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
 
     from specdec_ref.exact import exact_model
 
-    if cfg.proposer is None or not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
+    if not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
+        return None
+    if cfg.sampled_proposer is not None:
+        return _sampled_case_rounds(ad, cfg, case, info)
+    if cfg.proposer is None:
         return None
     records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
     reported = all("rounds" in r for r in records) or all("draft_tokens" in r and "accepted" in r for r in records)
@@ -506,6 +511,31 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
     if skipped:
         check["text"] += f" ({skipped} requests past the draft's {limit} positions not compared: no draft law there)"
     return check
+
+
+def _sampled_case_rounds(ad, cfg, case, info: dict) -> dict | None:
+    """:func:`case_rounds` for sampled drafts (``sampled_proposer``): the engine's per-request rounds placed in the
+    case's completions (:func:`engine_rounds`), and the accepted drafts per position against the exact expectation
+    given each round's text (:func:`conditional_acceptance`, the proposer's law sampled under the case's settings).
+    ``passed`` None where the engine reports no per-request rounds."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
+    if not records or not all("rounds" in r for r in records):
+        return None
+    rounds, problem = engine_rounds(records, prefill=ad.conventions.first_token_at_prefill)
+    if problem:
+        return {"passed": False, "text": f"the engine's per-request rounds {problem}"}
+    k = ad.k_of(cfg)
+    law = replace(proposal_law(cfg.sampled_proposer, ad.families[case.family]), sample=True)
+    observed = [sum(1 for r in rounds if r.accepted >= j) for j in range(1, k + 1)]
+    e = conditional_acceptance(case.model, law, records, rounds, case.sampling, k, observed)
+    shown = ", ".join(f"{r['observed']:.3f} / {r['expected']:.3f}" for r in e["positions"])
+    return {"passed": e["passed"], "positions": e["positions"],
+            "text": f"acceptance per draft position (observed / exact given each round's text): {shown}, "
+                    f"{e['drafts']} rounds: {e['verdict']}"}
 
 
 def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round], str | None]:

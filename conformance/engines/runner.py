@@ -359,7 +359,8 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
             c.level, c.headline = Level.TOOL_ERROR, f"TOOL ERROR: rounds check: {type(exc).__name__}: {exc}"[:300]
             return
         if rounds is not None and rounds.get("passed") is not None:
-            c.rounds = Check(rounds["passed"], rounds["text"], {"proposer": cfg.proposer})
+            c.rounds = Check(rounds["passed"], rounds["text"],
+                             {"proposer": cfg.proposer or f"sampled {cfg.sampled_proposer}"})
         lines = map(json.loads, (Path(info["dir"]) / info["file"]).read_text().splitlines()) if info.get("file") else ()
         reached, text = evidence_check(under(condition(case.condition), cfg.condition_settings), case,
                                        info.get("evidence"), per_request_evidence(lines), absent=ad.absent_knobs)

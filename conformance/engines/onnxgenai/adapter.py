@@ -89,7 +89,9 @@ def _draft(**o) -> dict:
 CONFIGS: tuple[Configuration, ...] = (
     Configuration("control", None, {}, cases=CONTROL + FEATURES, note="no speculation"),
     Configuration("draft-k3", "draft_model", _draft(max_draft_tokens=3), "token", cases=LAW + ("min-tokens",), k=3,
-                  note="draft model (model.draft), max_draft_tokens 3"),
+                  sampled_proposer="draft",
+                  note="draft model (model.draft), max_draft_tokens 3; its per-request rounds placed in the completions "
+                       "and their acceptance per position against the exact expectation given each round's text"),
     Configuration("draft-k1", "draft_model", _draft(max_draft_tokens=1), "token", cases=("warp-1tok", "greedy-1tok"),
                   k=1, note="draft model, max_draft_tokens 1"),
     Configuration("draft-k5", "draft_model", _draft(max_draft_tokens=5), "token", cases=("position", "greedy"), k=5,
@@ -429,7 +431,8 @@ class OnnxGenaiSession(VariantSession):
                "finish_reason": "stop" if request.eos and toks and toks[-1] == request.eos_id else "length"}
         if self.cfg.speculative:
             self.counter.add(rounds)
-            out.update(draft_tokens=sum(p for p, _ in rounds), accepted=sum(a for _, a in rounds))
+            out.update(draft_tokens=sum(p for p, _ in rounds), accepted=sum(a for _, a in rounds),
+                       rounds=[[p, a] for p, a in rounds])
         return out
 
     def counters(self) -> dict | None:
