@@ -312,6 +312,9 @@ def test_n_completions_per_request_are_lines_with_their_index_and_copies_are_nam
     assert copies["level"] == "not_certified", copies["headline"]
     assert copies["explained"].startswith("a request's 4 completions are copies of one another: all 4 completions "
                                           "the same in ")
+    # a refusal at submission is asked with the request as its batch sends it (n 4 here): REFUSED, its reason kept
+    refused = configs["refuses-n"]["cases"]["n-samples"]
+    assert refused["level"] == "refused" and "parallel sampling" in refused["headline"], refused["headline"]
 
 
 def test_a_serving_condition_not_reached_is_a_failure_with_its_evidence(tmp_path):

@@ -88,7 +88,7 @@ def test_configurations():
     names = [c.name for c in ovad.CONFIGS]
     assert len(set(names)) == len(names)
     known = {c.name for c in CASES} | set(ovad.FEATURES) | set(ovad.TEXT_CASES) | set(ovad.GRAMMAR_CASES) | set(
-        ovad.LOGPROB_CASES)
+        ovad.LOGPROB_CASES) | set(ovad.N_CASES)
     for c in ovad.CONFIGS:
         assert c.cases is None or set(c.cases) <= known, c.name
         assert c.speculative == (c.name not in ("control", "control-cold"))
@@ -112,6 +112,10 @@ def test_a_logprobs_request_asks_for_the_returned_token_s_value():
     lp = Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, 7, 1, c.logprobs)
     assert ovad.generation_fields(lp, ovad.ADAPTER.config("control"), seed=1)["logprobs"] == 1
     assert ovad.ADAPTER.conventions.logprobs == "raw" and ovad.ADAPTER.conventions.logprobs_top is False
+    # several completions: num_return_sequences, which the engine refuses beside a draft or prompt lookup
+    c = case("n-samples")
+    n4 = Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, 7, 1, None, c.samples)
+    assert ovad.generation_fields(n4, ovad.ADAPTER.config("control"), seed=1)["num_return_sequences"] == 4
     assert ovad.ADAPTER.config("draft-same-nopc").options["pair"] == "order1-same"
     assert ovad.scheduler_options(ovad.ADAPTER.config("draft-k3"))["enable_prefix_caching"] is True
     assert ovad.scheduler_options(ovad.ADAPTER.config("draft-k3-nopc"))["enable_prefix_caching"] is False

@@ -232,7 +232,7 @@ class Worker:
         for c in cases:
             why = None
             try:
-                why = session.refuses(Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, eos_id, c.seed(0)))
+                why = session.refuses(case_requests([c], eos_id, {c.name: (0, 1)})[0][0])  # as the batch asks it
             except Exception as exc:  # noqa: BLE001 - the validation itself raised: that is its refusal
                 why = error_text(exc)
             if why:

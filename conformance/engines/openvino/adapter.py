@@ -74,6 +74,9 @@ TEXT_CASES = ("stop-strings",)
 #: B), the last in a configuration of its own (``draft-k3-nopc-features``).
 GRAMMAR_CASES = ("grammar",)
 LOGPROB_CASES = ("logprobs",)
+#: Several completions per request (``num_return_sequences``, multinomial): the plain pipeline runs it; with prompt
+#: lookup or a draft model the engine refuses it ("parallel sampling is not compatible with assistant generation").
+N_CASES = ("n-samples",)
 #: How xgrammar sees the vocabulary of the tokenizer IR (``Tokenizer.get_vocab``: ``b' t0'`` ... ``b' t6'``): each
 #: token's name after a space, so the grammar's literals carry it (without it only EOS matches).
 GRAMMAR_TOKEN_PREFIX = " "
@@ -88,7 +91,7 @@ CONFIGS: tuple[Configuration, ...] = (
                   note="no speculation, prefix caching off: under a prefix-caching condition, the cold run the cached "
                        "control is compared with per seed"),
     Configuration("control", None, {"prefix_caching": True},
-                  cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES,
+                  cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES + N_CASES,
                   condition_identical_to="control-cold",
                   note="no speculation (the latency-oriented scheduler config: prefix caching on)"),
     Configuration("draft-k3", "draft_model", _draft(3), None, cases=("warp", "position"), k=3,
@@ -96,10 +99,11 @@ CONFIGS: tuple[Configuration, ...] = (
     Configuration("draft-k3-nopc", "draft_model", _draft(3, caching=False), None, cases=SPEC, k=3,
                   note="draft model, num_assistant_tokens 3, prefix caching off"),
     Configuration("draft-k3-nopc-features", "draft_model", _draft(3, caching=False), None,
-                  cases=GRAMMAR_CASES + LOGPROB_CASES, k=3, efficiency=False,
-                  note="draft-k3-nopc for the grammar and logprobs cases, in batches of their own: this engine's "
-                       "speculative outputs per seed depend on the other requests of the batch (longer requests change "
-                       "draft-k3-nopc's warp completions, which the stage checks against the mechanism's model)"),
+                  cases=GRAMMAR_CASES + LOGPROB_CASES + N_CASES, k=3, efficiency=False,
+                  note="draft-k3-nopc for the grammar, logprobs and n-samples cases, in batches of their own: this "
+                       "engine's speculative outputs per seed depend on the other requests of the batch (longer "
+                       "requests change draft-k3-nopc's warp completions, which the stage checks against the "
+                       "mechanism's model)"),
     Configuration("draft-k1-nopc", "draft_model", _draft(1, caching=False), None, cases=("eos",), k=1,
                   note="draft model, num_assistant_tokens 1, prefix caching off"),
     Configuration("draft-k5-nopc", "draft_model", _draft(5, caching=False), None, cases=("eos",), k=5,
@@ -110,7 +114,8 @@ CONFIGS: tuple[Configuration, ...] = (
                   identical_to="control", note="greedy with the draft model (k 3): token for token the plain greedy"),
     Configuration("prompt-lookup", "prompt_lookup", {"prompt_lookup": True, "num_assistant_tokens": 3,
                                                      "max_ngram_size": 2, "prefix_caching": True}, None,
-                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES + GRAMMAR_CASES + LOGPROB_CASES, k=3,
+                  cases=("warp-1tok", "eos", "position", "greedy") + FEATURES + GRAMMAR_CASES + LOGPROB_CASES
+                  + N_CASES, k=3,
                   identical_to="control",
                   note="prompt lookup (num_assistant_tokens 3, max_ngram_size 2): sample-and-match"),
     Configuration("draft-after-error", "draft_model", _draft(3, provoke=True), None, cases=("warp",), k=3,
@@ -132,7 +137,7 @@ def generation_fields(request, cfg: Configuration, *, seed: int) -> dict:
         raise ValueError("streaming: this adapter calls ContinuousBatchingPipeline.generate on token ids (no stream)")
     f = {"max_new_tokens": int(request.max_new_tokens), "min_new_tokens": int(s.min_new_tokens),
          "apply_chat_template": False,
-         "echo": False, "num_return_sequences": 1, "num_beams": 1, "logprobs": 1 if request.logprobs else 0,
+         "echo": False, "num_return_sequences": int(request.n), "num_beams": 1, "logprobs": 1 if request.logprobs else 0,
          "repetition_penalty": float(s.repetition_penalty), "presence_penalty": float(s.presence_penalty),
          "frequency_penalty": float(s.frequency_penalty)}
     if s.greedy:
@@ -306,10 +311,16 @@ class OpenVINOSession:
         if results:
             self._count(results[0].extended_perf_metrics)
         out = []
-        for r in results:
-            toks = [int(t) for t in r.m_generation_ids[0]]
-            reason = r.finish_reasons[0] if r.finish_reasons else None
-            out.append({"completion_ids": toks, "finish_reason": getattr(reason, "name", str(reason)).lower()})
+        for req, r in zip(requests, results):
+            recs = []
+            for j, ids_j in enumerate(r.m_generation_ids):
+                reason = r.finish_reasons[j] if len(r.finish_reasons) > j else None
+                recs.append({"completion_ids": [int(t) for t in ids_j],
+                             "finish_reason": getattr(reason, "name", str(reason)).lower()})
+            if req.n > 1:  # one record per completion, with its index (the black-box format)
+                out.append({"samples": [{**rec, "index": j} for j, rec in enumerate(recs)]})
+            else:
+                out.append(recs[0])
         if self.provoked is not None:
             self._against_plain(ids, configs, out)
         return out
@@ -416,7 +427,7 @@ class OpenVINOAdapter(EngineAdapter):
 
 ADAPTER = OpenVINOAdapter(
     name="openvino", title="OpenVINO GenAI", version=VERSION, install=INSTALL, configurations=CONFIGS, k=K,
-    cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES, timeout_s=900.0,
+    cases=ALL + FEATURES + TEXT_CASES + GRAMMAR_CASES + LOGPROB_CASES + N_CASES, timeout_s=900.0,
     conditions={"block-boundary": ("control", "prompt-lookup", "draft-k3"),
                 "chunked-prefill": ("control", "prompt-lookup", "draft-k3"),
                 "prefix-cache": ("control-cold", "control", "prompt-lookup", "draft-k3"),
