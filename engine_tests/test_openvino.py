@@ -401,3 +401,15 @@ def test_the_plugin_s_default_precision_is_bf16_where_the_cpu_has_it_hence_the_a
         assert worst["default"] > 1e-3, (caps, worst)
     else:
         assert worst["default"] < 1e-5, (caps, worst)
+
+
+def test_a_chunk_mixing_logprobs_and_several_completions_keeps_both():
+    """The adapter's handle path (taken for a chunk holding a logprobs request) returns every sequence of an ``n > 1``
+    request beside the log-probabilities of the others: the matrix's control batch of the order-2 family mixes them."""
+    session = ovad.ADAPTER.open(ovad.ADAPTER.config("control"), "order2")
+    lc, nc = case("logprobs"), case("n-samples")
+    reqs = [Request(lc.name, lc.prompt, lc.sampling, lc.max_new_tokens, True, EOS, 70_000, logprobs=lc.logprobs),
+            Request(nc.name, nc.prompt, nc.sampling, nc.max_new_tokens, True, EOS, 70_004, n=nc.samples)]
+    lp, n4 = session.generate(reqs)
+    assert len(lp["logprobs"]) == len(lp["completion_ids"]) > 0
+    assert [s["index"] for s in n4["samples"]] == [0, 1, 2, 3]

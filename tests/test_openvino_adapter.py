@@ -273,3 +273,19 @@ def test_stop_strings_keep_their_tokens_in_the_ids_and_streaming_is_refused():
     with pytest.raises(ValueError, match="no stream"):
         ovad.generation_fields(replace(r, stream=True), ovad.ADAPTER.config("control"), seed=3)
     assert ovad.ADAPTER.conventions.token_prefix == " "
+
+
+def test_a_record_holds_its_completions_by_index_and_log_probabilities_only_where_asked():
+    """One builder for both engine paths (``generate`` and the handles a logprobs request needs), so a chunk that
+    mixes an ``n > 1`` request with a logprobs one keeps every completion (a handle path reading the first sequence
+    only crashed such a batch: caught by the worker as a missing completion, then split)."""
+    c = case("n-samples")
+    n4 = Request(c.name, c.prompt, c.sampling, c.max_new_tokens, c.eos, 7, 1, None, c.samples)
+    seqs = [([0, 1, 2], None, None), ([3, 4, 7], "STOP", None), ([0, 0, 0], None, None), ([5, 5, 5], None, None)]
+    rec = ovad._record(n4, seqs)
+    assert [s["index"] for s in rec["samples"]] == [0, 1, 2, 3] and rec["samples"][1]["completion_ids"] == [3, 4, 7]
+    assert "logprobs" not in rec["samples"][0]
+    lc = case("logprobs")
+    lp = Request(lc.name, lc.prompt, lc.sampling, lc.max_new_tokens, lc.eos, 7, 1, lc.logprobs)
+    one = ovad._record(lp, [([0, 7], "STOP", [{"0": -0.5}, {"7": -2.0}])])
+    assert one == {"completion_ids": [0, 7], "finish_reason": "stop", "logprobs": [{"0": -0.5}, {"7": -2.0}]}

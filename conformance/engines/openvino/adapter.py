@@ -209,6 +209,20 @@ def scheduler_options(cfg: Configuration, condition=None) -> dict:
     return out
 
 
+def _record(request, sequences) -> dict:
+    """One request's record from its sequences ``(token ids, finish reason, log-probabilities or None)``: the
+    completion itself, or for ``n > 1`` one record per completion with its index (the black-box format)."""
+    recs = []
+    for toks, reason, lps in sequences:
+        rec = {"completion_ids": toks, "finish_reason": getattr(reason, "name", str(reason)).lower()}
+        if request.logprobs:
+            rec["logprobs"] = lps
+        recs.append(rec)
+    if request.n > 1:
+        return {"samples": [{**rec, "index": j} for j, rec in enumerate(recs)]}
+    return recs[0]
+
+
 class OpenVINOSession:
     """One ``ContinuousBatchingPipeline`` for one configuration and target family."""
 
@@ -306,41 +320,36 @@ class OpenVINOSession:
         ids = [ov.Tensor(np.array([list(r.prompt)], dtype=np.int64)) for r in requests]
         configs = [generation_config(r, self.cfg, seed=self._seed(r)) for r in requests]
         if any(r.logprobs for r in requests):
-            return self._generate_handles(ids, configs)
+            return self._generate_handles(requests, ids, configs)
         results = self.pipe.generate(ids, configs)
         if results:
             self._count(results[0].extended_perf_metrics)
         out = []
         for req, r in zip(requests, results):
-            recs = []
-            for j, ids_j in enumerate(r.m_generation_ids):
-                reason = r.finish_reasons[j] if len(r.finish_reasons) > j else None
-                recs.append({"completion_ids": [int(t) for t in ids_j],
-                             "finish_reason": getattr(reason, "name", str(reason)).lower()})
-            if req.n > 1:  # one record per completion, with its index (the black-box format)
-                out.append({"samples": [{**rec, "index": j} for j, rec in enumerate(recs)]})
-            else:
-                out.append(recs[0])
+            reasons = list(r.finish_reasons)
+            out.append(_record(req, [([int(t) for t in ids_j], reasons[j] if j < len(reasons) else None, None)
+                                     for j, ids_j in enumerate(r.m_generation_ids)]))
         if self.provoked is not None:
             self._against_plain(ids, configs, out)
         return out
 
-    def _generate_handles(self, ids, configs) -> list[dict]:
-        """The chunk through generation handles (``add_request``, ``step`` until done, ``read_all``): what
-        ``generate`` does inside, and the only way to the per-token log-probabilities (``generated_log_probs``). No
-        speculative counters come this way: the session then reports none (:meth:`counters`)."""
+    def _generate_handles(self, requests, ids, configs) -> list[dict]:
+        """The chunk through generation handles (``add_request``, ``step`` until done, ``read_all``: one output per
+        sequence): what ``generate`` does inside, and the only way to the per-token log-probabilities
+        (``generated_log_probs``). No speculative counters come this way: the session then reports none
+        (:meth:`counters`)."""
         handles = [self.pipe.add_request(i, x, c) for i, (x, c) in enumerate(zip(ids, configs))]
         while self.pipe.has_non_finished_requests():
             self.pipe.step()
         self.totals["uncounted"] += 1
         out = []
-        for h in handles:
-            o = h.read_all()[0]
-            toks = [int(t) for t in o.generated_ids]
-            lps = [{str(t): float(v)} for t, v in zip(toks, o.generated_log_probs)]
-            out.append({"completion_ids": toks, "finish_reason": getattr(o.finish_reason, "name",
-                                                                            str(o.finish_reason)).lower(),
-                        "logprobs": lps if len(lps) == len(toks) else None})
+        for req, h in zip(requests, handles):
+            seqs = []
+            for o in h.read_all():
+                toks = [int(t) for t in o.generated_ids]
+                lps = [{str(t): float(v)} for t, v in zip(toks, o.generated_log_probs)]
+                seqs.append((toks, o.finish_reason, lps if req.logprobs and len(lps) == len(toks) else None))
+            out.append(_record(req, seqs))
         return out
 
     def _against_plain(self, ids, configs, out) -> None:
