@@ -297,7 +297,7 @@ def test_sampled_rounds_are_placed_from_the_engines_per_request_rounds():
     """Sampled drafts: the engine's per-request rounds place each round in its completion (the first after the prompt
     and the prefill token, each emitting accepted + 1 tokens, a round with nothing drafted a plain step); rounds that do
     not fit the completion are named."""
-    from conformance.engines.rounds import engine_rounds
+    from conformance.engines.sampled_rounds import engine_rounds
 
     rec = {"prompt_ids": [5, 0], "completion_ids": [1, 2, 3, 4, 5, 6, 7], "rounds": [[3, 1], [0, 0], [3, 3]]}
     rounds, problem = engine_rounds([rec], prefill=True)
@@ -320,7 +320,7 @@ def test_sampled_rounds_efficiency_names_acceptance_and_counters_that_depart(tmp
     from types import SimpleNamespace
 
     from conformance.engines.adapter import Conventions
-    from conformance.engines.rounds import sampled_rounds_of
+    from conformance.engines.sampled_rounds import sampled_rounds_of
 
     rng = np.random.default_rng(0)
     records = []
@@ -496,7 +496,7 @@ def _token_wise_records(n: int, k: int, max_new: int, seed: int, accept_scale: f
 
 
 def test_sampled_drafts_acceptance_per_position_under_a_condition_matches_and_a_lowered_one_is_named(tmp_path):
-    """A configuration with a ``sampled_proposer`` under a serving condition (:func:`case_rounds`): the engine's
+    """A configuration with a ``sampled_proposer`` under a serving condition (:func:`sampled_case_rounds`): the engine's
     per-request rounds placed in the completions, the accepted drafts per position against the exact expectation
     given each round's text. Exact token-wise rejection sampling matches; a draft side that keeps each draft with 80 %
     of its exact probability (acceptance lost near a limit, a stale draft cache) fails at every position."""
@@ -504,7 +504,7 @@ def test_sampled_drafts_acceptance_per_position_under_a_condition_matches_and_a_
 
     from conformance.engines.adapter import Conventions
     from conformance.engines.matrix import Configuration
-    from conformance.engines.rounds import case_rounds
+    from conformance.engines.sampled_rounds import sampled_case_rounds
     from specdec_ref.warp import SamplingConfig
 
     ad = SimpleNamespace(conventions=Conventions(first_token_at_prefill=False), families={"order1": "order1-close"},
@@ -515,7 +515,7 @@ def test_sampled_drafts_acceptance_per_position_under_a_condition_matches_and_a_
     for name, scale in (("exact", 1.0), ("lowered", 0.8)):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in _token_wise_records(600, 3, 6, 7, scale)))
-        verdicts[name] = case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": path.name})
+        verdicts[name] = sampled_case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": path.name})
     assert verdicts["exact"]["passed"] is True, verdicts["exact"]["text"]
     assert verdicts["lowered"]["passed"] is False and "position 1" in verdicts["lowered"]["text"], verdicts["lowered"]
     assert all(row["z"] < -5 for row in verdicts["lowered"]["positions"][:2]), verdicts["lowered"]["positions"]
@@ -523,5 +523,20 @@ def test_sampled_drafts_acceptance_per_position_under_a_condition_matches_and_a_
     bad = _token_wise_records(3, 3, 6, 8)
     bad[1]["rounds"] = bad[1]["rounds"][:-1]
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in bad))
-    named = case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": "bad.jsonl"})
+    named = sampled_case_rounds(ad, cfg, case, {"status": "ok", "dir": str(tmp_path), "file": "bad.jsonl"})
     assert named["passed"] is False and "request 1" in named["text"], named
+
+
+def test_a_sampled_draft_round_law_is_over_the_drafts_the_draft_can_propose():
+    """The law of one round with sampled drafts is summed over the draft paths of positive probability only: on the
+    order-2 pair the draft never proposes ``<bos>`` (id 6), and a path through it is a context the target does not
+    define (enumerating every path of the vocabulary raised there)."""
+    from specdec_properties.exact import SchemeSpec
+    from specdec_properties.proposals import round_acceptance
+    from specdec_ref.exact import exact_model
+
+    law = R.DraftArgmaxLaw("order2-draft", sample=True)
+    assert not law.one_hot
+    m = round_acceptance(exact_model("order2-target"), law, [6, 0, 3], [], SamplingConfig(temperature=1.0), 3,
+                         SchemeSpec(name="token"))
+    assert m.shape == (4,) and abs(m.sum() - 1.0) < 1e-9 and (m > 0).all()

@@ -247,7 +247,7 @@ class Configuration:
     ``sampled_proposer``: the exact law a ``token``-scheme configuration samples its drafts from (the same names as
     ``proposer``): the engine's per-request rounds place every round in its completion, and the acceptance per
     position is tested against the exact expectation given those rounds' texts
-    (:func:`conformance.engines.rounds.sampled_rounds_of`); ``efficiency``: False for a configuration that repeats
+    (:func:`conformance.engines.sampled_rounds.sampled_rounds_of`); ``efficiency``: False for a configuration that repeats
     another's speculative set-up with one engine setting changed that cannot touch acceptance (its efficiency is that
     configuration's), so its worker does not rerun the efficiency set."""
 

@@ -22,8 +22,8 @@ step), so its rounds are never cut. The same rebuild serves sample-and-match ver
 draft is kept exactly when the target's sample equals it, which is the one-hot draft's acceptance too.
 
 Sampled drafts cannot be rebuilt from a completion, but an engine that reports each request's rounds places them in
-it (:func:`engine_rounds`: a round that accepts ``m`` drafts emits ``m + 1`` tokens), which is all the conditional
-expectation needs (:func:`sampled_rounds_of`, a configuration's ``sampled_proposer``).
+it, which is all the conditional expectation needs: :mod:`conformance.engines.sampled_rounds` (a configuration's
+``sampled_proposer``).
 
 :func:`conditional_acceptance` is the statistical half: given every reconstructed round's text, the engine's
 ``accepted_per_pos[i]`` has the exact mean ``sum_rounds P(m >= i | text)``
@@ -45,7 +45,7 @@ import numpy as np
 from ..report import show_ids
 
 __all__ = ["DraftArgmaxLaw", "Round", "proposal_law", "argmax_drafts", "reconstruct", "check_rounds",
-           "conditional_acceptance", "rounds_of", "engine_rounds", "sampled_rounds_of", "TOLERANCE_SE", "greedy_next"]
+           "conditional_acceptance", "rounds_of", "TOLERANCE_SE", "greedy_next"]
 
 TOLERANCE_SE = 5.0
 
@@ -476,12 +476,8 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
 
     from specdec_ref.exact import exact_model
 
-    if not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
-        return None
-    if cfg.sampled_proposer is not None:
-        return _sampled_case_rounds(ad, cfg, case, info)
-    if cfg.proposer is None:
-        return None
+    if cfg.proposer is None or not cfg.speculative or info.get("status") != "ok" or not info.get("file"):
+        return None  # sampled drafts: conformance.engines.sampled_rounds.sampled_case_rounds
     records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
     reported = all("rounds" in r for r in records) or all("draft_tokens" in r and "accepted" in r for r in records)
     if not records or not reported:
@@ -511,91 +507,3 @@ def case_rounds(ad, cfg, case, info: dict) -> dict | None:
     if skipped:
         check["text"] += f" ({skipped} requests past the draft's {limit} positions not compared: no draft law there)"
     return check
-
-
-def _sampled_case_rounds(ad, cfg, case, info: dict) -> dict | None:
-    """:func:`case_rounds` for sampled drafts (``sampled_proposer``): the engine's per-request rounds placed in the
-    case's completions (:func:`engine_rounds`), and the accepted drafts per position against the exact expectation
-    given each round's text (:func:`conditional_acceptance`, the proposer's law sampled under the case's settings).
-    ``passed`` None where the engine reports no per-request rounds."""
-    import json
-    from dataclasses import replace
-    from pathlib import Path
-
-    records = [json.loads(line) for line in (Path(info["dir"]) / info["file"]).read_text().splitlines()]
-    if not records or not all("rounds" in r for r in records):
-        return None
-    rounds, problem = engine_rounds(records, prefill=ad.conventions.first_token_at_prefill)
-    if problem:
-        return {"passed": False, "text": f"the engine's per-request rounds {problem}"}
-    k = ad.k_of(cfg)
-    law = replace(proposal_law(cfg.sampled_proposer, ad.families[case.family]), sample=True)
-    observed = [sum(1 for r in rounds if r.accepted >= j) for j in range(1, k + 1)]
-    e = conditional_acceptance(case.model, law, records, rounds, case.sampling, k, observed)
-    shown = ", ".join(f"{r['observed']:.3f} / {r['expected']:.3f}" for r in e["positions"])
-    return {"passed": e["passed"], "positions": e["positions"],
-            "text": f"acceptance per draft position (observed / exact given each round's text): {shown}, "
-                    f"{e['drafts']} rounds: {e['verdict']}"}
-
-
-def engine_rounds(records: Sequence[dict], *, prefill: bool) -> tuple[list[Round], str | None]:
-    """The rounds an engine reports per request (``rec["rounds"] = [[drafted, accepted], ...]``) placed in each
-    completion: the first starts after the prompt (and the first token when ``prefill``), each emits ``accepted + 1``
-    tokens; a round with nothing drafted is a plain step (one token, no round). ``(rounds, problem)``: ``problem``
-    names the first request whose rounds do not fit its completion (a round starting past its end, or rounds that end
-    before it), else None. Drafts are unknown (sampled): ``drafts`` holds ``drafted`` placeholders (-1)."""
-    rounds: list[Round] = []
-    for i, rec in enumerate(records):
-        text = list(rec["prompt_ids"]) + list(rec["completion_ids"])
-        start = len(rec["prompt_ids"]) + (1 if prefill else 0)
-        reported = rec.get("rounds")
-        where = f"request {i} (prompt {show_ids(rec['prompt_ids'])})"
-        if reported is None:
-            return rounds, f"{where} has no per-request rounds"
-        for j, (drafted, accepted) in enumerate(reported):
-            if start >= len(text):
-                return rounds, f"{where}: round {j + 1} of {len(reported)} starts at {start}, past its text of {len(text)} tokens"
-            if drafted:  # censored: the completion ends before every accepted draft shows
-                rounds.append(Round(i, start, (-1,) * int(drafted), int(accepted),
-                                    censored=len(text) - start < accepted))
-            start += int(accepted) + 1
-        if start < len(text):
-            return rounds, f"{where}: its rounds end at token {start} of a text of {len(text)} (prompt and completion)"
-    return rounds, None
-
-
-def sampled_rounds_of(ad, cfg, state: dict) -> dict | None:
-    """The runner's half for a configuration that declares a ``sampled_proposer``: the efficiency set's rounds as the
-    engine reports them (:func:`engine_rounds`), their totals against its counters, and the acceptance per position
-    against the exact expectation given the rounds' texts, the proposer's law sampled under the efficiency set's
-    settings (:func:`conditional_acceptance`). None when there is nothing to place."""
-    import json
-    from dataclasses import replace
-    from pathlib import Path
-
-    from specdec_ref.exact import exact_pair
-
-    from .matrix import EFFICIENCY
-
-    eff = state.get("efficiency")
-    if cfg.sampled_proposer is None or not eff or eff.get("status") != "ok" or not eff.get("file"):
-        return None
-    records = [json.loads(line) for line in Path(eff["file"]).read_text().splitlines()]
-    pair_name = ad.families[EFFICIENCY.family]
-    law = replace(proposal_law(cfg.sampled_proposer, pair_name), sample=True)
-    k = ad.k_of(cfg)
-    rounds, problem = engine_rounds(records, prefill=ad.conventions.first_token_at_prefill)
-    base = {"scheme": cfg.scheme, "n_requests": eff["n"], "seconds": eff.get("seconds"),
-            "counters_source": eff.get("counters_source"), "proposer": f"sampled {cfg.sampled_proposer}"}
-    if problem:
-        return {**base, "passed": False, "verdict": f"FAILS: the engine's per-request rounds {problem}"}
-    per_pos = eff.get("accepted_per_pos")
-    mine = {"drafts": len(rounds), "draft_tokens": sum(len(r.drafts) for r in rounds),
-            "accepted": sum(r.accepted for r in rounds)}
-    differ = [f"{key} {eff.get(key)} counted, {mine[key]} in the per-request rounds" for key in mine
-              if eff.get(key) is not None and int(eff[key]) != mine[key]]
-    if differ:
-        return {**base, "passed": False,
-                "verdict": "FAILS: the counters differ from the per-request rounds: " + "; ".join(differ)}
-    e = conditional_acceptance(exact_pair(pair_name).target.name, law, records, rounds, EFFICIENCY.sampling, k, per_pos)
-    return {**e, **base, "draft_tokens": mine["draft_tokens"], "accepted": mine["accepted"]}

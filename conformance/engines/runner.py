@@ -46,7 +46,8 @@ from .adapter import REPO, EngineMissingError, adapter as get_adapter
 from .conditions import condition, condition_cases, evidence_check, per_request_evidence, under
 from .features import apply_logprobs_check, apply_text_checks, copies_note
 from .matrix import EFFICIENCY
-from .rounds import case_rounds, rounds_of, sampled_rounds_of
+from .rounds import case_rounds, rounds_of
+from .sampled_rounds import sampled_case_rounds, sampled_rounds_of
 from .seeds import identity_check
 from .launch import run_worker, warm
 from .waves import WaveDriver, case_looks
@@ -354,7 +355,7 @@ def _apply_checks(ad, cfg, case, state: dict, c: CaseVerdict) -> None:
         c.seeds = seed_check(probe) if "error" not in probe else Check(False, f"seed probe: {probe['error']}")
     if case.condition is not None and c.level not in ENGINE_LEVELS:
         try:
-            rounds = case_rounds(ad, cfg, case, info)
+            rounds = (sampled_case_rounds if cfg.sampled_proposer else case_rounds)(ad, cfg, case, info)
         except Exception as exc:  # noqa: BLE001 - our tooling failed on this case: named, never the runner's crash
             c.level, c.headline = Level.TOOL_ERROR, f"TOOL ERROR: rounds check: {type(exc).__name__}: {exc}"[:300]
             return

@@ -9,21 +9,20 @@ first of each completion shown; the tokens after it untested), never an input er
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec_properties.flips import FlipVerdict
 from specdec_properties.stats import ALPHA, TARGET_POWER, FitResult, judge_power
-from specdec_properties.transitions import FIRST_TESTED_POSITION, count_transitions, first_impossible, transition_test
-from specdec_ref.automaton import forbidden_by
+from specdec_properties.transitions import FIRST_TESTED_POSITION, count_transitions, transition_test
 from specdec_ref.warp import SamplingConfig
 
 from ..report import CERTIFIED, NOT_CERTIFIED, REDUCED
 from .command import replay_command
 from .conventions import explain, judged_contexts
 from .law import SAMPLES_TV, _settings_label
+from .impossible import forbidden_counts, forbidden_note, impossible_entries
 from .looks import Looks, Sequential, run_looks
 from .prompts import PromptReport, _greedy_test, _sampling_test, check_poolable, prompt_groups
 from .read import (
@@ -249,7 +248,7 @@ class SamplesVerdict:
         by_position = ", ".join(f"{pos}: {k}" for pos, k in self.impossible_by_position.items())
         lines = [
             f"impossible tokens: {len(self.impossible)} of {self.n} completion(s), in {self.impossible_requests} request(s), "
-            f"hold a token the exact law gives probability 0 (by position: {by_position}){_forbidden_note(self.impossible)}; "
+            f"hold a token the exact law gives probability 0 (by position: {by_position}){forbidden_note(self.impossible)}; "
             "each is an impossible outcome "
             "of its tests, the tokens after it are not tested"
         ]
@@ -298,7 +297,7 @@ class SamplesVerdict:
             "impossible": {
                 "completions": len(self.impossible), "requests": self.impossible_requests,
                 "by_position": {str(pos): k for pos, k in self.impossible_by_position.items()},
-                "forbidden_by": _forbidden_counts(self.impossible),
+                "forbidden_by": forbidden_counts(self.impossible),
                 "rest": [f.as_record() for f in self.rest_fits],
                 "examples": [{k: v for k, v in d.items() if k not in ("request", "index")}
                              for d in self.impossible[:RECORDED_IMPOSSIBLE]],
@@ -452,49 +451,6 @@ def _judged_length(completion: tuple[int, ...], eos_id: int | None, stop=None) -
     return end if stopped is None else stopped
 
 
-def _request(r: SampleRecord):
-    """A request: one seed of one prompt (its ``n`` samples share it); a line without a seed is its own request."""
-    return ("seed", r.prompt, r.seed) if r.seed is not None else ("line", r.line)
-
-
-def _impossible_entries(exact, records: list[SampleRecord], sampling: SamplingConfig, eos_id, max_new_tokens: int,
-                        stop=None):
-    """``(first_impossible per record, the report's entries)`` (:func:`specdec_properties.transitions.first_impossible`)."""
-    found = first_impossible(exact, ((r.prompt, r.completion) for r in records), sampling, eos_id=eos_id,
-                             max_position=max_new_tokens, stop=stop)
-    names = exact.token_names() if callable(getattr(exact, "token_names", None)) else None
-    entries = [
-        {"index": i, "line": records[i].line, "request": _request(records[i]), "prompt": list(records[i].prompt),
-         "position": f.position, "context": list(f.context), "token": f.token,
-         **({"name": names[f.token]} if names else {}), **_forbidden(sampling, records[i].prompt, f)}
-        for i, f in enumerate(found) if f is not None
-    ]
-    return found, entries
-
-
-def _forbidden(sampling: SamplingConfig, prompt, found) -> dict:
-    """``{"forbidden_by": rule}`` when a declared rule (the grammar, the bad words) forbids the impossible token: the
-    engine did not apply it there (:func:`specdec_ref.automaton.forbidden_by`)."""
-    if sampling.constraint is None and not sampling.bad_words:
-        return {}
-    rule = forbidden_by(sampling.constraint, sampling.bad_words, found.context[len(prompt):], found.token)
-    return {"forbidden_by": rule} if rule else {}
-
-
-def _forbidden_counts(impossible: list[dict]) -> dict[str, int]:
-    """``{rule: how many impossible tokens it forbids}`` (:func:`_forbidden`)."""
-    return dict(sorted(Counter(d["forbidden_by"] for d in impossible if d.get("forbidden_by")).items()))
-
-
-def _forbidden_note(impossible: list[dict]) -> str:
-    """`` (K of them a token the grammar forbids)`` for the impossible tokens a declared rule forbids."""
-    by_rule = _forbidden_counts(impossible)
-    if not by_rule:
-        return ""
-    return " (" + ", ".join(f"{k} of them a token the {rule} forbid{'s' if rule == 'grammar' else ''}"
-                            for rule, k in sorted(by_rule.items())) + ")"
-
-
 def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling: SamplingConfig, *, max_new_tokens: int,
            eos_id: int | None, length: int | None, alpha: float, tv: float, dtype, tolerance,
            length_scale: float = 1.0, looks: Looks | None = None, stop=None,
@@ -515,7 +471,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
     if not sampling.greedy:
         # an impossible token is the engine's failure: counted, shown, an impossible outcome of its tests; the tokens after
         # it are not tested (their context is outside the law's support, maybe not even one the model defines)
-        found, impossible = _impossible_entries(exact, records, sampling, eos_id, max_new_tokens, stop)
+        found, impossible = impossible_entries(exact, records, sampling, eos_id, max_new_tokens, stop)
         # positions past max_new_tokens are an invariant violation (reported), not tested
         counts = count_transitions(exact, [(r.prompt, r.completion) for r in records], sampling, eos_id=eos_id,
                                    max_position=max_new_tokens, impossible=found, stop=stop)
@@ -568,7 +524,7 @@ def _judge(exact, name: str, records: list[SampleRecord], source: str, sampling:
         if impossible:
             requests = len({d["request"] for d in impossible})
             parts.append(f"{len(impossible)} completion(s) in {requests} request(s) hold a token of probability 0"
-                         + _forbidden_note(impossible)
+                         + forbidden_note(impossible)
                          + (" (the other tokens fit the law)" if not beyond and not beyond_transitions else ""))
         if beyond:
             what = "sequence law" if not sampling.greedy else "greedy continuation"
